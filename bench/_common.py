@@ -1,0 +1,57 @@
+"""Shared helpers of the benchmark scripts: timing medians, CSV and plot output."""
+
+from __future__ import annotations
+
+import csv
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def write_csv(path: Path, rows: Sequence[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"wrote {path}")
+
+
+def machine_label() -> str:
+    import os
+
+    return f"{platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}"
+
+
+def plot(path: Path, draw: Callable[[object], None]) -> None:
+    """Draw with matplotlib where it is installed; a missing plot is not an error."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install 'morphogen[bench]')")
+        return
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw(ax)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")

@@ -1,0 +1,129 @@
+"""CPU scan engine against this machine's memory-read bandwidth, measured in the same run.
+
+    python bench/scan_cpu.py [--matrix-mib 256] [--runs 5]
+
+Writes bench/results/scan_cpu.csv and scan_cpu.png and prints the ratios the targets speak of:
+Q=1 (3 keys) matrix bytes/time vs bandwidth, Q=8 keys x matrix bytes/time vs bandwidth, and
+eval_range outputs per second on one core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numba
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, machine_label, median_seconds, plot, write_csv  # noqa: E402
+
+from morphogen import _dpf_jit, dpf, engine  # noqa: E402
+from morphogen.matrix import domain_bits_for, synthetic_pages  # noqa: E402
+
+QUERIES = (1, 2, 4, 8, 16, 32)
+KEYS_PER_QUERY = 3
+
+
+@numba.njit(parallel=True, cache=True)
+def _parallel_xor_read(words, lanes):
+    acc = np.zeros((lanes, 8), np.uint64)
+    n = words.shape[0] // 8
+    for w in numba.prange(lanes):
+        lo = n * w // lanes
+        hi = n * (w + 1) // lanes
+        for i in range(lo, hi):
+            for j in range(8):
+                acc[w, j] ^= words[8 * i + j]
+    return acc
+
+
+def measure_eval_range(runs: int) -> float:
+    key, _ = dpf.generate_keys(25, 12345)
+    b = dpf.KeyBatch.from_keys([key])
+    n = 1 << 22
+    out = np.empty((n, 4), np.uint32)
+    scratch = _dpf_jit.new_scratch()
+    args = (b.root_seed[0], b.root_t[0], b.cw[0], b.tcw[0], b.final_cw[0], 25, 0, n, out)
+    t = median_seconds(lambda: _dpf_jit.eval_range_into(*args, *scratch), runs)
+    return n / t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--matrix-mib", type=int, default=256)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--queries", default=",".join(map(str, QUERIES)))
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+    queries = [int(q) for q in args.queries.split(",")]
+
+    num_pages = args.matrix_mib * 256
+    d = domain_bits_for(num_pages)
+    print(f"{machine_label()}, numba threads {numba.get_num_threads()}")
+    print(f"matrix: {num_pages} pages ({args.matrix_mib} MiB), domain bits {d}")
+    pages = synthetic_pages(7, 0, num_pages)
+    words = pages.reshape(-1).view(np.uint64)
+
+    bw = pages.nbytes / median_seconds(lambda: np.bitwise_xor.reduce(words), args.runs)
+    lanes = numba.get_num_threads()
+    bw_par = pages.nbytes / median_seconds(lambda: _parallel_xor_read(words, lanes), args.runs)
+    print(f"memory read, NumPy XOR-reduce (the baseline): {bw / 1e9:.2f} GB/s")
+    print(f"memory read, {lanes}-thread XOR-reduce (for context): {bw_par / 1e9:.2f} GB/s")
+
+    er = measure_eval_range(args.runs)
+    print(f"eval_range: {er / 1e6:.1f} M outputs/s on one core (target >= 50)")
+
+    shard = engine.create("cpu").load(pages)
+    rng = np.random.default_rng(1)
+    rows = []
+    for q in queries:
+        keys = [dpf.generate_keys(d, int(rng.integers(num_pages)))[0] for _ in range(q * 3)]
+        batch = dpf.KeyBatch.from_keys(keys)
+        t = median_seconds(lambda batch=batch: shard.scan(batch), args.runs)
+        rows.append(
+            {
+                "queries": q,
+                "keys": q * KEYS_PER_QUERY,
+                "ms": round(t * 1e3, 3),
+                "matrix_gbps": round(pages.nbytes / t / 1e9, 3),
+                "key_matrix_gbps": round(q * KEYS_PER_QUERY * pages.nbytes / t / 1e9, 3),
+                "matrix_vs_bw": round(pages.nbytes / t / bw, 3),
+                "key_matrix_vs_bw": round(q * KEYS_PER_QUERY * pages.nbytes / t / bw, 3),
+                "queries_per_s": round(q / t, 2),
+                "bw_numpy_gbps": round(bw / 1e9, 3),
+                "bw_threads_gbps": round(bw_par / 1e9, 3),
+                "eval_range_mops": round(er / 1e6, 2),
+            }
+        )
+        r = rows[-1]
+        print(
+            f"Q={q:2d} ({r['keys']:2d} keys): {r['ms']:8.1f} ms"
+            f"  matrix {r['matrix_gbps']:6.2f} GB/s"
+            f" ({r['matrix_vs_bw']:.2f} x bw)  keys x matrix {r['key_matrix_gbps']:7.2f} GB/s"
+            f" ({r['key_matrix_vs_bw']:.2f} x bw)  {r['queries_per_s']:.1f} queries/s"
+        )
+    by_q = {r["queries"]: r for r in rows}
+    if 1 in by_q:
+        print(f"target Q=1: matrix/time >= 0.70 x bw: {by_q[1]['matrix_vs_bw']:.2f}")
+    if 8 in by_q:
+        print(f"target Q=8: keys x matrix/time >= 2.5 x bw: {by_q[8]['key_matrix_vs_bw']:.2f}")
+    write_csv(args.out / "scan_cpu.csv", rows)
+
+    def draw(ax) -> None:
+        qs = [r["queries"] for r in rows]
+        ax.plot(qs, [r["key_matrix_vs_bw"] for r in rows], "o-", label="keys x matrix / time")
+        ax.plot(qs, [r["matrix_vs_bw"] for r in rows], "s-", label="matrix / time")
+        ax.axhline(1.0, color="grey", ls="--", label="memory-read bandwidth (NumPy)")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("queries per call (3 keys each)")
+        ax.set_ylabel("x memory-read bandwidth")
+        ax.set_title(f"CPU scan, {args.matrix_mib} MiB matrix, {machine_label()}")
+        ax.legend()
+
+    plot(args.out / "scan_cpu.png", draw)
+
+
+if __name__ == "__main__":
+    main()

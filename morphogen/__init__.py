@@ -1,0 +1,1 @@
+"""Morphogen: two-server page PIR, wire-compatible with the morphogenesis protocol."""

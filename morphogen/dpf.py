@@ -1,0 +1,269 @@
+"""Two-party distributed point function (BGI tree) with the key bytes of PROTOCOL.md 3-4.
+
+`generate_keys` makes the pair for one target page; `DpfKey` is one party's key with a strict
+parser; `KeyBatch` stacks keys of one domain into the numpy layout every engine consumes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from morphogen import prg
+
+SEED_BYTES = prg.SEED_BYTES
+MASK_BYTES = 16
+MIN_DOMAIN_BITS = 1
+MAX_DOMAIN_BITS = 32
+_HEADER = 19  # root_seed(16) root_t(1) party(1) d(1)
+_LEVEL = 18  # cw(16) tcw_left(1) tcw_right(1)
+
+if sys.byteorder != "little":  # pragma: no cover - the u32 views below assume it
+    raise ImportError("morphogen needs a little-endian host")
+
+
+class KeyFormatError(ValueError):
+    """Key bytes that are not a well-formed DPF key."""
+
+
+class DomainError(ValueError):
+    """A target, page or key domain outside what the caller or server allows."""
+
+
+def key_length(domain_bits: int) -> int:
+    """Bytes of a serialized key for a 2**domain_bits domain (d=25 gives 485)."""
+    return 35 + _LEVEL * domain_bits
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return (int.from_bytes(a, "little") ^ int.from_bytes(b, "little")).to_bytes(len(a), "little")
+
+
+def _check_domain_bits(domain_bits: int) -> None:
+    if not MIN_DOMAIN_BITS <= domain_bits <= MAX_DOMAIN_BITS:
+        raise DomainError(
+            f"domain bits must be in {MIN_DOMAIN_BITS}..{MAX_DOMAIN_BITS}, got {domain_bits}"
+        )
+
+
+def _check_page(page: int, domain_bits: int) -> None:
+    if not 0 <= page < (1 << domain_bits):
+        raise DomainError(f"page {page} is outside the domain of 2^{domain_bits} pages")
+
+
+_ALL_ONES = b"\xff" * MASK_BYTES
+
+
+@dataclass(frozen=True, repr=False)
+class DpfKey:
+    """One party's key. `repr` shows only public shape: keys are secrets and never printed."""
+
+    root_seed: bytes
+    root_t: int
+    party: int
+    domain_bits: int
+    cw: tuple[bytes, ...]
+    tcw_left: tuple[int, ...]
+    tcw_right: tuple[int, ...]
+    final_cw: bytes
+    _raw: bytes = field(default=b"", compare=False)
+
+    def __repr__(self) -> str:
+        return f"DpfKey(party={self.party}, domain_bits={self.domain_bits})"
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview) -> DpfKey:
+        """Parse and fully validate key bytes; raises KeyFormatError on anything malformed."""
+        data = bytes(data)
+        if len(data) < _HEADER:
+            raise KeyFormatError(f"key too short: {len(data)} bytes")
+        d = data[18]
+        if not MIN_DOMAIN_BITS <= d <= MAX_DOMAIN_BITS:
+            raise KeyFormatError(f"key domain bits must be in 1..32, got {d}")
+        if len(data) != key_length(d):
+            raise KeyFormatError(
+                f"a key of domain bits {d} is {key_length(d)} bytes, got {len(data)}"
+            )
+        root_t, party = data[16], data[17]
+        if party not in (0, 1):
+            raise KeyFormatError(f"party byte must be 0 or 1, got {party}")
+        if root_t not in (0, 1):
+            raise KeyFormatError(f"root control bit must be 0 or 1, got {root_t}")
+        if root_t != party:
+            raise KeyFormatError("root control bit does not match the party")
+        levels = [data[_HEADER + _LEVEL * i : _HEADER + _LEVEL * (i + 1)] for i in range(d)]
+        for i, lv in enumerate(levels):
+            if lv[16] not in (0, 1) or lv[17] not in (0, 1):
+                raise KeyFormatError(f"control-bit correction at level {i} is not 0 or 1")
+        return cls(
+            root_seed=data[0:16],
+            root_t=root_t,
+            party=party,
+            domain_bits=d,
+            cw=tuple(lv[:16] for lv in levels),
+            tcw_left=tuple(lv[16] for lv in levels),
+            tcw_right=tuple(lv[17] for lv in levels),
+            final_cw=data[_HEADER + _LEVEL * d :],
+            _raw=data,
+        )
+
+    def to_bytes(self) -> bytes:
+        if self._raw:
+            return self._raw
+        parts = [self.root_seed, bytes((self.root_t, self.party, self.domain_bits))]
+        for c, tl, tr in zip(self.cw, self.tcw_left, self.tcw_right, strict=True):
+            parts += [c, bytes((tl, tr))]
+        parts.append(self.final_cw)
+        return b"".join(parts)
+
+    def eval(self, page: int) -> bytes:
+        """This party's 16-byte mask at `page` (a d-level path walk)."""
+        d = self.domain_bits
+        _check_page(page, d)
+        s, t = self.root_seed, self.root_t
+        for i in range(d):
+            left, right, tl, tr = prg.expand(s)
+            if (page >> (d - 1 - i)) & 1:
+                s2, t2, tc = right, tr, self.tcw_right[i]
+            else:
+                s2, t2, tc = left, tl, self.tcw_left[i]
+            if t:
+                s2, t2 = _xor(s2, self.cw[i]), t2 ^ tc
+            s, t = s2, t2
+        return _xor(s, self.final_cw) if t else s
+
+
+def generate_keys(
+    domain_bits: int, target: int, *, seeds: tuple[bytes, bytes] | None = None
+) -> tuple[DpfKey, DpfKey]:
+    """Keys (for server A, for server B) whose masks XOR to ff*16 at `target`, else to zero.
+
+    `seeds` fixes the two root seeds for known-answer tests; normal use draws them from the
+    operating system's CSPRNG.
+    """
+    _check_domain_bits(domain_bits)
+    _check_page(target, domain_bits)
+    if seeds is None:
+        seeds = (secrets.token_bytes(SEED_BYTES), secrets.token_bytes(SEED_BYTES))
+    if len(seeds) != 2 or any(len(s) != SEED_BYTES for s in seeds):
+        raise ValueError("two 16-byte root seeds are needed")
+    roots = seeds
+    s, t = list(seeds), [0, 1]
+    cws, tls, trs = [], [], []
+    for i in range(domain_bits):
+        a = (target >> (domain_bits - 1 - i)) & 1
+        e = [prg.expand(s[0]), prg.expand(s[1])]
+        keep_i, lose_i = (1, 0) if a else (0, 1)
+        cw = _xor(e[0][lose_i], e[1][lose_i])
+        t_keep = [e[b][2 + keep_i] for b in (0, 1)]
+        t_lose = [e[b][2 + lose_i] for b in (0, 1)]
+        tcw_keep = t_keep[0] ^ t_keep[1] ^ t[0] ^ t[1]
+        tcw_lose = t_lose[0] ^ t_lose[1] ^ t[0] ^ t[1] ^ 1
+        tl, tr = (tcw_lose, tcw_keep) if a else (tcw_keep, tcw_lose)
+        cws.append(cw)
+        tls.append(tl)
+        trs.append(tr)
+        for b in (0, 1):
+            kept = e[b][keep_i]
+            s[b] = _xor(kept, cw) if t[b] else kept
+            t[b] = t_keep[b] ^ (tcw_keep if t[b] else 0)
+    final_cw = _xor(_xor(s[0], s[1]), _ALL_ONES)
+    common = dict(
+        domain_bits=domain_bits,
+        cw=tuple(cws),
+        tcw_left=tuple(tls),
+        tcw_right=tuple(trs),
+        final_cw=final_cw,
+    )
+    return (
+        DpfKey(root_seed=roots[0], root_t=0, party=0, **common),
+        DpfKey(root_seed=roots[1], root_t=1, party=1, **common),
+    )
+
+
+@dataclass(frozen=True, repr=False)
+class KeyBatch:
+    """Keys of one domain stacked for the engines (all arrays C-contiguous)."""
+
+    domain_bits: int
+    root_seed: np.ndarray  # (K, 4) uint32: the seed bytes as little-endian words
+    root_t: np.ndarray  # (K,) uint8
+    cw: np.ndarray  # (K, d, 4) uint32
+    tcw: np.ndarray  # (K, d, 2) uint8: [..., 0] left, [..., 1] right
+    final_cw: np.ndarray  # (K, 4) uint32
+
+    def __len__(self) -> int:
+        return int(self.root_seed.shape[0])
+
+    def __repr__(self) -> str:
+        return f"KeyBatch(keys={len(self)}, domain_bits={self.domain_bits})"
+
+    @classmethod
+    def from_keys(cls, keys: Sequence[DpfKey]) -> KeyBatch:
+        if not keys:
+            raise ValueError("a key batch needs at least one key")
+        d = keys[0].domain_bits
+        if any(k.domain_bits != d for k in keys):
+            raise DomainError("all keys of one batch must share one domain")
+        raw = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(len(keys), -1)
+        levels = raw[:, _HEADER : _HEADER + _LEVEL * d].reshape(len(keys), d, _LEVEL)
+        return cls(
+            domain_bits=d,
+            root_seed=np.ascontiguousarray(raw[:, 0:16]).view("<u4"),
+            root_t=np.ascontiguousarray(raw[:, 16]),
+            cw=np.ascontiguousarray(levels[:, :, :16]).view("<u4"),
+            tcw=np.ascontiguousarray(levels[:, :, 16:18]),
+            final_cw=np.ascontiguousarray(raw[:, _HEADER + _LEVEL * d :]).view("<u4"),
+        )
+
+    def select(self, start: int, stop: int) -> KeyBatch:
+        """Keys [start, stop) as a batch of their own (for chunked scans)."""
+        return KeyBatch(
+            domain_bits=self.domain_bits,
+            root_seed=self.root_seed[start:stop],
+            root_t=self.root_t[start:stop],
+            cw=self.cw[start:stop],
+            tcw=self.tcw[start:stop],
+            final_cw=self.final_cw[start:stop],
+        )
+
+
+def as_batch(keys: Sequence[DpfKey] | KeyBatch) -> KeyBatch:
+    return keys if isinstance(keys, KeyBatch) else KeyBatch.from_keys(keys)
+
+
+def eval_range(key: DpfKey, start: int, stop: int) -> np.ndarray:
+    """Masks of pages [start, stop) as a (stop-start, 16) uint8 array (breadth-first)."""
+    from morphogen import _dpf_jit
+
+    d = key.domain_bits
+    if not 0 <= start <= stop <= (1 << d):
+        raise DomainError(f"range [{start}, {stop}) is outside the domain of 2^{d} pages")
+    b = KeyBatch.from_keys([key])
+    out = np.empty((stop - start, 4), np.uint32)
+    if stop > start:
+        _dpf_jit.eval_range_into(
+            b.root_seed[0], b.root_t[0], b.cw[0], b.tcw[0], b.final_cw[0], d, start, stop,
+            out, *_dpf_jit.new_scratch(),
+        )
+    return out.view(np.uint8).reshape(stop - start, MASK_BYTES)
+
+
+def eval_points(keys: Sequence[DpfKey] | KeyBatch, pages: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Masks of every key at every page: (K, len(pages), 16) uint8."""
+    from morphogen import _dpf_jit
+
+    batch = as_batch(keys)
+    pts = np.ascontiguousarray(pages, dtype=np.int64).reshape(-1)
+    d = batch.domain_bits
+    if pts.size and (pts.min() < 0 or pts.max() >= (1 << d)):
+        raise DomainError(f"a page is outside the domain of 2^{d} pages")
+    out = np.empty((len(batch), pts.size, 4), np.uint32)
+    _dpf_jit.eval_points_into(
+        batch.root_seed, batch.root_t, batch.cw, batch.tcw, batch.final_cw, d, pts, out
+    )
+    return out.view(np.uint8).reshape(len(batch), pts.size, MASK_BYTES)

@@ -1,0 +1,180 @@
+"""DPF keys: the worked example, the point-function property, range/point evaluation, parsing."""
+
+import numpy as np
+import pytest
+
+from morphogen import dpf
+from morphogen.dpf import DomainError, DpfKey, KeyFormatError, eval_points, eval_range
+
+S0 = bytes(range(16))
+S1 = bytes(range(16, 32))
+K0_HEX = (
+    "000102030405060708090a0b0c0d0e0f000004"
+    "cd3f287358a378bafc41832129e717060100"
+    "be9cfe8c61c65ef841831f15b494c4ca0101"
+    "db850a5a14941ff9a749a83e3bb14a820001"
+    "e373701da83bc93eb93b98eefaeda3220100"
+    "a276eea39b6aa1b5a87953699e490730"
+)
+FF = b"\xff" * 16
+
+
+def worked_example():
+    return dpf.generate_keys(4, 5, seeds=(S0, S1))
+
+
+def test_worked_example_key_bytes():
+    k0, k1 = worked_example()
+    b0 = k0.to_bytes()
+    assert len(b0) == 107 == dpf.key_length(4)
+    assert b0.hex() == K0_HEX
+    b1 = k1.to_bytes()
+    assert b1[:16] == S1 and b1[16:18] == b"\x01\x01" and b1[18:] == b0[18:]
+
+
+def test_worked_example_evaluations():
+    k0, k1 = worked_example()
+    assert k0.eval(5).hex() == "658364a5dce3e5bdf0d5a3a240ee77df"
+    assert k1.eval(5).hex() == "9a7c9b5a231c1a420f2a5c5dbf118820"
+    assert k0.eval(0).hex() == k1.eval(0).hex() == "cf3976379ffbd09cf20a50436a562c32"
+
+
+def test_worked_example_scan():
+    k0, k1 = worked_example()
+    pages = (31 * np.arange(16)[:, None] + np.arange(4096)[None, :]).astype(np.uint8)
+    answers = []
+    for k in (k0, k1):
+        masks = eval_range(k, 0, 16)
+        acc = np.zeros(4096, np.uint8)
+        for i in range(16):
+            acc ^= pages[i] & np.tile(masks[i], 256)
+        answers.append(acc)
+    assert answers[0][:32].tobytes().hex() == (
+        "f0ba319f19a530567f651face14a6f6020ca317f09a5f0361ff50f5ce10a7f60"
+    )
+    assert np.array_equal(answers[0] ^ answers[1], pages[5])
+
+
+def test_parse_round_trip_and_key_length():
+    for d in (1, 2, 7, 25, 32):
+        k0, k1 = dpf.generate_keys(d, (1 << d) - 1)
+        for k in (k0, k1):
+            b = k.to_bytes()
+            assert len(b) == 35 + 18 * d
+            parsed = DpfKey.from_bytes(b)
+            assert parsed.to_bytes() == b
+            assert parsed == k
+            assert (parsed.domain_bits, parsed.party) == (d, k.party)
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 5, 8])
+def test_point_function_whole_small_domains(d):
+    for target in range(1 << d):
+        k0, k1 = dpf.generate_keys(d, target)
+        m = eval_range(k0, 0, 1 << d) ^ eval_range(k1, 0, 1 << d)
+        expected = np.zeros((1 << d, 16), np.uint8)
+        expected[target] = 0xFF
+        assert np.array_equal(m, expected)
+
+
+@pytest.mark.parametrize("d", [12, 20, 25, 31, 32])
+def test_point_function_large_domains(d):
+    rng = np.random.default_rng(d)
+    target = int(rng.integers(0, 1 << d))
+    k0, k1 = dpf.generate_keys(d, target)
+    assert bytes(a ^ b for a, b in zip(k0.eval(target), k1.eval(target), strict=True)) == FF
+    others = {int(x) for x in rng.integers(0, 1 << d, 20)} - {target}
+    pts = np.array(sorted(others | {target, 0, (1 << d) - 1}))
+    m = eval_points([k0, k1], pts)
+    x = m[0] ^ m[1]
+    for j, p in enumerate(pts):
+        assert x[j].tobytes() == (FF if p == target else bytes(16))
+    # a window around the target, unaligned on both ends
+    lo, hi = max(0, target - 37), min(1 << d, target + 1000)
+    w = eval_range(k0, lo, hi) ^ eval_range(k1, lo, hi)
+    assert np.flatnonzero(w.any(axis=1)).tolist() == [target - lo]
+    assert w[target - lo].tobytes() == FF
+
+
+def test_eval_range_equals_point_walks_on_any_range():
+    k0, _ = dpf.generate_keys(13, 4321)
+    rng = np.random.default_rng(5)
+    for _ in range(15):
+        a = int(rng.integers(0, 1 << 13))
+        b = int(rng.integers(a, min(1 << 13, a + 9000) + 1))
+        r = eval_range(k0, a, b)
+        assert r.shape == (b - a, 16)
+        for i in {0, (b - a) // 2, b - a - 1} if b > a else set():
+            assert r[i].tobytes() == k0.eval(a + i)
+    assert np.array_equal(eval_range(k0, 0, 1 << 13)[100:5000], eval_range(k0, 100, 5000))
+    assert np.array_equal(
+        eval_points([k0], np.arange(3000, 3100))[0], eval_range(k0, 3000, 3100)
+    )
+
+
+def test_out_of_domain_targets_and_pages():
+    with pytest.raises(DomainError):
+        dpf.generate_keys(4, 16)
+    with pytest.raises(DomainError):
+        dpf.generate_keys(4, -1)
+    for d in (0, 33):
+        with pytest.raises(DomainError):
+            dpf.generate_keys(d, 0)
+    k0, _ = dpf.generate_keys(4, 3)
+    with pytest.raises(DomainError):
+        k0.eval(16)
+    with pytest.raises(DomainError):
+        eval_range(k0, 0, 17)
+    with pytest.raises(DomainError):
+        eval_points([k0], [16])
+
+
+def _mutate(b: bytes, offset: int, value: int) -> bytes:
+    out = bytearray(b)
+    out[offset] = value
+    return bytes(out)
+
+
+def test_malformed_keys_are_rejected():
+    k0, k1 = dpf.generate_keys(6, 9)
+    b0, b1 = k0.to_bytes(), k1.to_bytes()
+    bad = {
+        "empty": b"",
+        "short header": b0[:18],
+        "truncated": b0[:-1],
+        "extended": b0 + b"\x00",
+        "d zero": _mutate(b0, 18, 0),
+        "d 33": _mutate(b0, 18, 33) + bytes(18 * 27),
+        "d mismatching length": _mutate(b0, 18, 7),
+        "party 2": _mutate(_mutate(b0, 17, 2), 16, 2),
+        "root_t 2": _mutate(b0, 16, 2),
+        "root_t != party (A)": _mutate(b0, 16, 1),
+        "root_t != party (B)": _mutate(b1, 16, 0),
+        "tcw_left 2": _mutate(b0, 35, 2),
+        "tcw_right 255": _mutate(b0, 36 + 18 * 5, 255),
+    }
+    for name, data in bad.items():
+        with pytest.raises(KeyFormatError):
+            DpfKey.from_bytes(data)
+        assert issubclass(KeyFormatError, ValueError), name
+
+
+def test_key_repr_hides_secrets():
+    k0, _ = dpf.generate_keys(8, 77)
+    text = repr(k0) + str(k0) + repr(dpf.KeyBatch.from_keys([k0]))
+    assert k0.root_seed.hex() not in text and "root_seed" not in text
+
+
+def test_key_batch_layout_and_domain_check():
+    keys = [dpf.generate_keys(9, t)[t % 2] for t in range(5)]
+    b = dpf.KeyBatch.from_keys(keys)
+    assert len(b) == 5 and b.domain_bits == 9
+    assert b.root_seed.shape == (5, 4) and b.root_seed.dtype == np.uint32
+    assert b.cw.shape == (5, 9, 4) and b.tcw.shape == (5, 9, 2) and b.final_cw.shape == (5, 4)
+    for arr in (b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw):
+        assert arr.flags.c_contiguous
+    assert b.root_seed[2].tobytes() == keys[2].root_seed
+    assert b.cw[3, 4].tobytes() == keys[3].cw[4]
+    assert list(b.tcw[1, :, 1]) == list(keys[1].tcw_right)
+    with pytest.raises(DomainError):
+        dpf.KeyBatch.from_keys([keys[0], dpf.generate_keys(10, 1)[0]])
