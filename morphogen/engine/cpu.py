@@ -21,14 +21,11 @@ class _Workspace:
 
     def __init__(self, workers: int, max_keys: int, tile: int) -> None:
         leaves = _dpf_jit.MAX_SUBTREE_LEAVES
-        small = _cpu_kernel.MIN_KEYS_TRANSPOSED - 1
-        padded = _cpu_kernel.padded_keys(max_keys)
         words = _cpu_kernel.U64_PER_PAGE
-        self.acc = np.zeros((workers, small, words), np.uint64)
-        self.acc_t = np.zeros((workers, words, padded), np.uint64)
+        self.acc = np.zeros((workers, max_keys, words), np.uint64)
+        self.split = np.zeros((workers, words), np.uint64)
         self.masks = np.zeros((workers, max_keys, tile, 4), np.uint32)
         self.masks64 = self.masks.view(np.uint64)
-        self.masks_t = np.zeros((workers, tile, 2, padded), np.uint64)
         self.sa = np.zeros((workers, 4, leaves), np.uint32)
         self.sta = np.zeros((workers, leaves), np.uint32)
         self.sb = np.zeros((workers, 4, leaves), np.uint32)
@@ -71,7 +68,7 @@ class CpuShard:
                 _cpu_kernel.scan_pages(
                     self._pages, self.first_page, b.domain_bits,
                     b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw,
-                    self._tile, ws.acc, ws.acc_t, ws.masks, ws.masks64, ws.masks_t,
+                    self._tile, ws.acc, ws.split, ws.masks, ws.masks64,
                     ws.sa, ws.sta, ws.sb, ws.stb, ws.out,
                 )
             finally:
