@@ -220,6 +220,21 @@ class KeyBatch:
             final_cw=np.ascontiguousarray(raw[:, _HEADER + _LEVEL * d :]).view("<u4"),
         )
 
+    def keys(self) -> list[DpfKey]:
+        """The batch back as key objects (the reference engine walks them one by one)."""
+        d = self.domain_bits
+        out = []
+        for i in range(len(self)):
+            levels = np.concatenate(
+                [self.cw[i].view(np.uint8).reshape(d, 16), self.tcw[i]], axis=1
+            )
+            header = bytes((int(self.root_t[i]), int(self.root_t[i]), d))
+            raw = b"".join(
+                (self.root_seed[i].tobytes(), header, levels.tobytes(), self.final_cw[i].tobytes())
+            )
+            out.append(DpfKey.from_bytes(raw))
+        return out
+
     def select(self, start: int, stop: int) -> KeyBatch:
         """Keys [start, stop) as a batch of their own (for chunked scans)."""
         return KeyBatch(

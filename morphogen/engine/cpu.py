@@ -15,6 +15,10 @@ from morphogen.engine.base import MAX_KEYS_PER_SCAN, PAGE_SIZE, check_domain, ch
 
 DEFAULT_TILE_PAGES = 256
 
+# numba's thread pool is per process and runs one parallel region at a time (its default
+# workqueue layer aborts on concurrent entry), so every CPU scan in the process takes turns.
+_POOL_LOCK = threading.Lock()
+
 
 class _Workspace:
     """Per-worker accumulators, masks and expansion scratch, allocated once per shard."""
@@ -34,41 +38,38 @@ class _Workspace:
 
 
 class CpuShard:
-    def __init__(
-        self, pages: np.ndarray, first_page: int, *, threads: int, tile: int, max_keys: int
-    ) -> None:
+    """One contiguous run of pages; scans use the engine's shared workspace."""
+
+    def __init__(self, pages: np.ndarray, first_page: int, engine: CpuEngine) -> None:
         pages = check_pages(pages)
         # the kernel reads pages as u64 rows; a strided view would silently lose vectorisation
         self._pages = np.ascontiguousarray(pages).view(np.uint64)
         self.num_pages = int(pages.shape[0])
         self.first_page = int(first_page)
-        self._threads = threads
-        self._tile = tile
-        self._max_keys = max_keys
-        self._ws = _Workspace(threads, max_keys, tile)
-        # numba's default thread pool must not be entered by two callers at once
-        self._lock = threading.Lock()
+        self._engine = engine
 
     def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> np.ndarray:
         batch = as_batch(keys)
         check_domain(batch, self.first_page, self.num_pages)
         result = np.empty((len(batch), PAGE_SIZE), np.uint8)
-        for start in range(0, len(batch), self._max_keys):
-            stop = min(len(batch), start + self._max_keys)
+        step = self._engine.max_keys
+        for start in range(0, len(batch), step):
+            stop = min(len(batch), start + step)
             result[start:stop] = self._scan_chunk(batch.select(start, stop))
         return result
 
     def _scan_chunk(self, b: KeyBatch) -> np.ndarray:
-        ws = self._ws
+        eng = self._engine
         k = len(b)
-        with self._lock:
+        with eng.lock:
+            ws = eng.workspace()
             prev = numba.get_num_threads()
-            numba.set_num_threads(self._threads)
+            numba.set_num_threads(eng.threads)
             try:
                 _cpu_kernel.scan_pages(
                     self._pages, self.first_page, b.domain_bits,
                     b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw,
-                    self._tile, ws.acc, ws.split, ws.masks, ws.masks64,
+                    eng.tile_pages, ws.acc, ws.split, ws.masks, ws.masks64,
                     ws.sa, ws.sta, ws.sb, ws.stb, ws.out,
                 )
             finally:
@@ -77,7 +78,6 @@ class CpuShard:
 
     def close(self) -> None:
         self._pages = None  # type: ignore[assignment]
-        self._ws = None  # type: ignore[assignment]
 
 
 class CpuEngine:
@@ -100,8 +100,16 @@ class CpuEngine:
             raise ValueError("max_keys must be at least 1")
         self.tile_pages = tile_pages
         self.max_keys = max_keys
+        # Scanners loaded from one engine share its workspace (they take turns on the pool
+        # anyway): a shard split into many copy-on-write segments must not multiply buffers.
+        self.lock = _POOL_LOCK
+        self._ws: _Workspace | None = None
+
+    def workspace(self) -> _Workspace:
+        """The engine's buffers, allocated on first use and reused (call under `lock`)."""
+        if self._ws is None:
+            self._ws = _Workspace(self.threads, self.max_keys, self.tile_pages)
+        return self._ws
 
     def load(self, pages: np.ndarray, first_page: int = 0) -> CpuShard:
-        return CpuShard(
-            pages, first_page, threads=self.threads, tile=self.tile_pages, max_keys=self.max_keys
-        )
+        return CpuShard(pages, first_page, self)

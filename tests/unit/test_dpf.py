@@ -178,3 +178,9 @@ def test_key_batch_layout_and_domain_check():
     assert list(b.tcw[1, :, 1]) == list(keys[1].tcw_right)
     with pytest.raises(DomainError):
         dpf.KeyBatch.from_keys([keys[0], dpf.generate_keys(10, 1)[0]])
+
+
+def test_key_batch_gives_the_keys_back():
+    keys = [dpf.generate_keys(11, t)[t % 2] for t in (0, 5, 2047)]
+    back = dpf.KeyBatch.from_keys(keys).keys()
+    assert [k.to_bytes() for k in back] == [k.to_bytes() for k in keys]

@@ -1,0 +1,351 @@
+"""One shard's versioned state: epochs, pending page updates, copy-on-write folding, rotation.
+
+An epoch is an immutable view of the matrix: a snapshot plus an ordered list of page updates
+(`PageUpdate`: XOR diffs). The answer of epoch e for a key is
+
+    scan(pages of e's snapshot, with folded updates) XOR  sum over pending updates u of
+    (u.diff AND tile(mask(u.page)))
+
+so an update becomes visible the moment its epoch is published, and the background fold that
+later writes it into the pages (copy-on-write, per touched chunk) changes no answer's bytes.
+
+Publication is two-phase so that every shard of a party switches together: `prepare_*` builds
+the next version off to the side (the expensive part: loading a snapshot range, resolving page
+replacements) and `commit` makes it current with one reference swap. A scan reads the current
+version once and finishes on it, so in-flight scans end on the epoch they started on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from morphogen.dpf import DpfKey, KeyBatch, as_batch, eval_points
+from morphogen.engine.base import PAGE_SIZE, Engine, ShardScanner, check_domain
+from morphogen.matrix import Snapshot
+
+DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
+
+
+class EpochError(RuntimeError):
+    """An epoch transition that does not fit the shard's state (stale, out of order, ...)."""
+
+
+@dataclass(frozen=True)
+class PageUpdate:
+    """XOR `diff` into global page `page` (4096 bytes)."""
+
+    page: int
+    diff: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.diff) != PAGE_SIZE:
+            raise ValueError(f"a page diff is {PAGE_SIZE} bytes, got {len(self.diff)}")
+        if self.page < 0:
+            raise ValueError("page numbers are non-negative")
+
+
+@dataclass(frozen=True)
+class PageWrite:
+    """Replace global page `page` with `data` (at most 4096 bytes, zero-padded)."""
+
+    page: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.data) > PAGE_SIZE:
+            raise ValueError(f"a page is at most {PAGE_SIZE} bytes, got {len(self.data)}")
+        if self.page < 0:
+            raise ValueError("page numbers are non-negative")
+
+
+Change = PageUpdate | PageWrite
+
+
+@dataclass(frozen=True, eq=False)
+class _Segment:
+    first_page: int
+    pages: np.ndarray  # (n, 4096) uint8: a view of the snapshot or a private chunk copy
+    scanner: ShardScanner
+
+
+@dataclass(frozen=True)
+class Version:
+    """Everything one epoch's answers are computed from. Never mutated once built."""
+
+    epoch_id: int
+    snapshot: Snapshot
+    first_page: int
+    stop_page: int
+    segments: tuple[_Segment, ...]
+    pending: tuple[PageUpdate, ...] = ()
+    folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
+
+    def page(self, page: int) -> np.ndarray:
+        """The page's bytes in this epoch (pending updates applied)."""
+        return _page_with(self, self.pending, page)
+
+    def _stored_page(self, page: int) -> np.ndarray:
+        for seg in self.segments:
+            if seg.first_page <= page < seg.first_page + seg.pages.shape[0]:
+                return np.asarray(seg.pages[page - seg.first_page])
+        raise IndexError(page)
+
+    def scan(self, batch: KeyBatch) -> np.ndarray:
+        acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
+        for seg in self.segments:
+            acc ^= seg.scanner.scan(batch)
+        if self.pending:
+            # the same work for every key whatever its target: all pending pages, every key
+            pages = np.fromiter((u.page for u in self.pending), np.int64, len(self.pending))
+            masks = eval_points(batch, pages)  # (K, U, 16)
+            diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
+            diffs = diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
+            for j in range(len(self.pending)):
+                acc ^= (diffs[j][None, :, :] & masks[:, j, None, :]).reshape(len(batch), -1)
+        return acc
+
+
+def _close_segments(segments: Iterable[_Segment]) -> None:
+    for seg in segments:
+        seg.scanner.close()
+
+
+class ShardState:
+    """The current (and at most one staged) version of one shard, with transitions.
+
+    Thread-safe: scans run concurrently with prepare/commit/fold, which serialise among
+    themselves.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        snapshot: Snapshot,
+        first_page: int,
+        stop_page: int,
+        *,
+        epoch_id: int | None = None,
+        chunk_pages: int = DEFAULT_CHUNK_PAGES,
+    ) -> None:
+        if chunk_pages < 1:
+            raise ValueError("chunk_pages must be at least 1")
+        self._engine = engine
+        self._chunk = chunk_pages
+        self._lock = threading.RLock()
+        epoch = snapshot.epoch_id if epoch_id is None else epoch_id
+        self._current = self._fresh_version(snapshot, first_page, stop_page, int(epoch))
+        self._staged: Version | None = None
+        self._rotating = False
+
+    # -- reads
+    @property
+    def current(self) -> Version:
+        return self._current
+
+    @property
+    def epoch_id(self) -> int:
+        return self._current.epoch_id
+
+    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[int, np.ndarray]:
+        version = self._current  # one read: the scan finishes on this epoch whatever happens
+        batch = as_batch(keys)
+        check_domain(batch, version.first_page, version.stop_page - version.first_page)
+        return version.epoch_id, version.scan(batch)
+
+    def info(self) -> dict[str, Any]:
+        v = self._current
+        staged = self._staged
+        return {
+            "epoch_id": v.epoch_id,
+            "pending_updates": len(v.pending),
+            "folded_chunks": len(v.folded),
+            "rotation_in_progress": self._rotating,
+            "staged_epoch_id": None if staged is None else staged.epoch_id,
+            "snapshot_epoch_id": v.snapshot.epoch_id,
+            "snapshot_checksum": v.snapshot.manifest.checksum,
+            "num_pages": v.snapshot.num_pages,
+            "domain_bits": v.snapshot.domain_bits,
+        }
+
+    # -- two-phase transitions
+    def prepare_updates(self, epoch_id: int, changes: Sequence[Change]) -> int:
+        """Stage `epoch_id` = current + these changes; returns how many touch this shard."""
+        with self._lock:
+            base = self._check_next(epoch_id)
+            pending = list(base.pending)
+            mine = 0
+            for c in changes:
+                if not 0 <= c.page < base.snapshot.num_pages:
+                    raise ValueError(
+                        f"page {c.page} is outside the matrix of {base.snapshot.num_pages} pages"
+                    )
+                if not base.first_page <= c.page < base.stop_page:
+                    continue
+                mine += 1
+                if isinstance(c, PageWrite):
+                    now = _page_with(base, pending, c.page)
+                    new = np.zeros(PAGE_SIZE, np.uint8)
+                    new[: len(c.data)] = np.frombuffer(c.data, np.uint8)
+                    pending.append(PageUpdate(c.page, (now ^ new).tobytes()))
+                else:
+                    pending.append(c)
+            self._replace_staged(
+                Version(
+                    epoch_id=epoch_id,
+                    snapshot=base.snapshot,
+                    first_page=base.first_page,
+                    stop_page=base.stop_page,
+                    segments=base.segments,
+                    pending=tuple(pending),
+                    folded=base.folded,
+                )
+            )
+            return mine
+
+    def prepare_snapshot(
+        self, epoch_id: int, snapshot: Snapshot, first_page: int, stop_page: int
+    ) -> None:
+        """Stage `epoch_id` = a new snapshot's range (loaded now, while the old one serves)."""
+        with self._lock:
+            self._check_next(epoch_id)
+            self._rotating = True
+            try:
+                version = self._fresh_version(snapshot, first_page, stop_page, epoch_id)
+            except BaseException:
+                self._rotating = False
+                raise
+            self._replace_staged(version)
+
+    def commit(self, epoch_id: int) -> None:
+        with self._lock:
+            staged = self._staged
+            if staged is None or staged.epoch_id != epoch_id:
+                if self._current.epoch_id == epoch_id:
+                    return  # a repeated commit (a retried admin call) is harmless
+                raise EpochError(f"epoch {epoch_id} is not staged on this shard")
+            old = self._current
+            self._current = staged
+            self._staged = None
+            self._rotating = False
+            if staged.snapshot is not old.snapshot:
+                self._retire(old.segments)
+
+    def abort(self, epoch_id: int) -> None:
+        with self._lock:
+            staged = self._staged
+            if staged is not None and staged.epoch_id == epoch_id:
+                self._staged = None
+                self._rotating = False
+                if staged.segments is not self._current.segments:
+                    self._retire(staged.segments)
+
+    # -- background maintenance
+    def fold_pending(self) -> int:
+        """Write the current version's pending updates into private page copies.
+
+        Builds a version with the same epoch id and identical answers, and swaps it in only if
+        nothing was published meanwhile. Returns the number of updates folded.
+        """
+        with self._lock:
+            base = self._current
+            if not base.pending or self._staged is not None:
+                return 0
+            folded_version = self._fold(base)
+            self._current = folded_version
+            retired = [s for s in base.segments if s not in folded_version.segments]
+            self._retire(retired)
+            return len(base.pending)
+
+    # -- internals
+    def _check_next(self, epoch_id: int) -> Version:
+        cur = self._current
+        if epoch_id <= cur.epoch_id:
+            raise EpochError(f"epoch {epoch_id} is not after the current epoch {cur.epoch_id}")
+        return cur
+
+    def _replace_staged(self, version: Version) -> None:
+        old = self._staged
+        self._staged = version
+        if old is not None and old.segments is not self._current.segments:
+            self._retire(old.segments)
+
+    def _retire(self, segments: Iterable[_Segment]) -> None:
+        # scans in flight may still hold the old version; scanners free on their own when the
+        # last reference goes, so only explicit close where the engine holds device memory
+        if getattr(self._engine, "name", "") == "gpu":
+            _close_segments(segments)
+
+    def _fresh_version(
+        self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int
+    ) -> Version:
+        if not 0 <= first_page < stop_page <= snapshot.num_pages:
+            raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
+        pages = snapshot.pages(first_page, stop_page)
+        seg = _Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
+        return Version(epoch_id, snapshot, first_page, stop_page, (seg,))
+
+    def _fold(self, base: Version) -> Version:
+        c = self._chunk
+        touched: dict[int, np.ndarray] = {}
+        for u in base.pending:
+            idx = u.page // c
+            if idx not in touched:
+                lo = max(base.first_page, idx * c)
+                hi = min(base.stop_page, (idx + 1) * c)
+                touched[idx] = np.stack([base._stored_page(p) for p in range(lo, hi)])
+            lo = max(base.first_page, idx * c)
+            touched[idx][u.page - lo] ^= np.frombuffer(u.diff, np.uint8)
+        kept = []
+        for seg in base.segments:
+            lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
+            if any(lo < (i + 1) * c and i * c < hi for i in touched):
+                kept.extend(self._split_around(seg, touched, c))
+            else:
+                kept.append(seg)
+        for idx, arr in touched.items():
+            lo = max(base.first_page, idx * c)
+            kept.append(_Segment(lo, arr, self._engine.load(arr, first_page=lo)))
+        kept.sort(key=lambda s: s.first_page)
+        return Version(
+            epoch_id=base.epoch_id,
+            snapshot=base.snapshot,
+            first_page=base.first_page,
+            stop_page=base.stop_page,
+            segments=tuple(kept),
+            pending=(),
+            folded=base.folded | frozenset(touched),
+        )
+
+    def _split_around(
+        self, seg: _Segment, touched: dict[int, np.ndarray], c: int
+    ) -> list[_Segment]:
+        """The parts of `seg` outside the touched chunks, as segments of their own."""
+        lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
+        out, run_start = [], lo
+        p = lo
+        while p < hi:
+            idx = p // c
+            chunk_end = min(hi, (idx + 1) * c)
+            if idx in touched:
+                if run_start < p:
+                    view = seg.pages[run_start - lo : p - lo]
+                    out.append(_Segment(run_start, view, self._engine.load(view, run_start)))
+                run_start = chunk_end
+            p = chunk_end
+        if run_start < hi:
+            view = seg.pages[run_start - lo : hi - lo]
+            out.append(_Segment(run_start, view, self._engine.load(view, run_start)))
+        return out
+
+
+def _page_with(base: Version, pending: Sequence[PageUpdate], page: int) -> np.ndarray:
+    out = base._stored_page(page).copy()
+    for u in pending:
+        if u.page == page:
+            out ^= np.frombuffer(u.diff, np.uint8)
+    return out
