@@ -1,0 +1,249 @@
+"""GPU scan engine against the card's read bandwidth, measured in the same run.
+
+    python bench/scan_gpu.py [--gib 16] [--matrix PATH] [--queries 1,2,4,8,16,32]
+                             [--concurrency 1,8,16] [--runs 5]
+
+Needs CuPy and a CUDA device (exits with status 2 and a message otherwise). The matrix is a
+snapshot: `--matrix` names one, else a synthetic one of `--gib` GiB is written once under
+`--workdir` and reused. Measures, on one GpuShard:
+  * read: the plain vectorised read kernel over the same device buffer (the yardstick);
+  * scan: Q = 1, 2, 4, 8, 16, 32 queries of 3 keys per call, time per call (median), matrix
+    bytes per time (TB/s), queries/s; every answer is checked: the two parties' answers of
+    each query XOR to the target page read back from the snapshot (checksum_ok);
+  * concurrency: N threads issuing Q=1 calls through the workspace pool, with concurrent
+    callers coalesced into shared launches (the default) and with streams alone.
+Writes bench/results/scan_gpu.csv and scan_gpu.png. Targets (H200): Q=1 >= 0.8 x read
+bandwidth; Q=8 >= 130 queries/s at 16 GiB; concurrency 8 >= 2 x concurrency 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS, write_csv  # noqa: E402
+
+from morphogen import dpf  # noqa: E402
+from morphogen.engine import gpu_available  # noqa: E402
+
+KEYS_PER_QUERY = 3
+
+
+def open_matrix(args: argparse.Namespace):
+    from morphogen.matrix import Snapshot, build_synthetic
+
+    if args.matrix is not None:
+        return Snapshot.open(args.matrix)
+    num_pages = int(args.gib * (1 << 30)) // 4096
+    out = args.workdir / f"synthetic-{num_pages}"
+    manifest = out / "manifest.json"
+    if manifest.exists():
+        snap = Snapshot.open(out)
+        if snap.num_pages == num_pages:
+            return snap
+    print(f"writing a synthetic {args.gib} GiB snapshot to {out} (once)")
+    build_synthetic(out, num_pages, seed=args.seed, progress=True)
+    return Snapshot.open(out)
+
+
+def query_keys(rng, d: int, num_pages: int, queries: int):
+    targets = [int(rng.integers(num_pages)) for _ in range(queries * KEYS_PER_QUERY)]
+    pairs = [dpf.generate_keys(d, t) for t in targets]
+    a = dpf.KeyBatch.from_keys([p[0] for p in pairs])
+    b = dpf.KeyBatch.from_keys([p[1] for p in pairs])
+    return targets, a, b
+
+
+def checksum_ok(shard, pages, targets, batch_a, batch_b, answer_a=None) -> bool:
+    a = shard.scan(batch_a) if answer_a is None else answer_a
+    b = shard.scan(batch_b)
+    got = a ^ b
+    return all(np.array_equal(got[i], pages[t]) for i, t in enumerate(targets))
+
+
+def timed(fn, runs: int) -> tuple[float, list]:
+    fn()  # warm
+    times, outs = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        outs.append(fn())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), outs
+
+
+def run_concurrency(shard, keysets, threads: int, seconds: float) -> tuple[float, float, int]:
+    """(queries/s, mean ms per call, calls) with `threads` callers issuing Q=1 scans."""
+    stop = time.perf_counter() + seconds
+    counts = [0] * threads
+    lat = [0.0] * threads
+    errors: list[BaseException] = []
+    start_line = threading.Barrier(threads)
+
+    def worker(i: int) -> None:
+        try:
+            start_line.wait()
+            j = i
+            while time.perf_counter() < stop:
+                t = time.perf_counter()
+                shard.scan(keysets[j % len(keysets)])
+                lat[i] += time.perf_counter() - t
+                counts[i] += 1
+                j += threads
+        except BaseException as exc:  # reported after the run
+            errors.append(exc)
+
+    t0 = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    calls = sum(counts)
+    return calls / wall, 1e3 * sum(lat) / max(calls, 1), calls
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=16.0, help="synthetic matrix size")
+    ap.add_argument("--matrix", type=Path, default=None, help="an existing snapshot")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/morphogen-bench"))
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--queries", default="1,2,4,8,16,32")
+    ap.add_argument("--concurrency", default="1,8,16")
+    ap.add_argument("--seconds", type=float, default=5.0, help="per concurrency level")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--pool-size", type=int, default=None,
+                    help="launches in flight (default: the engine's)")
+    ap.add_argument("--key-group-max", type=int, default=16)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args()
+
+    if not gpu_available():
+        print("scan_gpu: needs CuPy and a CUDA device; none here, nothing measured",
+              file=sys.stderr)
+        return 2
+    from morphogen.engine.gpu import GpuEngine
+
+    queries = [int(q) for q in args.queries.split(",")]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    snap = open_matrix(args)
+    pages = snap.pages()
+    n, d = snap.num_pages, snap.domain_bits
+    gib = n * 4096 / (1 << 30)
+
+    engine = GpuEngine(pool_size=args.pool_size, key_group_max=args.key_group_max)
+    device = engine.device_name
+    t = time.perf_counter()
+    shard = engine.load(pages)
+    print(f"{device}: {n} pages ({gib:.2f} GiB), d={d}, loaded and warmed in "
+          f"{time.perf_counter() - t:.1f} s, pool {shard.pool_size}")
+
+    host_digest = np.zeros(2, np.uint64)
+    for start in range(0, n, 1 << 16):
+        chunk = pages[start : start + (1 << 16)].reshape(-1).view(np.uint64).reshape(-1, 2)
+        host_digest ^= np.bitwise_xor.reduce(chunk, axis=0)
+    read_ms, digest = shard.read_pages_timed(repeats=args.runs)
+    read_tbs = n * 4096 / (read_ms / 1e3) / 1e12
+    base = {"device": device, "pages": n, "gib": round(gib, 3)}
+    rows = [{**base, "kind": "read", "queries": 0, "keys": 0, "concurrency": 1,
+             "ms": round(read_ms, 3), "tb_s": round(read_tbs, 3), "queries_s": "",
+             "frac_read_bw": 1.0, "kernel_ms": round(read_ms, 3), "h2d_ms": "", "d2h_ms": "",
+             "checksum_ok": digest == host_digest.tobytes()}]
+    print(f"read kernel: {read_ms:.2f} ms, {read_tbs:.3f} TB/s, checksum "
+          f"{'ok' if rows[0]['checksum_ok'] else 'MISMATCH'}")
+
+    rng = np.random.default_rng(args.seed)
+    for q in queries:
+        targets, ka, kb = query_keys(rng, d, n, q)
+        secs, outs = timed(lambda ka=ka: shard.scan_timed(ka), args.runs)
+        answer, timing = outs[-1]
+        ok = checksum_ok(shard, pages, targets, ka, kb, answer)
+        tbs = n * 4096 / secs / 1e12
+        rows.append({**base, "kind": "scan", "queries": q, "keys": q * KEYS_PER_QUERY,
+                     "concurrency": 1, "ms": round(secs * 1e3, 3), "tb_s": round(tbs, 3),
+                     "queries_s": round(q / secs, 2), "frac_read_bw": round(tbs / read_tbs, 3),
+                     "kernel_ms": round(timing.kernel_ms, 3), "h2d_ms": round(timing.h2d_ms, 3),
+                     "d2h_ms": round(timing.d2h_ms, 3), "checksum_ok": ok})
+        r = rows[-1]
+        print(f"Q={q:2d} ({r['keys']:2d} keys): {r['ms']:8.2f} ms (kernel {r['kernel_ms']:.2f})"
+              f"  {tbs:.3f} TB/s = {r['frac_read_bw']:.2f} x read  {r['queries_s']:8.1f} q/s"
+              f"  checksum {'ok' if ok else 'MISMATCH'}")
+
+    keysets = [query_keys(rng, d, n, 1)[1] for _ in range(64)]
+    for coalesce in (True, False):
+        shard._dispatcher._coalesce = coalesce  # the same shard, both dispatch policies
+        label = "concurrency" if coalesce else "concurrency_streams_only"
+        for c in levels:
+            qps, ms, calls = run_concurrency(shard, keysets, c, args.seconds)
+            rows.append({**base, "kind": label, "queries": 1, "keys": KEYS_PER_QUERY,
+                         "concurrency": c, "ms": round(ms, 3),
+                         "tb_s": round(qps * n * 4096 / 1e12, 3), "queries_s": round(qps, 2),
+                         "frac_read_bw": "", "kernel_ms": "", "h2d_ms": "", "d2h_ms": "",
+                         "checksum_ok": ""})
+            print(f"{label} {c:2d}: {qps:8.1f} queries/s, {ms:.2f} ms per call ({calls} calls)")
+    shard._dispatcher._coalesce = True
+
+    by = {(r["kind"], r["queries"], r["concurrency"]): r for r in rows}
+    if ("scan", 1, 1) in by:
+        print(f"target Q=1 >= 0.80 x read bandwidth: {by[('scan', 1, 1)]['frac_read_bw']:.2f}")
+    if ("scan", 8, 1) in by:
+        print(f"target Q=8 >= 130 queries/s: {by[('scan', 8, 1)]['queries_s']:.1f}")
+    if ("concurrency", 1, 1) in by and ("concurrency", 1, 8) in by:
+        ratio = by[("concurrency", 1, 8)]["queries_s"] / by[("concurrency", 1, 1)]["queries_s"]
+        print(f"target concurrency 8 >= 2 x concurrency 1: {ratio:.2f}")
+    write_csv(args.out / "scan_gpu.csv", rows)
+    draw(args.out / "scan_gpu.png", rows, device, gib, read_tbs)
+    shard.close()
+    return 0 if all(r["checksum_ok"] in (True, "") for r in rows) else 1
+
+
+def draw(path: Path, rows: list[dict], device: str, gib: float, read_tbs: float) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot (pip install 'morphogen[bench]')")
+        return
+    scans = [r for r in rows if r["kind"] == "scan"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    qs = [r["queries"] for r in scans]
+    ax1.plot(qs, [r["tb_s"] for r in scans], "o-", label="scan: matrix bytes / time")
+    ax1.axhline(read_tbs, color="grey", ls="--", label=f"read kernel {read_tbs:.2f} TB/s")
+    ax1.set_xscale("log", base=2)
+    ax1.set_xlabel("queries per call (3 keys each)")
+    ax1.set_ylabel("TB/s")
+    ax1b = ax1.twinx()
+    ax1b.plot(qs, [r["queries_s"] for r in scans], "s-", color="tab:orange", label="queries/s")
+    ax1b.set_ylabel("queries/s")
+    ax1.legend(loc="lower left")
+    ax1b.legend(loc="lower right")
+    ax1.set_title(f"fused scan, {gib:.1f} GiB, {device}")
+    for kind, style in (("concurrency", "o-"), ("concurrency_streams_only", "s--")):
+        pts = [r for r in rows if r["kind"] == kind]
+        ax2.plot([r["concurrency"] for r in pts], [r["queries_s"] for r in pts], style,
+                 label=kind.replace("_", " "))
+    ax2.set_xlabel("concurrent callers (Q=1 each)")
+    ax2.set_ylabel("queries/s")
+    ax2.set_title("workspace pool")
+    ax2.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

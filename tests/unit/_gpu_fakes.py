@@ -1,0 +1,391 @@
+"""Stand-ins for CuPy behind morphogen.engine.gpu's Backend protocol.
+
+`FakeBackend` keeps "device memory" in numpy arrays and runs kernels either through a NumPy
+model of their contract (`model`, written from the kernel's documented semantics) or through
+the real scan_kernel.cu compiled as host C++ (`emulator`, see cuda_emu/). Every launch checks
+the scalar argument types against the kernel signatures, the thing CuPy does not check.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import itertools
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from morphogen.dpf import DpfKey, eval_range
+from morphogen.engine import gpu
+from morphogen.engine.base import PAGE_SIZE
+
+ROOT = Path(__file__).resolve().parents[2]
+EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
+
+# Kernel signatures: "p" = device pointer, np.uint32 / np.uint64 = scalar of exactly that type.
+P = "p"
+SIGNATURES: dict[str, tuple[Any, ...]] = {
+    **{
+        name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, np.uint32, P)
+        for name in gpu.SCAN_KERNELS
+    },
+    gpu.REDUCE_KERNEL: (P, P, np.uint32, np.uint32),
+    gpu.READ_BW_KERNEL: (P, np.uint64, P),
+}
+
+
+class FakeCudaError(RuntimeError):
+    """What the fake raises where CUDA would fail."""
+
+
+@dataclass
+class FakeDeviceArray:
+    buf: np.ndarray
+    freed: bool = False
+
+    @property
+    def ptr(self) -> int:
+        return self.buf.ctypes.data
+
+
+@dataclass
+class FakeStream:
+    id: int
+    non_blocking: bool = True
+    ops: list[str] = field(default_factory=list)
+
+
+@dataclass
+class FakeEvent:
+    t: float = 0.0
+
+
+@dataclass
+class FakeKernel:
+    name: str
+
+
+@dataclass
+class Launch:
+    kernel: str
+    grid: int
+    block: int
+    smem: int
+    stream: int
+    args: tuple[Any, ...]
+    thread: int
+
+
+class FakeBackend:
+    """A Backend without CUDA. `mode` is "model" or "emulator"."""
+
+    error_types = (FakeCudaError,)
+
+    def __init__(
+        self,
+        *,
+        sm_count: int = 4,
+        blocks_per_sm_value: int = 2,
+        free_bytes: int = 1 << 34,
+        mode: str = "model",
+        launch_delay_s: float = 0.0,
+        order: int = 0,
+    ) -> None:
+        self.order = order  # emulator: fibers run forward (0), reversed (1) or shuffled (2)
+        self.sm_count = sm_count
+        self.blocks_per_sm_value = blocks_per_sm_value
+        self.free_bytes = free_bytes
+        self.mode = mode
+        self.launch_delay_s = launch_delay_s
+        self.fail_next_launch: str | None = None
+        self.streams: list[FakeStream] = []
+        self.launches: list[Launch] = []
+        self.compiles = 0
+        self.allocated = 0
+        self.pinned_allocated = 0
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self.active_launches = 0
+        self.max_active_launches = 0
+        self._emu = load_emulator() if mode == "emulator" else None
+
+    # -- Backend -------------------------------------------------------------------------------
+
+    def device_info(self) -> gpu.DeviceInfo:
+        return gpu.DeviceInfo(name="Fake GPU", sm_count=self.sm_count, total_memory=1 << 36)
+
+    def free_memory(self) -> int:
+        return self.free_bytes - self.allocated
+
+    def activate(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def compile(self, source: str, options: Any, names: Any) -> dict[str, FakeKernel]:
+        self.compiles += 1
+        for name in names:  # the scan variants are stamped out by MG_SCAN_KERNEL(KG, ...)
+            kg = name.removeprefix("morphogen_scan_k")
+            assert f"MG_SCAN_KERNEL({kg}," in source if kg != name else f"{name}(" in source
+        return {name: FakeKernel(name) for name in names}
+
+    def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
+        assert block == gpu.SCAN_THREADS
+        return self.blocks_per_sm_value
+
+    def alloc(self, nbytes: int) -> FakeDeviceArray:
+        with self._lock:
+            self.allocated += nbytes
+        buf = np.empty(max(nbytes, 16) // 16 * 16 + 16, np.uint8)[: max(nbytes, 16)]
+        buf[:] = 0xCD  # device memory is not zeroed: poison it
+        return FakeDeviceArray(buf)
+
+    def alloc_pinned(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            self.pinned_allocated += nbytes
+        buf = np.empty(max(nbytes, 16), np.uint8)
+        buf[:] = 0xEE
+        return buf
+
+    def new_stream(self) -> FakeStream:
+        s = FakeStream(next(self._ids))
+        self.streams.append(s)
+        return s
+
+    def new_event(self) -> FakeEvent:
+        return FakeEvent()
+
+    def h2d(self, dst: FakeDeviceArray, dst_offset: int, src: np.ndarray, stream: FakeStream):
+        assert src.dtype == np.uint8 or src.flags.c_contiguous
+        raw = src.reshape(-1).view(np.uint8)
+        dst.buf[dst_offset : dst_offset + raw.size] = raw
+        stream.ops.append("h2d")
+
+    def d2h(self, dst: np.ndarray, src: FakeDeviceArray, src_offset: int, stream: FakeStream):
+        raw = dst.reshape(-1).view(np.uint8)
+        raw[:] = src.buf[src_offset : src_offset + raw.size]
+        stream.ops.append("d2h")
+
+    def launch(
+        self,
+        kernel: FakeKernel,
+        grid: int,
+        block: int,
+        args: tuple[Any, ...],
+        smem_bytes: int,
+        stream: FakeStream,
+    ) -> None:
+        check_args(kernel.name, args)
+        with self._lock:
+            self.launches.append(
+                Launch(kernel.name, grid, block, smem_bytes, stream.id, args,
+                       threading.get_ident())
+            )
+            self.active_launches += 1
+            self.max_active_launches = max(self.max_active_launches, self.active_launches)
+        try:
+            if self.fail_next_launch is not None:
+                msg, self.fail_next_launch = self.fail_next_launch, None
+                raise FakeCudaError(msg)
+            if self.launch_delay_s:
+                time.sleep(self.launch_delay_s)
+            stream.ops.append(kernel.name)
+            if self._emu is not None:
+                run_emulated(self._emu, kernel.name, grid, block, args, smem_bytes, self.order)
+            else:
+                run_model(kernel.name, grid, block, args, smem_bytes)
+        finally:
+            with self._lock:
+                self.active_launches -= 1
+
+    def record(self, event: FakeEvent, stream: FakeStream) -> None:
+        event.t = time.perf_counter()
+
+    def event_synchronize(self, event: FakeEvent) -> None:
+        pass
+
+    def synchronize(self, stream: FakeStream) -> None:
+        stream.ops.append("sync")
+
+    def elapsed_ms(self, start: FakeEvent, end: FakeEvent) -> float:
+        return (end.t - start.t) * 1e3
+
+
+def check_args(name: str, args: tuple[Any, ...]) -> None:
+    sig = SIGNATURES[name]
+    assert len(args) == len(sig), f"{name}: {len(args)} args, signature has {len(sig)}"
+    for i, (a, t) in enumerate(zip(args, sig, strict=True)):
+        if t == P:
+            assert isinstance(a, FakeDeviceArray), f"{name} arg {i}: expected a device buffer"
+        else:
+            assert type(a) is t, f"{name} arg {i}: expected {t.__name__}, got {type(a).__name__}"
+
+
+# ---------------------------------------------------------------------------------------------
+# NumPy model of the kernels' contract
+
+
+def unpack_key(record: np.ndarray, domain_bits: int) -> DpfKey:
+    """The inverse of gpu.pack_keys for one record (the model evaluates real DpfKeys)."""
+    d = domain_bits
+    r = np.ascontiguousarray(record, dtype=np.uint32)
+    cw = r[gpu.KEY_HEADER_WORDS : gpu.KEY_HEADER_WORDS + 4 * d].reshape(d, 4)
+    root_t = int(r[8])
+    return DpfKey(
+        root_seed=r[0:4].tobytes(),
+        root_t=root_t,
+        party=root_t,
+        domain_bits=d,
+        cw=tuple(c.tobytes() for c in cw),
+        tcw_left=tuple((int(r[9]) >> i) & 1 for i in range(d)),
+        tcw_right=tuple((int(r[10]) >> i) & 1 for i in range(d)),
+        final_cw=r[4:8].tobytes(),
+    )
+
+
+def _model_scan(grid: int, args: tuple[Any, ...]) -> None:
+    pages_a, num_pages, first, keys_a, num_keys, d, h, groups, partial_a = args
+    n, first, k_total, d = int(num_pages), int(first), int(num_keys), int(d)
+    groups = int(groups)
+    page_blocks = grid // groups
+    pages = pages_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE) if n else None
+    w = gpu.key_words(d)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    for pb in range(page_blocks):
+        lo, hi = n * pb // page_blocks, n * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            if hi > lo:
+                masks = eval_range(unpack_key(records[k], d), first + lo, first + hi)
+                tiled = np.tile(masks, (1, PAGE_SIZE // 16))
+                acc = np.bitwise_xor.reduce(pages[lo:hi] & tiled, axis=0)
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
+def _model_reduce(args: tuple[Any, ...]) -> None:
+    partial_a, out_a, num_partials, row_lanes = args
+    nbytes = int(row_lanes) * 16
+    parts = partial_a.buf[: int(num_partials) * nbytes].reshape(int(num_partials), nbytes)
+    out_a.buf[:nbytes] = np.bitwise_xor.reduce(parts, axis=0)
+
+
+def _model_read_bw(grid: int, block: int, args: tuple[Any, ...]) -> None:
+    data_a, n16, sink_a = args
+    threads = grid * block
+    words = data_a.buf[: int(n16) * 16].view(np.uint64).reshape(-1, 2)
+    sink = sink_a.buf[: threads * 16].view(np.uint64).reshape(threads, 2)
+    sink[:] = 0
+    for t in range(threads):
+        sink[t] = np.bitwise_xor.reduce(words[t::threads], axis=0) if t < len(words) else 0
+
+
+def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int) -> None:
+    if name in gpu.SCAN_KERNELS:
+        assert block == gpu.SCAN_THREADS
+        _model_scan(grid, args)
+    elif name == gpu.REDUCE_KERNEL:
+        _model_reduce(args)
+    else:
+        _model_read_bw(grid, block, args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real kernel source compiled as host C++ (cuda_emu/emu_prelude.h)
+
+
+def emulator_compiler() -> str | None:
+    return shutil.which("g++") or shutil.which("c++")
+
+
+_EMU_LOCK = threading.Lock()
+_EMU: dict[str, ctypes.CDLL] = {}
+
+
+def load_emulator() -> ctypes.CDLL:
+    """Builds (once per source hash) and loads the emulation library."""
+    cxx = emulator_compiler()
+    if cxx is None:
+        raise RuntimeError("no C++ compiler to build the kernel emulator")
+    src = [EMU_DIR / "emu_prelude.h", EMU_DIR / "emu_harness.cpp", gpu.KERNEL_SOURCE]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src)).hexdigest()[:16]
+    tag = digest
+    with _EMU_LOCK:
+        if tag in _EMU:
+            return _EMU[tag]
+        out_dir = Path("/tmp") / "morphogen-cuda-emu"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lib = out_dir / f"emu-{tag}.so"
+        if not lib.exists():
+            flags = ["-O2"]
+            tmp = lib.with_suffix(f".{threading.get_ident()}.tmp")
+            cmd = [
+                cxx, *flags, "-std=c++17", "-pthread", "-fPIC", "-shared", "-Wall", "-Werror",
+                "-Wno-unknown-pragmas", "-Wno-unused-function", f"-I{EMU_DIR}",
+                f"-I{gpu.KERNEL_SOURCE.parent}", str(EMU_DIR / "emu_harness.cpp"), "-o", str(tmp),
+            ]
+            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            tmp.replace(lib)
+        dll = ctypes.CDLL(str(lib))
+        u32, u64, vp, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
+        dll.emu_scan.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, u32, vp]
+        dll.emu_scan.restype = i
+        dll.emu_reduce.argtypes = [u32, vp, vp, u32, u32]
+        dll.emu_reduce.restype = i
+        dll.emu_read_bw.argtypes = [u32, vp, u64, vp]
+        dll.emu_read_bw.restype = i
+        dll.emu_prg_g.argtypes = [vp, vp]
+        dll.emu_prg_g.restype = None
+        dll.emu_set_order.argtypes = [i, ctypes.c_uint]
+        dll.emu_set_order.restype = None
+        _EMU[tag] = dll
+        return dll
+
+
+# The emulator runs blocks one after another with process-wide shared memory: one launch at a
+# time.
+_EMU_RUN = threading.Lock()
+
+
+def run_emulated(
+    dll: ctypes.CDLL,
+    name: str,
+    grid: int,
+    block: int,
+    args: tuple[Any, ...],
+    smem: int,
+    order: int = 0,
+) -> None:
+    def v(a: Any) -> Any:
+        return a.ptr if isinstance(a, FakeDeviceArray) else int(a)
+
+    with _EMU_RUN:
+        dll.emu_set_order(order, 7)
+        if name in gpu.SCAN_KERNELS:
+            assert block == gpu.SCAN_THREADS
+            kg = int(name.removeprefix("morphogen_scan_k"))
+            rc = dll.emu_scan(kg, grid, smem, *[v(a) for a in args])
+        elif name == gpu.REDUCE_KERNEL:
+            assert block == gpu.REDUCE_LANES * gpu.REDUCE_SLICES
+            rc = dll.emu_reduce(grid, *[v(a) for a in args])
+        else:
+            assert block == gpu.READ_BW_THREADS
+            rc = dll.emu_read_bw(grid, *[v(a) for a in args])
+    assert rc == 0, f"emulated {name} failed ({rc})"
+
+
+def emulated_prg(dll: ctypes.CDLL, seed: bytes) -> tuple[bytes, bytes, int, int]:
+    words = np.frombuffer(seed, np.uint32).copy()
+    out = np.zeros(10, np.uint32)
+    dll.emu_prg_g(words.ctypes.data, out.ctypes.data)
+    return out[0:4].tobytes(), out[4:8].tobytes(), int(out[8]), int(out[9])
+
+
+def make_engine(backend: FakeBackend, **options: Any) -> gpu.GpuEngine:
+    return gpu.GpuEngine(backend=backend, **options)

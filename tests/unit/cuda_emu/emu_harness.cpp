@@ -1,0 +1,95 @@
+// C entry points (for ctypes) that launch the kernels of scan_kernel.cu under emulation.
+#include "emu_prelude.h"
+#include "scan_kernel.cu"
+
+namespace {
+
+struct ScanArgs {
+    int kg;
+    const uint4* pages;
+    u64 num_pages, first_page;
+    const u32* keys;
+    u32 num_keys, domain_bits, tile_bits, num_groups;
+    uint4* partial;
+};
+
+#define MG_CASE(KG)                                                                           \
+    case KG:                                                                                  \
+        morphogen_scan_k##KG(a.pages, a.num_pages, a.first_page, a.keys, a.num_keys,          \
+                             a.domain_bits, a.tile_bits, a.num_groups, a.partial);            \
+        break;
+
+void scan_thread(void* p) {
+    const ScanArgs& a = *static_cast<const ScanArgs*>(p);
+    switch (a.kg) {
+        MG_CASE(1)
+        MG_CASE(2)
+        MG_CASE(3)
+        MG_CASE(4)
+        MG_CASE(6)
+        MG_CASE(8)
+        MG_CASE(12)
+        MG_CASE(16)
+        default:
+            break;
+    }
+}
+
+struct ReduceArgs {
+    const uint4* partial;
+    uint4* out;
+    u32 num_partials, row_lanes;
+};
+
+void reduce_thread(void* p) {
+    const ReduceArgs& a = *static_cast<const ReduceArgs*>(p);
+    morphogen_xor_reduce(a.partial, a.out, a.num_partials, a.row_lanes);
+}
+
+struct ReadArgs {
+    const uint4* data;
+    u64 n16;
+    uint4* sink;
+};
+
+void read_thread(void* p) {
+    const ReadArgs& a = *static_cast<const ReadArgs*>(p);
+    morphogen_read_bw(a.data, a.n16, a.sink);
+}
+
+}  // namespace
+
+extern "C" void emu_set_order(int order, unsigned seed) {
+    emu::sched().order = order;
+    emu::sched().rng.seed(seed);
+}
+
+extern "C" int emu_scan(int kg, u32 grid, u64 smem_bytes, const uint4* pages, u64 num_pages,
+                        u64 first_page, const u32* keys, u32 num_keys, u32 domain_bits,
+                        u32 tile_bits, u32 num_groups, uint4* partial) {
+    if (kg != 1 && kg != 2 && kg != 3 && kg != 4 && kg != 6 && kg != 8 && kg != 12 && kg != 16)
+        return -1;
+    ScanArgs a{kg, pages, num_pages, first_page, keys, num_keys, domain_bits, tile_bits,
+               num_groups, partial};
+    return emu::launch(grid, SCAN_THREADS, smem_bytes, scan_thread, &a);
+}
+
+extern "C" int emu_reduce(u32 grid, const uint4* partial, uint4* out, u32 num_partials,
+                          u32 row_lanes) {
+    ReduceArgs a{partial, out, num_partials, row_lanes};
+    return emu::launch(grid, REDUCE_LANES * REDUCE_SLICES, 0, reduce_thread, &a);
+}
+
+extern "C" int emu_read_bw(u32 grid, const uint4* data, u64 n16, uint4* sink) {
+    ReadArgs a{data, n16, sink};
+    return emu::launch(grid, 256, 0, read_thread, &a);
+}
+
+// G(seed) on one seed: left, right (4 words each), tl, tr -> out[10].
+extern "C" void emu_prg_g(const u32* seed, u32* out) {
+    uint4 l, r;
+    u32 tl, tr;
+    prg_g(make_uint4(seed[0], seed[1], seed[2], seed[3]), l, r, tl, tr);
+    const u32 v[10] = {l.x, l.y, l.z, l.w, r.x, r.y, r.z, r.w, tl, tr};
+    std::memcpy(out, v, sizeof v);
+}
