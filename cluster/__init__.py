@@ -1,0 +1,1 @@
+"""Operating morphogen: configuration, snapshots, the local cluster and the command line."""

@@ -1,0 +1,354 @@
+"""The `morphogen` command line: demo, serve, build, get."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG = "ray_config.yaml"
+
+
+def _eprint(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- demo
+
+
+def _latency_row(name: str, pages: int, latencies: list[float], queries: int,
+                 wall_s: float) -> list[str]:
+    ms = sorted(x * 1000 for x in latencies)
+    p50 = statistics.median(ms)
+    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
+    return [name, str(pages), str(len(latencies)), f"{p50:.1f}", f"{p99:.1f}",
+            f"{queries / wall_s:.1f}"]
+
+
+def _print_table(header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
+
+    print(line(header))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print(line(r))
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from cluster import local
+
+    started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="morphogen-demo-")
+    _eprint(f"[demo] starting a local Ray cluster ({os.cpu_count()} cores)")
+    cluster = local.start(
+        port=args.port, num_cpus=max(2, os.cpu_count() or 2), disable_auth=True,
+        temp_dir=None,
+    )
+    ok = False
+    try:
+        ok = _demo(args, cluster, workdir)
+    finally:
+        _eprint("[demo] shutting down")
+        local.stop(cluster)
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    _eprint(f"[demo] {'all pages verified' if ok else 'FAILED'} in "
+            f"{time.monotonic() - started:.1f}s")
+    return 0 if ok else 1
+
+
+def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
+    import numpy as np
+    from ray import serve
+
+    from cluster.config import PartyConfig
+    from cluster.snapshots import open_snapshot
+    from deployments.app import build_app
+    from morphogen.client import HandlePirClient, PirClient
+
+    shared = {
+        "synthetic_pages": args.pages,
+        "synthetic_seed": args.seed,
+        "cache_dir": workdir,
+        "engine": args.engine,
+        "shard_num_cpus": 0.25,
+        "router_num_cpus": 0.1,
+        "graceful_shutdown_timeout_s": 1.0,
+    }
+    cfg_a = PartyConfig(**shared, num_shards=args.shards_a)
+    cfg_b = PartyConfig(**shared, num_shards=args.shards_b)
+    _eprint(f"[demo] synthetic snapshot: {args.pages} pages "
+            f"({args.pages * 4096 / 2**20:.0f} MiB)")
+    snap = open_snapshot(cfg_a)
+    t = time.monotonic()
+    _eprint(f"[demo] deploying party A ({args.shards_a} shards) at /a and party B "
+            f"({args.shards_b} shards) at /b")
+    serve.run(build_app(cfg_a), name="a", route_prefix="/a", blocking=False)
+    serve.run(build_app(cfg_b), name="b", route_prefix="/b", blocking=False)
+    _eprint(f"[demo] both parties ready in {time.monotonic() - t:.1f}s; "
+            f"HTTP at {cluster.url}/a and {cluster.url}/b")
+
+    rng = random.Random(args.seed + 1)
+    n = snap.num_pages
+    rows: list[list[str]] = []
+    mismatches = 0
+    fetched = 0
+
+    def check(wanted: Sequence[int], got: Sequence[bytes]) -> None:
+        nonlocal mismatches, fetched
+        for p, page in zip(wanted, got, strict=True):
+            fetched += 1
+            if page != np.asarray(snap.pages(p, p + 1)[0]).tobytes():
+                mismatches += 1
+
+    url_a, url_b = cluster.app_url("/a"), cluster.app_url("/b")
+    for encoding in ("json", "msgpack"):
+        with PirClient(url_a, url_b, encoding=encoding) as c:
+            c.info()
+            lat = []
+            t0 = time.monotonic()
+            for _ in range(args.requests):
+                wanted = [rng.randrange(n) for _ in range(3)]
+                t = time.monotonic()
+                got = c.get(wanted)
+                lat.append(time.monotonic() - t)
+                check(wanted, got)
+            rows.append(_latency_row(f"http {encoding}, 1 query/request", 3 * args.requests,
+                                     lat, args.requests, time.monotonic() - t0))
+
+    # 16 clients at once: the routers merge their requests into shared scans.
+    with PirClient(url_a, url_b) as c:
+        c.info()
+        lat = []
+
+        def one(seed: int) -> None:
+            r = random.Random(seed)
+            wanted = [r.randrange(n) for _ in range(3)]
+            t = time.monotonic()
+            got = c.get(wanted)
+            lat.append(time.monotonic() - t)
+            check(wanted, got)
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(args.requests * 4)))
+        rows.append(_latency_row("http json, 16 concurrent", 3 * len(lat), lat, len(lat),
+                                 time.monotonic() - t0))
+
+    with PirClient(url_a, url_b) as c:
+        wanted = [rng.randrange(n) for _ in range(96)]
+        t = time.monotonic()
+        got = c.get(wanted)
+        dt = time.monotonic() - t
+        check(wanted, got)
+        rows.append(_latency_row("http json, batch of 32", 96, [dt], 32, dt))
+
+    hc = HandlePirClient(serve.get_app_handle("a"), serve.get_app_handle("b"))
+    hc.info()
+    lat = []
+    t0 = time.monotonic()
+    for _ in range(args.requests):
+        wanted = [rng.randrange(n) for _ in range(3)]
+        t = time.monotonic()
+        got = hc.get(wanted)
+        lat.append(time.monotonic() - t)
+        check(wanted, got)
+    rows.append(_latency_row("handles, 1 query/request", 3 * args.requests, lat, args.requests,
+                             time.monotonic() - t0))
+
+    print()
+    _print_table(["path", "pages", "requests", "p50 ms", "p99 ms", "queries/s"], rows)
+    print()
+    print(f"{fetched} pages fetched privately, {fetched - mismatches} byte-identical to the "
+          f"snapshot, {mismatches} wrong")
+    snap.close()
+    return mismatches == 0 and fetched > 0
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def _load_config_file(path: str | None, app_name: str | None) -> tuple[dict, dict, str, str]:
+    """(app args, http options, app name, route prefix) from a Serve config file."""
+    if path is None:
+        if not Path(DEFAULT_CONFIG).is_file():
+            return {}, {}, app_name or "morphogen", "/"
+        path = DEFAULT_CONFIG
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        doc = yaml.safe_load(fh) or {}
+    apps = doc.get("applications") or [{}]
+    app = next((a for a in apps if a.get("name") == app_name), None) if app_name else apps[0]
+    if app is None:
+        raise SystemExit(f"no application named {app_name!r} in {path}")
+    return (dict(app.get("args") or {}), dict(doc.get("http_options") or {}),
+            app.get("name", "morphogen"), app.get("route_prefix", "/"))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from cluster import local
+    from cluster.config import PartyConfig
+
+    app_args, http, name, prefix = _load_config_file(args.config, args.app)
+    if args.matrix:
+        app_args["snapshot"] = str(Path(args.matrix).expanduser().resolve())
+    if args.shards is not None:
+        app_args["num_shards"] = args.shards
+    if args.engine is not None:
+        app_args["engine"] = args.engine
+    if args.route_prefix is not None:
+        prefix = args.route_prefix
+    cfg = PartyConfig.model_validate(app_args)  # validated once, before Ray starts
+    host = args.host or http.get("host", "127.0.0.1")
+    port = args.port if args.port is not None else int(http.get("port", 8000))
+
+    from cluster.snapshots import open_snapshot
+
+    with open_snapshot(cfg, progress=True) as snap:
+        summary = (f"{snap.num_pages} pages, domain {snap.domain_bits} bits, "
+                   f"epoch {snap.epoch_id}")
+    cluster = local.start(host=host, port=port, address=args.address, num_cpus=args.num_cpus,
+                          quiet=not args.verbose)
+    stop_event = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        _eprint(f"[serve] {signal.Signals(signum).name}: shutting down")
+        stop_event.set()
+
+    # After ray.init: Ray's core worker installs its own SIGTERM handler, which exits at once.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        from ray import serve
+
+        from deployments.app import build_app
+
+        _eprint(f"[serve] deploying {cfg.num_shards} shard(s): {summary}")
+        serve.run(build_app(cfg), name=name, route_prefix=prefix, blocking=False)
+        print(f"serving on {cluster.app_url(prefix)} (POST /query/page/gpu, "
+              f"/query/page/gpu/batch; GET /epoch, /health); Ctrl-C to stop", flush=True)
+        while not stop_event.wait(1.0):
+            pass
+    finally:
+        from ray import serve
+
+        if cluster.owns_ray:
+            local.stop(cluster)
+        else:
+            serve.delete(name)
+    _eprint("[serve] stopped")
+    return 0
+
+
+# --------------------------------------------------------------------------- build, get
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from morphogen.matrix import build_synthetic, import_raw
+
+    if args.raw:
+        m = import_raw(args.raw, args.out, epoch_id=args.epoch, progress=True)
+    else:
+        m = build_synthetic(args.out, args.synthetic, seed=args.seed, epoch_id=args.epoch,
+                            progress=True)
+    print(f"snapshot {args.out}: {m.num_pages} pages, domain {m.domain_bits} bits, "
+          f"epoch {m.epoch_id}, {m.checksum}")
+    return 0
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    from morphogen.client import PirClient, PirError
+
+    try:
+        with PirClient(args.server_a, args.server_b, encoding=args.encoding,
+                       timeout_s=args.timeout) as c:
+            pages = c.get(args.pages)
+    except (PirError, ValueError) as exc:
+        _eprint(f"error: {exc}")
+        return 1
+    if args.out:
+        with open(args.out, "wb") as fh:
+            for p in pages:
+                fh.write(p)
+        _eprint(f"wrote {len(pages)} page(s) to {args.out}")
+    else:
+        for n, p in zip(args.pages, pages, strict=True):
+            print(f"{n}\t0x{p.hex()}")
+    return 0
+
+
+# --------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="morphogen", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="two local parties, private fetches, verified bytes")
+    demo.add_argument("--pages", type=int, default=4096, help="synthetic pages (4 KiB each)")
+    demo.add_argument("--shards-a", type=int, default=3)
+    demo.add_argument("--shards-b", type=int, default=2)
+    demo.add_argument("--requests", type=int, default=12, help="requests per measured path")
+    demo.add_argument("--engine", default="auto", choices=["auto", "reference", "cpu", "gpu"])
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--port", type=int, default=0, help="HTTP port (0: a free one)")
+    demo.set_defaults(func=cmd_demo)
+
+    srv = sub.add_parser("serve", help="run one party until interrupted")
+    srv.add_argument("--config", default=None, help=f"Serve config file (default {DEFAULT_CONFIG} "
+                                                    "when present)")
+    srv.add_argument("--app", default=None, help="application name in the config file")
+    srv.add_argument("--matrix", default=None, help="snapshot: manifest, directory or raw file")
+    srv.add_argument("--shards", type=int, default=None)
+    srv.add_argument("--engine", default=None, choices=["auto", "reference", "cpu", "gpu"])
+    srv.add_argument("--host", default=None)
+    srv.add_argument("--port", type=int, default=None)
+    srv.add_argument("--route-prefix", default=None)
+    srv.add_argument("--address", default=None, help="join a running Ray cluster")
+    srv.add_argument("--num-cpus", type=int, default=None)
+    srv.add_argument("--verbose", action="store_true", help="show Ray's logs")
+    srv.set_defaults(func=cmd_serve)
+
+    bld = sub.add_parser("build", help="raw page file or synthetic data -> snapshot")
+    src = bld.add_mutually_exclusive_group(required=True)
+    src.add_argument("--raw", help="raw page file (4096-byte pages back to back)")
+    src.add_argument("--synthetic", type=int, metavar="PAGES", help="synthetic page count")
+    bld.add_argument("--out", required=True, help="snapshot directory")
+    bld.add_argument("--epoch", type=int, default=1)
+    bld.add_argument("--seed", type=int, default=0)
+    bld.set_defaults(func=cmd_build)
+
+    get = sub.add_parser("get", help="fetch pages privately from two servers")
+    get.add_argument("--server-a", required=True)
+    get.add_argument("--server-b", required=True)
+    get.add_argument("--encoding", default="json", choices=["json", "msgpack"])
+    get.add_argument("--timeout", type=float, default=30.0)
+    get.add_argument("--out", default=None, help="write the raw pages here instead of hex")
+    get.add_argument("pages", type=int, nargs="+", metavar="PAGE")
+    get.set_defaults(func=cmd_get)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The Serve application builder named by `ray_config.yaml` (`deployments.app:build_app`).
+
+One application is one party: a router (the ingress) bound to one deployment per shard
+(`shard_0` ... `shard_{n-1}`). The configuration is validated once here; a synthetic snapshot is
+built (once, cached) before any replica starts so that replicas only map it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from ray.serve import Application
+
+from cluster.config import PartyConfig, resolved_engine, shard_actor_options
+from cluster.snapshots import open_snapshot
+from deployments.router import Router
+from deployments.shard import Shard
+from morphogen.matrix import Snapshot, shard_ranges
+from morphogen.shard import warm_up
+
+log = logging.getLogger(__name__)
+
+
+def _cluster_gpus() -> float:
+    if not ray.is_initialized():
+        return 0.0
+    return float(ray.cluster_resources().get("GPU", 0.0))
+
+
+def _warm_up(snap: Snapshot, engine: str, cfg: PartyConfig) -> None:
+    """Compile a jitted engine's kernels here, once, into its on-disk cache: shards starting
+    together on a cold cache would otherwise each compile them, all at once (minutes on two
+    cores). Only an optimisation: a failure is logged and the shards compile for themselves."""
+    try:
+        warm_up(snap, engine, cfg.engine_options)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("engine warm-up skipped: %s", exc)
+
+
+def build_app(args: PartyConfig) -> Application:
+    """Build one party's application from `args` (a dict or a PartyConfig)."""
+    cfg = args if isinstance(args, PartyConfig) else PartyConfig.model_validate(args or {})
+    gpus = _cluster_gpus()
+    placed_on_gpu = cfg.wants_gpu(gpus)
+    if placed_on_gpu and ray.is_initialized() and gpus < 1:
+        log.warning("shards ask for one GPU each but the cluster has none (yet)")
+    engine = resolved_engine(cfg, placed_on_gpu)
+    snap = open_snapshot(cfg, progress=False)
+    try:
+        # Refuses more shards than pages before any replica is scheduled.
+        shard_ranges(snap.num_pages, cfg.num_shards)
+        if cfg.warm_up and not placed_on_gpu:
+            _warm_up(snap, engine, cfg)
+    finally:
+        snap.close()
+    common: dict[str, Any] = {
+        "graceful_shutdown_timeout_s": cfg.graceful_shutdown_timeout_s,
+        "graceful_shutdown_wait_loop_s": min(2.0, max(0.1, cfg.graceful_shutdown_timeout_s)),
+        "health_check_period_s": cfg.health_check_period_s,
+        "health_check_timeout_s": cfg.health_check_timeout_s,
+        "logging_config": {"enable_access_log": cfg.access_log},
+    }
+    shards = [
+        Shard.options(
+            name=f"shard_{i}",
+            num_replicas=cfg.shard_replicas,
+            ray_actor_options=shard_actor_options(cfg, gpus),
+            max_ongoing_requests=cfg.shard_max_ongoing_requests,
+            **common,
+        ).bind(cfg, i, engine)
+        for i in range(cfg.num_shards)
+    ]
+    return Router.options(
+        name="router",
+        num_replicas=cfg.router_replicas,
+        ray_actor_options={"num_cpus": cfg.router_num_cpus},
+        max_ongoing_requests=cfg.router_max_ongoing_requests,
+        max_queued_requests=cfg.router_max_queued_requests,
+        **common,
+    ).bind(cfg, *shards)

@@ -1,0 +1,146 @@
+"""One real local Ray Serve instance for the whole test session.
+
+Ray and Serve are configured explicitly rather than from whatever the machine has: token
+authentication off (a fresh `ray.init` would otherwise write a token under the home folder and
+switch it on), a private temp dir, no dashboard, logical GPUs for the placement tests, Serve's
+access log off, and small CPU slots per replica so that everything fits on two cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from cluster.local import fast_ingress_env  # noqa: E402 - no Ray import behind it
+
+os.environ["RAY_AUTH_MODE"] = "disabled"
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The same Serve settings as the clusters `morphogen` starts (MORPHOGEN_FAST_INGRESS=0 tests
+# Serve's default Python proxy instead, the path of a plain `serve run`).
+FAST_INGRESS = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"
+if FAST_INGRESS:
+    for _k, _v in fast_ingress_env(draining_s=0.5).items():
+        os.environ.setdefault(_k, _v)
+
+NUM_PAGES = 640  # d = 10 with 384 unused domain points: aliasing would show
+LOGICAL_GPUS = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def party_args(cache_dir: str, **overrides: Any) -> dict[str, Any]:
+    """A test party: CPU engine, tiny CPU slots, fast health checks and shutdown."""
+    args: dict[str, Any] = {
+        "synthetic_pages": NUM_PAGES,
+        "synthetic_seed": 11,
+        "cache_dir": cache_dir,
+        "engine": "cpu",
+        "engine_options": {"threads": 1},
+        "shard_num_cpus": 0.1,
+        "router_num_cpus": 0.1,
+        "health_check_period_s": 1.0,
+        "health_check_timeout_s": 10.0,
+        "graceful_shutdown_timeout_s": 0.5,
+        "shard_timeout_s": 10.0,
+        "num_shards": 2,
+    }
+    args.update(overrides)
+    return args
+
+
+@dataclass
+class ServeInstance:
+    url: str
+    cache_dir: str
+    tmp: str
+
+    def app_url(self, name: str) -> str:
+        return f"{self.url}/{name}"
+
+
+@pytest.fixture(scope="session")
+def serve_instance() -> Iterator[ServeInstance]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ray = pytest.importorskip("ray")
+        from ray import serve
+    # Short path: Ray's unix sockets live under it (108-byte limit).
+    tmp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")
+    ray.init(
+        num_cpus=4,
+        num_gpus=LOGICAL_GPUS,
+        include_dashboard=False,
+        _temp_dir=os.path.join(tmp, "ray"),
+        logging_level="ERROR",
+        log_to_driver=False,
+        configure_logging=True,
+    )
+    port = _free_port()
+    serve.start(
+        http_options={"host": "127.0.0.1", "port": port},
+        logging_config={"enable_access_log": False, "log_level": "WARNING"},
+    )
+    try:
+        yield ServeInstance(f"http://127.0.0.1:{port}", os.path.join(tmp, "cache"), tmp)
+    finally:
+        # Apps first (replicas drain), then the whole cluster; `serve.shutdown` would leave
+        # this driver's long-poll calls failing loudly against the killed controller.
+        try:
+            for name in list(serve.status().applications):
+                serve.delete(name)
+        finally:
+            ray.shutdown()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def deploy(instance: ServeInstance, name: str, **overrides: Any) -> Any:
+    from ray import serve
+
+    from deployments.app import build_app
+
+    return serve.run(
+        build_app(party_args(instance.cache_dir, **overrides)),
+        name=name,
+        route_prefix=f"/{name}",
+    )
+
+
+@pytest.fixture(scope="session")
+def parties(serve_instance: ServeInstance) -> ServeInstance:
+    """Party A with 3 shards and party B with 2, on the same synthetic snapshot."""
+    deploy(serve_instance, "a", num_shards=3)
+    deploy(serve_instance, "b", num_shards=2)
+    return serve_instance
+
+
+@pytest.fixture(scope="session")
+def pages(parties: ServeInstance):
+    from morphogen.matrix import synthetic_pages
+
+    return synthetic_pages(11, 0, NUM_PAGES)
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return True
+        except Exception:  # noqa: BLE001 - not yet
+            pass
+        time.sleep(interval_s)
+    return False

@@ -1,0 +1,73 @@
+"""Party configuration: validation, derived limits, placement."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cluster.config import PartyConfig, resolved_engine, shard_actor_options
+from cluster.snapshots import ensure_synthetic, open_snapshot
+from morphogen.codec import max_body_bytes
+
+
+def test_defaults_are_valid_and_frozen() -> None:
+    cfg = PartyConfig()
+    assert cfg.num_shards == 2 and cfg.snapshot is None
+    assert cfg.coalesce_max_keys == 96
+    assert cfg.body_limit(25) == max_body_bytes(25, 32)
+    with pytest.raises(ValidationError):
+        cfg.num_shards = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"num_shards": 0},
+        {"engine": "tpu"},
+        {"placement": "fpga"},
+        {"coalesce_window_ms": -1},
+        {"shard_num_cpus": -0.5},
+        {"unknown_field": 1},
+        {"synthetic_pages": 2, "num_shards": 3},
+        {"max_body_bytes": 10},
+    ],
+)
+def test_invalid_configs_refused(bad: dict) -> None:
+    with pytest.raises(ValidationError):
+        PartyConfig(**bad)
+
+
+def test_cpu_placement_is_fractional_cpus() -> None:
+    cfg = PartyConfig(engine="cpu", shard_num_cpus=0.25)
+    assert shard_actor_options(cfg, cluster_gpus=8) == {"num_cpus": 0.25}
+    assert resolved_engine(cfg, False) == "cpu"
+
+
+def test_gpu_engine_gets_one_gpu_per_replica() -> None:
+    cfg = PartyConfig(engine="gpu")
+    assert shard_actor_options(cfg, cluster_gpus=0)["num_gpus"] == 1
+    assert resolved_engine(cfg, True) == "gpu"
+
+
+def test_auto_follows_the_cluster() -> None:
+    cfg = PartyConfig(engine="auto")
+    assert "num_gpus" not in shard_actor_options(cfg, cluster_gpus=0)
+    assert shard_actor_options(cfg, cluster_gpus=4)["num_gpus"] == 1
+    assert resolved_engine(cfg, True) == "gpu"
+    assert resolved_engine(cfg, False) == "auto"
+
+
+def test_explicit_placement_overrides() -> None:
+    assert shard_actor_options(PartyConfig(engine="cpu", placement="gpu"))["num_gpus"] == 1
+    assert "num_gpus" not in shard_actor_options(PartyConfig(engine="gpu", placement="cpu"))
+
+
+def test_synthetic_snapshot_built_once(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("MORPHOGEN_CACHE_DIR", str(tmp_path))
+    cfg = PartyConfig(synthetic_pages=40, synthetic_seed=3)
+    first = ensure_synthetic(cfg)
+    mtime = (first / "pages.bin").stat().st_mtime_ns
+    assert ensure_synthetic(cfg) == first
+    assert (first / "pages.bin").stat().st_mtime_ns == mtime
+    with open_snapshot(cfg) as snap:
+        assert snap.num_pages == 40 and snap.domain_bits == 6
