@@ -30,25 +30,31 @@ def new_scratch() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     )
 
 
-@nb.njit(inline="always", cache=True)
-def _walk(root, root_t, cw, tcw, level_from, levels, path):
-    """Follow `levels` levels down from the root along the top bits of `path` (MSB first)."""
-    s0, s1, s2, s3 = root[0], root[1], root[2], root[3]
-    t = np.uint32(root_t)
-    for i in range(level_from, level_from + levels):
-        bit = (path >> (levels - 1 - (i - level_from))) & 1
-        l0, l1, l2, l3, r0, r1, r2, r3, tl, tr = g_words(s0, s1, s2, s3)
-        if bit:
-            n0, n1, n2, n3, nt = r0, r1, r2, r3, tr ^ (np.uint32(tcw[i, 1]) & t)
-        else:
-            n0, n1, n2, n3, nt = l0, l1, l2, l3, tl ^ (np.uint32(tcw[i, 0]) & t)
-        m = np.uint32(0) - t
-        s0 = n0 ^ (cw[i, 0] & m)
-        s1 = n1 ^ (cw[i, 1] & m)
-        s2 = n2 ^ (cw[i, 2] & m)
-        s3 = n3 ^ (cw[i, 3] & m)
-        t = nt
-    return s0, s1, s2, s3, t
+@nb.njit(cache=True)
+def _walk(root, root_t, cw, tcw, levels, path, sa, sta, sb, stb):
+    """Follow `levels` levels down from the root along the top bits of `path` (MSB first).
+
+    The node lands in sa[:, 0] / sta[0]. Each step expands one node with `_expand_level`, so
+    the whole module holds a single compiled copy of the PRG (each copy costs seconds of LLVM
+    time).
+    """
+    sa[0, 0] = root[0]
+    sa[1, 0] = root[1]
+    sa[2, 0] = root[2]
+    sa[3, 0] = root[3]
+    sta[0] = np.uint32(root_t)
+    for i in range(levels):
+        _expand_level(
+            sa, sta, sb, stb, 1,
+            cw[i, 0], cw[i, 1], cw[i, 2], cw[i, 3],
+            np.uint32(tcw[i, 0]), np.uint32(tcw[i, 1]),
+        )
+        child = (path >> (levels - 1 - i)) & 1
+        sa[0, 0] = sb[0, child]
+        sa[1, 0] = sb[1, child]
+        sa[2, 0] = sb[2, child]
+        sa[3, 0] = sb[3, child]
+        sta[0] = stb[child]
 
 
 # Bit-reversal of every MAX_SUBTREE_LEVELS-bit index; a block of h levels shifts it down.
@@ -87,12 +93,7 @@ def _expand_level(src, src_t, dst, dst_t, n, c0, c1, c2, c3, tcl, tcr):
 @nb.njit(cache=True)
 def _expand_block(root, root_t, cw, tcw, final, d, first, h, out, out_row, sa, sta, sb, stb):
     """Masks of the aligned block [first, first + 2**h) into out[out_row : out_row + 2**h]."""
-    s0, s1, s2, s3, t = _walk(root, root_t, cw, tcw, 0, d - h, first >> h)
-    sa[0, 0] = s0
-    sa[1, 0] = s1
-    sa[2, 0] = s2
-    sa[3, 0] = s3
-    sta[0] = t
+    _walk(root, root_t, cw, tcw, d - h, first >> h, sa, sta, sb, stb)
     src, src_t, dst, dst_t = sa, sta, sb, stb
     n = 1
     for level in range(d - h, d):
@@ -137,11 +138,15 @@ def eval_range_into(root, root_t, cw, tcw, final, d, start, stop, out, sa, sta, 
 @nb.njit(cache=True)
 def eval_points_into(roots, root_ts, cws, tcws, finals, d, pages, out):
     """out[k, j] = mask of key k at pages[j] (full path walk: d PRG calls per point)."""
+    sa = np.empty((4, 2), np.uint32)
+    sta = np.empty(2, np.uint32)
+    sb = np.empty((4, 2), np.uint32)
+    stb = np.empty(2, np.uint32)
     for k in range(roots.shape[0]):
         for j in range(pages.shape[0]):
-            s0, s1, s2, s3, t = _walk(roots[k], root_ts[k], cws[k], tcws[k], 0, d, pages[j])
-            m = np.uint32(0) - t
-            out[k, j, 0] = s0 ^ (finals[k, 0] & m)
-            out[k, j, 1] = s1 ^ (finals[k, 1] & m)
-            out[k, j, 2] = s2 ^ (finals[k, 2] & m)
-            out[k, j, 3] = s3 ^ (finals[k, 3] & m)
+            _walk(roots[k], root_ts[k], cws[k], tcws[k], d, pages[j], sa, sta, sb, stb)
+            m = np.uint32(0) - sta[0]
+            out[k, j, 0] = sa[0, 0] ^ (finals[k, 0] & m)
+            out[k, j, 1] = sa[1, 0] ^ (finals[k, 1] & m)
+            out[k, j, 2] = sa[2, 0] ^ (finals[k, 2] & m)
+            out[k, j, 3] = sa[3, 0] ^ (finals[k, 3] & m)

@@ -209,15 +209,17 @@ class KeyBatch:
         d = keys[0].domain_bits
         if any(k.domain_bits != d for k in keys):
             raise DomainError("all keys of one batch must share one domain")
+        # a private, writable copy: read-only arrays would make jitted engines compile a
+        # second signature
         raw = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(len(keys), -1)
         levels = raw[:, _HEADER : _HEADER + _LEVEL * d].reshape(len(keys), d, _LEVEL)
         return cls(
             domain_bits=d,
-            root_seed=np.ascontiguousarray(raw[:, 0:16]).view("<u4"),
-            root_t=np.ascontiguousarray(raw[:, 16]),
-            cw=np.ascontiguousarray(levels[:, :, :16]).view("<u4"),
-            tcw=np.ascontiguousarray(levels[:, :, 16:18]),
-            final_cw=np.ascontiguousarray(raw[:, _HEADER + _LEVEL * d :]).view("<u4"),
+            root_seed=raw[:, 0:16].copy().view("<u4"),
+            root_t=raw[:, 16].copy(),
+            cw=levels[:, :, :16].copy().view("<u4"),
+            tcw=levels[:, :, 16:18].copy(),
+            final_cw=raw[:, _HEADER + _LEVEL * d :].copy().view("<u4"),
         )
 
     def keys(self) -> list[DpfKey]:

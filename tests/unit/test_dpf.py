@@ -184,3 +184,9 @@ def test_key_batch_gives_the_keys_back():
     keys = [dpf.generate_keys(11, t)[t % 2] for t in (0, 5, 2047)]
     back = dpf.KeyBatch.from_keys(keys).keys()
     assert [k.to_bytes() for k in back] == [k.to_bytes() for k in keys]
+
+
+def test_key_batch_arrays_are_writable_copies():
+    b = dpf.KeyBatch.from_keys([dpf.generate_keys(6, 1)[0]])
+    for arr in (b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw):
+        assert arr.flags.writeable and arr.flags.c_contiguous
