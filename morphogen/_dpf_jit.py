@@ -150,3 +150,46 @@ def eval_points_into(roots, root_ts, cws, tcws, finals, d, pages, out):
             out[k, j, 1] = sa[1, 0] ^ (finals[k, 1] & m)
             out[k, j, 2] = sa[2, 0] ^ (finals[k, 2] & m)
             out[k, j, 3] = sa[3, 0] ^ (finals[k, 3] & m)
+
+
+@nb.njit(cache=True)
+def generate_into(seeds, target, d, cw_out, tcw_out, final_out):
+    """Key generation (PROTOCOL.md section 3) for root seeds `seeds` (2, 4) u32.
+
+    Both parties' seeds are expanded as the two nodes of one `_expand_level` call (with zero
+    corrections it is plain G): child c of party b lands at index 2c + b.
+    """
+    sa = np.empty((4, 2), np.uint32)
+    sta = np.empty(2, np.uint32)
+    sb = np.empty((4, 4), np.uint32)
+    stb = np.empty(4, np.uint32)
+    for w in range(4):
+        sa[w, 0] = seeds[0, w]
+        sa[w, 1] = seeds[1, w]
+    sta[0] = 0
+    sta[1] = 1
+    zero = np.uint32(0)
+    for i in range(d):
+        a = (target >> (d - 1 - i)) & 1
+        _expand_level(sa, sta, sb, stb, 2, zero, zero, zero, zero, zero, zero)
+        keep = 2 * a
+        lose = 2 * (1 - a)
+        t0 = sta[0]
+        t1 = sta[1]
+        for w in range(4):
+            cw_out[i, w] = sb[w, lose] ^ sb[w, lose + 1]
+        tcw_keep = stb[keep] ^ stb[keep + 1] ^ t0 ^ t1
+        tcw_lose = stb[lose] ^ stb[lose + 1] ^ t0 ^ t1 ^ np.uint32(1)
+        if a:
+            tcw_out[i, 0] = tcw_lose
+            tcw_out[i, 1] = tcw_keep
+        else:
+            tcw_out[i, 0] = tcw_keep
+            tcw_out[i, 1] = tcw_lose
+        for b in range(2):
+            m = np.uint32(0) - sta[b]
+            for w in range(4):
+                sa[w, b] = sb[w, keep + b] ^ (cw_out[i, w] & m)
+            sta[b] = stb[keep + b] ^ (tcw_keep & sta[b])
+    for w in range(4):
+        final_out[w] = sa[w, 0] ^ sa[w, 1] ^ np.uint32(0xFFFFFFFF)

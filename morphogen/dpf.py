@@ -143,16 +143,66 @@ def generate_keys(
     """Keys (for server A, for server B) whose masks XOR to ff*16 at `target`, else to zero.
 
     `seeds` fixes the two root seeds for known-answer tests; normal use draws them from the
-    operating system's CSPRNG.
+    operating system's CSPRNG. The work runs jitted (microseconds a key);
+    `generate_keys_reference` is the same construction in plain Python.
     """
+    from morphogen import _dpf_jit
+
+    roots = _check_keygen(domain_bits, target, seeds)
+    d = domain_bits
+    seed_words = np.frombuffer(roots[0] + roots[1], "<u4").reshape(2, 4).copy()
+    cw = np.empty((d, 4), np.uint32)
+    tcw = np.empty((d, 2), np.uint8)
+    final = np.empty(4, np.uint32)
+    _dpf_jit.generate_into(seed_words, target, d, cw, tcw, final)
+    cw_bytes = cw.tobytes()
+    return _key_pair(
+        roots,
+        [cw_bytes[16 * i : 16 * (i + 1)] for i in range(d)],
+        [int(x) for x in tcw[:, 0]],
+        [int(x) for x in tcw[:, 1]],
+        final.tobytes(),
+    )
+
+
+def _key_pair(
+    roots: tuple[bytes, bytes],
+    cws: Sequence[bytes],
+    tcw_left: Sequence[int],
+    tcw_right: Sequence[int],
+    final_cw: bytes,
+) -> tuple[DpfKey, DpfKey]:
+    common = dict(
+        domain_bits=len(cws),
+        cw=tuple(cws),
+        tcw_left=tuple(tcw_left),
+        tcw_right=tuple(tcw_right),
+        final_cw=final_cw,
+    )
+    return (
+        DpfKey(root_seed=roots[0], root_t=0, party=0, **common),
+        DpfKey(root_seed=roots[1], root_t=1, party=1, **common),
+    )
+
+
+def _check_keygen(
+    domain_bits: int, target: int, seeds: tuple[bytes, bytes] | None
+) -> tuple[bytes, bytes]:
     _check_domain_bits(domain_bits)
     _check_page(target, domain_bits)
     if seeds is None:
         seeds = (secrets.token_bytes(SEED_BYTES), secrets.token_bytes(SEED_BYTES))
     if len(seeds) != 2 or any(len(s) != SEED_BYTES for s in seeds):
         raise ValueError("two 16-byte root seeds are needed")
-    roots = seeds
-    s, t = list(seeds), [0, 1]
+    return seeds[0], seeds[1]
+
+
+def generate_keys_reference(
+    domain_bits: int, target: int, *, seeds: tuple[bytes, bytes] | None = None
+) -> tuple[DpfKey, DpfKey]:
+    """`generate_keys` step by step in plain Python, as PROTOCOL.md section 3 reads."""
+    roots = _check_keygen(domain_bits, target, seeds)
+    s, t = list(roots), [0, 1]
     cws, tls, trs = [], [], []
     for i in range(domain_bits):
         a = (target >> (domain_bits - 1 - i)) & 1
@@ -171,18 +221,7 @@ def generate_keys(
             kept = e[b][keep_i]
             s[b] = _xor(kept, cw) if t[b] else kept
             t[b] = t_keep[b] ^ (tcw_keep if t[b] else 0)
-    final_cw = _xor(_xor(s[0], s[1]), _ALL_ONES)
-    common = dict(
-        domain_bits=domain_bits,
-        cw=tuple(cws),
-        tcw_left=tuple(tls),
-        tcw_right=tuple(trs),
-        final_cw=final_cw,
-    )
-    return (
-        DpfKey(root_seed=roots[0], root_t=0, party=0, **common),
-        DpfKey(root_seed=roots[1], root_t=1, party=1, **common),
-    )
+    return _key_pair(roots, cws, tls, trs, _xor(_xor(s[0], s[1]), _ALL_ONES))
 
 
 @dataclass(frozen=True, repr=False)

@@ -190,3 +190,15 @@ def test_key_batch_arrays_are_writable_copies():
     b = dpf.KeyBatch.from_keys([dpf.generate_keys(6, 1)[0]])
     for arr in (b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw):
         assert arr.flags.writeable and arr.flags.c_contiguous
+
+
+def test_jitted_key_generation_equals_the_plain_construction():
+    rng = np.random.default_rng(21)
+    for d in (1, 2, 5, 17, 25, 32):
+        for _ in range(3):
+            target = int(rng.integers(0, 1 << d))
+            seeds = (rng.bytes(16), rng.bytes(16))
+            fast = dpf.generate_keys(d, target, seeds=seeds)
+            plain = dpf.generate_keys_reference(d, target, seeds=seeds)
+            assert [k.to_bytes() for k in fast] == [k.to_bytes() for k in plain]
+    assert dpf.generate_keys_reference(4, 5, seeds=(S0, S1))[0].to_bytes().hex() == K0_HEX
