@@ -51,8 +51,11 @@ def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
                             text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert wait_until(lambda: spec_client.get_json(base + "/health")["status"] == "ok",
-                          120, 1.0), "server did not come up"
+        up = wait_until(lambda: spec_client.get_json(base + "/health")["status"] == "ok", 240, 1.0)
+        if not up:
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+            pytest.fail("server did not come up within 240 s:\n" + out[-3000:])
         doc = spec_client.get_json(base + "/epoch")
         assert doc["page_pir"]["num_pages"] == 71 and doc["page_pir"]["domain_bits"] == 7
         targets = [0, 70, 35, 1, 2, 69]
