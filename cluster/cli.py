@@ -1,4 +1,4 @@
-"""The `morphogen` command line: demo, serve, build, get."""
+"""The `morphogen` command line: demo, serve, build, get, admin."""
 
 from __future__ import annotations
 
@@ -293,6 +293,65 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- admin
+
+
+def _admin_token(args: argparse.Namespace) -> str | None:
+    if args.token_file:
+        return Path(args.token_file).expanduser().read_text().strip()
+    return os.environ.get(args.token_env, "").strip() or None
+
+
+def _read_updates(path: str) -> list[tuple[int, str, bytes]]:
+    """`{"updates": [{"page": n, "diff" | "data": "0x..."}]}` (the route's JSON body)."""
+    import json
+
+    from morphogen.codec import from_hex
+
+    with open(path, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    out = []
+    for i, item in enumerate(doc["updates"]):
+        kind = "diff" if "diff" in item else "data"
+        if kind not in item:
+            raise ValueError(f"update {i}: needs 'diff' or 'data'")
+        out.append((int(item["page"]), kind, from_hex(item[kind])))
+    return out
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    import json
+
+    import httpx
+
+    from morphogen.client import AdminClient, PirError
+
+    token = _admin_token(args)
+    if not token:
+        _eprint(f"error: no admin token (--token-file, or ${args.token_env})")
+        return 2
+    try:
+        changes = _read_updates(args.file) if args.action == "updates" else []
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _eprint(f"error: cannot read updates: {exc}")
+        return 2
+    # Every server in order (party A, then B): both must receive the same operations.
+    for url in args.server:
+        try:
+            with AdminClient(url, token, timeout_s=args.timeout) as adm:
+                if args.action == "status":
+                    res = adm.status()
+                elif args.action == "snapshot":
+                    res = adm.snapshot(args.path)
+                else:
+                    res = adm.updates(changes)
+        except (PirError, OSError, httpx.HTTPError) as exc:
+            _eprint(f"error: {url}: {type(exc).__name__}: {exc}")
+            return 1
+        print(json.dumps({"server": url, **res}), flush=True)
+    return 0
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -342,6 +401,21 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("--out", default=None, help="write the raw pages here instead of hex")
     get.add_argument("pages", type=int, nargs="+", metavar="PAGE")
     get.set_defaults(func=cmd_get)
+
+    adm = sub.add_parser("admin", help="page updates, snapshot rotation, status (admin token)")
+    adm.add_argument("--server", action="append", required=True,
+                     help="a party's URL; repeat for both parties (applied in order)")
+    adm.add_argument("--token-file", default=None, help="file holding the admin token")
+    adm.add_argument("--token-env", default="MORPHOGEN_ADMIN_TOKEN",
+                     help="variable holding it when no file is given")
+    adm.add_argument("--timeout", type=float, default=600.0)
+    acts = adm.add_subparsers(dest="action", required=True)
+    acts.add_parser("status", help="every shard's epoch, pending updates, rotation")
+    snap = acts.add_parser("snapshot", help="rotate to a snapshot under admin_snapshot_dir")
+    snap.add_argument("path")
+    upd = acts.add_parser("updates", help='apply {"updates": [...]} from a JSON file')
+    upd.add_argument("file")
+    adm.set_defaults(func=cmd_admin)
     return parser
 
 

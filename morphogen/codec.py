@@ -26,6 +26,11 @@ QUERY_PATH = "/query/page/gpu"
 BATCH_PATH = "/query/page/gpu/batch"
 HEALTH_PATH = "/health"
 EPOCH_PATH = "/epoch"
+# Admin routes (bearer token; see morphogen.admin_auth): live page updates, snapshot rotation.
+ADMIN_UPDATES_PATH = "/admin/updates"
+ADMIN_SNAPSHOT_PATH = "/admin/snapshot"
+ADMIN_STATUS_PATH = "/admin/status"
+MAX_ADMIN_UPDATES = 1024  # default cap of updates per admin request
 
 
 def key_length(domain_bits: int) -> int:
@@ -48,6 +53,12 @@ class ErrorCode(StrEnum):
     METHOD_NOT_ALLOWED = "method_not_allowed"
     UNAVAILABLE = "unavailable"  # no consistent epoch, failed or missing shard
     INTERNAL = "internal"
+    # admin routes
+    UNAUTHORIZED = "unauthorized"  # 401: missing or wrong bearer token
+    FORBIDDEN = "forbidden"  # 403: admin disabled, or a path outside the allowed directory
+    BAD_UPDATE = "bad_update"  # 400: page outside the matrix, wrong diff size, bad count
+    BAD_SNAPSHOT = "bad_snapshot"  # 422: missing, truncated or wrong-checksum snapshot
+    CONFLICT = "conflict"  # 409: another admin operation holds the shards' staging slot
 
 
 class WireError(Exception):
@@ -116,6 +127,15 @@ def is_msgpack(content_type: str | None) -> bool:
 def is_json(content_type: str | None) -> bool:
     mt = media_type(content_type)
     return mt == JSON_TYPE or (mt.startswith("application/") and mt.endswith("+json"))
+
+
+def admin_body_bytes(max_updates: int = MAX_ADMIN_UPDATES) -> int:
+    """Largest admin body `max_updates` page updates can need: each is a page number and 4096
+    bytes as ``"0x"`` + 8192 hex characters (JSON, the larger encoding), plus room for
+    whitespace and the envelope."""
+    per = 2 * PAGE_SIZE + 64
+    compact = max_updates * per + 64
+    return compact + compact // 8 + 4096
 
 
 def max_body_bytes(domain_bits: int, max_queries: int = MAX_BATCH_QUERIES) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from morphogen.codec import PAGE_SIZE
+from morphogen.codec import PAGE_SIZE, WireError
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,9 @@ async def scan_all(
     failure or an epoch mismatch, at most `attempts` times, then raise the last error.
 
     A retry re-runs every shard (not only the failed one) so that all partials of the answer
-    come from one round and can be checked against one epoch.
+    come from one round and can be checked against one epoch. A shard that refuses the request
+    itself (a `WireError` with a 4xx status, e.g. keys of a domain a rotation replaced) ends
+    the fan-out at once: retrying the same keys cannot succeed.
     """
     last: Exception | None = None
     for attempt in range(max(1, attempts)):
@@ -90,9 +92,12 @@ async def scan_all(
         )
         failed = [(i, r) for i, r in enumerate(results) if isinstance(r, BaseException)]
         if failed:
+            for _, exc in failed:
+                if isinstance(exc, asyncio.CancelledError):
+                    raise exc
+                if isinstance(exc, WireError) and exc.status < 500:
+                    raise exc
             i, exc = failed[0]
-            if isinstance(exc, asyncio.CancelledError):
-                raise exc
             kind = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
             last = ShardFailure(f"shard {i} failed ({kind})")
             log.warning("scan attempt %d: %d shard(s) failed, first: shard %d (%s)",

@@ -18,21 +18,32 @@ version once and finishes on it, so in-flight scans end on the epoch they starte
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from morphogen.dpf import DpfKey, KeyBatch, as_batch, eval_points
+from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch, eval_points
 from morphogen.engine.base import PAGE_SIZE, Engine, ShardScanner, check_domain
 from morphogen.matrix import Snapshot
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
+# A staged version left by an admin operation that never committed nor aborted (its router
+# died) may be replaced by another operation after this long.
+DEFAULT_STALE_STAGE_S = 300.0
+# Bytes of the (keys x updates x page) temporary when pending updates are applied to a scan.
+_PENDING_STEP_BYTES = 8 << 20
 
 
 class EpochError(RuntimeError):
     """An epoch transition that does not fit the shard's state (stale, out of order, ...)."""
+
+
+class StagingConflict(EpochError):
+    """Another admin operation holds this shard's staging slot."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,56 @@ Change = PageUpdate | PageWrite
 
 
 @dataclass(frozen=True, eq=False)
+class ChangeBatch:
+    """Page changes in transit (router -> shards): one page array, one flag array, one blob.
+
+    Thousands of small Python objects would each be pickled on every hop; this is three
+    buffers. `replace[i]` marks a page replacement (its data zero-padded to 4096 bytes),
+    otherwise `data[i]` is an XOR diff. Order matters: changes apply in sequence.
+    """
+
+    pages: np.ndarray  # (n,) int64, global page numbers
+    replace: np.ndarray  # (n,) bool
+    data: bytes  # n * 4096 bytes
+
+    def __post_init__(self) -> None:
+        n = int(self.pages.shape[0]) if self.pages.ndim == 1 else -1
+        if n < 0 or self.replace.shape != (n,):
+            raise ValueError("pages and replace must be two arrays of the same length")
+        if len(self.data) != n * PAGE_SIZE:
+            raise ValueError(f"{n} changes need {n * PAGE_SIZE} bytes of data")
+        if n and int(self.pages.min()) < 0:
+            raise ValueError("page numbers are non-negative")
+
+    @classmethod
+    def from_changes(cls, changes: Sequence[Change]) -> ChangeBatch:
+        pages = np.fromiter((c.page for c in changes), np.int64, len(changes))
+        replace = np.fromiter((isinstance(c, PageWrite) for c in changes), bool, len(changes))
+        blob = bytearray(len(changes) * PAGE_SIZE)
+        for i, c in enumerate(changes):
+            raw = c.data if isinstance(c, PageWrite) else c.diff
+            blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
+        return cls(pages, replace, bytes(blob))
+
+    def __len__(self) -> int:
+        return int(self.pages.shape[0])
+
+    def max_page(self) -> int:
+        return int(self.pages.max()) if len(self) else -1
+
+    def select(self, first_page: int, stop_page: int) -> list[Change]:
+        """The changes to pages in `[first_page, stop_page)`, in order, as objects."""
+        inside = np.flatnonzero((self.pages >= first_page) & (self.pages < stop_page))
+        view = memoryview(self.data)
+        out: list[Change] = []
+        for i in inside.tolist():
+            raw = bytes(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+            page = int(self.pages[i])
+            out.append(PageWrite(page, raw) if self.replace[i] else PageUpdate(page, raw))
+        return out
+
+
+@dataclass(frozen=True, eq=False)
 class _Segment:
     first_page: int
     pages: np.ndarray  # (n, 4096) uint8: a view of the snapshot or a private chunk copy
@@ -95,18 +156,27 @@ class Version:
                 return np.asarray(seg.pages[page - seg.first_page])
         raise IndexError(page)
 
+    @cached_property
+    def _pending_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pages (U,), diffs (U, 256, 16)) of the pending updates, built once per version."""
+        pages = np.fromiter((u.page for u in self.pending), np.int64, len(self.pending))
+        diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
+        return pages, diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
+
     def scan(self, batch: KeyBatch) -> np.ndarray:
         acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
         for seg in self.segments:
             acc ^= seg.scanner.scan(batch)
         if self.pending:
             # the same work for every key whatever its target: all pending pages, every key
-            pages = np.fromiter((u.page for u in self.pending), np.int64, len(self.pending))
+            pages, diffs = self._pending_arrays
             masks = eval_points(batch, pages)  # (K, U, 16)
-            diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
-            diffs = diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
-            for j in range(len(self.pending)):
-                acc ^= (diffs[j][None, :, :] & masks[:, j, None, :]).reshape(len(batch), -1)
+            k = len(batch)
+            step = max(1, _PENDING_STEP_BYTES // (k * PAGE_SIZE))
+            for j0 in range(0, len(pages), step):
+                j1 = min(len(pages), j0 + step)
+                part = diffs[None, j0:j1] & masks[:, j0:j1, None, :]  # (K, u, 256, 16)
+                acc ^= np.bitwise_xor.reduce(part, axis=1).reshape(k, PAGE_SIZE)
         return acc
 
 
@@ -119,7 +189,11 @@ class ShardState:
     """The current (and at most one staged) version of one shard, with transitions.
 
     Thread-safe: scans run concurrently with prepare/commit/fold, which serialise among
-    themselves.
+    themselves. The staging slot belongs to one admin operation at a time (`op`, an opaque
+    id): another operation's prepare is refused (`StagingConflict`) unless the staged version
+    is older than `stale_stage_s` (its operation died), and commit/abort with an `op` touch
+    only that operation's version. At most two versions' page copies exist at once: current
+    and staged (plus whatever in-flight scans still hold until they finish).
     """
 
     def __init__(
@@ -131,16 +205,20 @@ class ShardState:
         *,
         epoch_id: int | None = None,
         chunk_pages: int = DEFAULT_CHUNK_PAGES,
+        stale_stage_s: float = DEFAULT_STALE_STAGE_S,
     ) -> None:
         if chunk_pages < 1:
             raise ValueError("chunk_pages must be at least 1")
         self._engine = engine
         self._chunk = chunk_pages
+        self._stale_s = float(stale_stage_s)
         self._lock = threading.RLock()
         epoch = snapshot.epoch_id if epoch_id is None else epoch_id
         self._current = self._fresh_version(snapshot, first_page, stop_page, int(epoch))
         self._staged: Version | None = None
-        self._rotating = False
+        self._staged_op: str | None = None
+        self._staged_at = 0.0
+        self._loading = False  # a prepare_snapshot is loading its range
 
     # -- reads
     @property
@@ -154,8 +232,22 @@ class ShardState:
     def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[int, np.ndarray]:
         version = self._current  # one read: the scan finishes on this epoch whatever happens
         batch = as_batch(keys)
+        if batch.domain_bits != version.snapshot.domain_bits:
+            # a rotation may change the domain: keys made for the old one are refused, never
+            # answered (a smaller domain would alias pages, a larger one costs a wrong walk)
+            raise DomainError(
+                f"keys of domain {batch.domain_bits}, epoch {version.epoch_id} has domain "
+                f"{version.snapshot.domain_bits}"
+            )
         check_domain(batch, version.first_page, version.stop_page - version.first_page)
         return version.epoch_id, version.scan(batch)
+
+    @property
+    def rotation_in_progress(self) -> bool:
+        staged = self._staged
+        return self._loading or (
+            staged is not None and staged.snapshot is not self._current.snapshot
+        )
 
     def info(self) -> dict[str, Any]:
         v = self._current
@@ -164,26 +256,51 @@ class ShardState:
             "epoch_id": v.epoch_id,
             "pending_updates": len(v.pending),
             "folded_chunks": len(v.folded),
-            "rotation_in_progress": self._rotating,
+            "segments": len(v.segments),
+            "rotation_in_progress": self.rotation_in_progress,
             "staged_epoch_id": None if staged is None else staged.epoch_id,
             "snapshot_epoch_id": v.snapshot.epoch_id,
             "snapshot_checksum": v.snapshot.manifest.checksum,
             "num_pages": v.snapshot.num_pages,
             "domain_bits": v.snapshot.domain_bits,
+            "first_page": v.first_page,
+            "stop_page": v.stop_page,
         }
 
     # -- two-phase transitions
-    def prepare_updates(self, epoch_id: int, changes: Sequence[Change]) -> int:
-        """Stage `epoch_id` = current + these changes; returns how many touch this shard."""
+    def prepare_updates(
+        self,
+        epoch_id: int,
+        changes: Sequence[Change] | ChangeBatch,
+        *,
+        base_epoch: int | None = None,
+        op: str | None = None,
+    ) -> int:
+        """Stage `epoch_id` = current + these changes; returns how many touch this shard.
+
+        `base_epoch`, when given, must be the current epoch: the caller computed the changes
+        against it (a shard that restarted from an older snapshot must not take them).
+        """
         with self._lock:
-            base = self._check_next(epoch_id)
+            base = self._check_next(epoch_id, op)
+            if base_epoch is not None and base.epoch_id != base_epoch:
+                raise EpochError(
+                    f"updates were made for epoch {base_epoch}, this shard is at {base.epoch_id}"
+                )
+            num_pages = base.snapshot.num_pages
+            if isinstance(changes, ChangeBatch):
+                if changes.max_page() >= num_pages:
+                    raise ValueError(
+                        f"page {changes.max_page()} is outside the matrix of {num_pages} pages"
+                    )
+                selected: Sequence[Change] = changes.select(base.first_page, base.stop_page)
+            else:
+                selected = changes
             pending = list(base.pending)
             mine = 0
-            for c in changes:
-                if not 0 <= c.page < base.snapshot.num_pages:
-                    raise ValueError(
-                        f"page {c.page} is outside the matrix of {base.snapshot.num_pages} pages"
-                    )
+            for c in selected:
+                if not 0 <= c.page < num_pages:
+                    raise ValueError(f"page {c.page} is outside the matrix of {num_pages} pages")
                 if not base.first_page <= c.page < base.stop_page:
                     continue
                 mine += 1
@@ -203,46 +320,57 @@ class ShardState:
                     segments=base.segments,
                     pending=tuple(pending),
                     folded=base.folded,
-                )
+                ),
+                op,
             )
             return mine
 
     def prepare_snapshot(
-        self, epoch_id: int, snapshot: Snapshot, first_page: int, stop_page: int
+        self,
+        epoch_id: int,
+        snapshot: Snapshot,
+        first_page: int,
+        stop_page: int,
+        *,
+        op: str | None = None,
     ) -> None:
         """Stage `epoch_id` = a new snapshot's range (loaded now, while the old one serves)."""
         with self._lock:
-            self._check_next(epoch_id)
-            self._rotating = True
+            self._check_next(epoch_id, op)
+            # the slot is ours from here: drop any earlier staged version before loading, so
+            # that no more than two copies of the shard exist at once
+            self._replace_staged(None, None)
+            self._loading = True
             try:
                 version = self._fresh_version(snapshot, first_page, stop_page, epoch_id)
-            except BaseException:
-                self._rotating = False
-                raise
-            self._replace_staged(version)
+            finally:
+                self._loading = False
+            self._replace_staged(version, op)
 
-    def commit(self, epoch_id: int) -> None:
+    def commit(self, epoch_id: int, *, op: str | None = None) -> None:
         with self._lock:
             staged = self._staged
             if staged is None or staged.epoch_id != epoch_id:
                 if self._current.epoch_id == epoch_id:
                     return  # a repeated commit (a retried admin call) is harmless
                 raise EpochError(f"epoch {epoch_id} is not staged on this shard")
+            if op is not None and self._staged_op != op:
+                raise StagingConflict(f"epoch {epoch_id} was staged by another admin operation")
             old = self._current
             self._current = staged
             self._staged = None
-            self._rotating = False
+            self._staged_op = None
             if staged.snapshot is not old.snapshot:
                 self._retire(old.segments)
 
-    def abort(self, epoch_id: int) -> None:
+    def abort(self, epoch_id: int, *, op: str | None = None) -> None:
         with self._lock:
             staged = self._staged
-            if staged is not None and staged.epoch_id == epoch_id:
-                self._staged = None
-                self._rotating = False
-                if staged.segments is not self._current.segments:
-                    self._retire(staged.segments)
+            if staged is None or staged.epoch_id != epoch_id:
+                return
+            if op is not None and self._staged_op != op:
+                return  # not ours to drop
+            self._replace_staged(None, None)
 
     # -- background maintenance
     def fold_pending(self) -> int:
@@ -250,6 +378,12 @@ class ShardState:
 
         Builds a version with the same epoch id and identical answers, and swaps it in only if
         nothing was published meanwhile. Returns the number of updates folded.
+
+        Every touched chunk becomes a private copy and the untouched runs around it become
+        segments of their own. On the CPU these are views (no copy); on the GPU engine each new
+        segment is a device load, so a fold re-uploads the untouched runs of a split segment
+        too: correct, but an in-place device write between scans (an engine API) is the
+        efficient form there.
         """
         with self._lock:
             base = self._current
@@ -262,15 +396,26 @@ class ShardState:
             return len(base.pending)
 
     # -- internals
-    def _check_next(self, epoch_id: int) -> Version:
+    def _check_next(self, epoch_id: int, op: str | None) -> Version:
         cur = self._current
         if epoch_id <= cur.epoch_id:
             raise EpochError(f"epoch {epoch_id} is not after the current epoch {cur.epoch_id}")
+        staged = self._staged
+        if (
+            staged is not None
+            and self._staged_op != op
+            and time.monotonic() - self._staged_at < self._stale_s
+        ):
+            raise StagingConflict(
+                f"epoch {staged.epoch_id} is being staged by another admin operation"
+            )
         return cur
 
-    def _replace_staged(self, version: Version) -> None:
+    def _replace_staged(self, version: Version | None, op: str | None) -> None:
         old = self._staged
         self._staged = version
+        self._staged_op = op
+        self._staged_at = time.monotonic()
         if old is not None and old.segments is not self._current.segments:
             self._retire(old.segments)
 
@@ -309,6 +454,9 @@ class ShardState:
                 kept.append(seg)
         for idx, arr in touched.items():
             lo = max(base.first_page, idx * c)
+            # never written again; read-only like the mapped pages, so a jitted engine reuses
+            # the kernel it compiled for those instead of compiling another signature
+            arr.flags.writeable = False
             kept.append(_Segment(lo, arr, self._engine.load(arr, first_page=lo)))
         kept.sort(key=lambda s: s.first_page)
         return Version(

@@ -1,4 +1,4 @@
-"""One shard's scanning state, without Ray: its page range, its engine, its epoch, a self-test.
+"""One shard's scanning state, without Ray: its page range, its engine, its epochs, a self-test.
 
 `deployments/shard.py` wraps this in a Serve deployment; `warm_up` runs the same code path on a
 few pages so that a jitted engine compiles (and caches) its kernels once, in one process,
@@ -8,14 +8,23 @@ before a fleet of shard processes would each compile them at the same time.
 from __future__ import annotations
 
 import dataclasses
+import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from morphogen import engine as engines
 from morphogen.codec import PAGE_SIZE
-from morphogen.dpf import KeyBatch, generate_keys
-from morphogen.matrix import Snapshot, shard_ranges
+from morphogen.dpf import KeyBatch, eval_points, generate_keys
+from morphogen.epoch import (
+    DEFAULT_CHUNK_PAGES,
+    DEFAULT_STALE_STAGE_S,
+    Change,
+    ChangeBatch,
+    ShardState,
+)
+from morphogen.matrix import Snapshot, SnapshotError, shard_ranges
 
 _KEY_FIELDS = ("root_seed", "root_t", "cw", "tcw", "final_cw")
 
@@ -33,7 +42,12 @@ def owned(batch: KeyBatch) -> KeyBatch:
 
 
 class ShardCore:
-    """Pages `[first_page, stop_page)` of a snapshot under one engine."""
+    """Pages `[first_page, stop_page)` of a snapshot under one engine, as a versioned
+    `ShardState` (epochs, pending updates, rotation), plus a self-test probe.
+
+    `index`/`num_shards` say which part of a snapshot this shard serves: a rotation to a
+    snapshot with another page count recomputes the range with `shard_ranges`.
+    """
 
     def __init__(
         self,
@@ -42,25 +56,32 @@ class ShardCore:
         stop_page: int,
         engine_name: str = "auto",
         engine_options: dict[str, Any] | None = None,
+        *,
+        index: int = 0,
+        num_shards: int = 1,
+        chunk_pages: int = DEFAULT_CHUNK_PAGES,
+        stale_stage_s: float = DEFAULT_STALE_STAGE_S,
     ) -> None:
         if not 0 <= first_page < stop_page <= snapshot.num_pages:
             raise ValueError(f"bad shard range [{first_page}, {stop_page})")
-        self.snapshot = snapshot
-        self.first_page = first_page
-        self.stop_page = stop_page
-        self.epoch_id = int(snapshot.epoch_id)
-        self.domain_bits = int(snapshot.domain_bits)
-        pages = snapshot.pages(first_page, stop_page)  # a view of the mapping, never a copy
+        if not 0 <= index < num_shards:
+            raise ValueError(f"shard index {index} is not in 0..{num_shards - 1}")
+        self.index = index
+        self.num_shards = num_shards
         self.engine = engines.create(engine_name, **(engine_options or {}))
-        self.scanner = self.engine.load(pages, first_page=first_page)
-        # The self-test: one page, one key, answer known from the plain-Python DPF walk.
-        key, _ = generate_keys(self.domain_bits, first_page)
+        self.state = ShardState(
+            self.engine, snapshot, first_page, stop_page,
+            chunk_pages=chunk_pages, stale_stage_s=stale_stage_s,
+        )
+        # The self-test: one page (a private copy: it must not pin a retired snapshot's
+        # mapping), one key, answer known from the plain-Python DPF walk.
+        page = np.array(snapshot.pages(first_page, first_page + 1))
+        page.flags.writeable = False  # the jitted kernel's signature for mapped pages
+        key, _ = generate_keys(int(snapshot.domain_bits), first_page)
         mask = np.frombuffer(key.eval(first_page), dtype=np.uint8)
         self._probe_batch = owned(KeyBatch.from_keys([key]))
-        self._probe_expected = np.bitwise_and(
-            np.asarray(pages[0]).reshape(-1), np.tile(mask, PAGE_SIZE // 16)
-        )
-        self._probe = self.engine.load(pages[0:1], first_page=first_page)
+        self._probe_expected = np.bitwise_and(page.reshape(-1), np.tile(mask, PAGE_SIZE // 16))
+        self._probe = self.engine.load(page, first_page=first_page)
 
     @classmethod
     def open(
@@ -70,21 +91,95 @@ class ShardCore:
         num_shards: int,
         engine_name: str = "auto",
         engine_options: dict[str, Any] | None = None,
+        **kwargs: Any,
     ) -> ShardCore:
         first, stop = shard_ranges(snapshot.num_pages, num_shards)[index]
-        return cls(snapshot, first, stop, engine_name, engine_options)
+        return cls(snapshot, first, stop, engine_name, engine_options, index=index,
+                   num_shards=num_shards, **kwargs)
+
+    # -- the current version's facts (each read is one consistent version)
+    @property
+    def snapshot(self) -> Snapshot:
+        return self.state.current.snapshot
+
+    @property
+    def first_page(self) -> int:
+        return self.state.current.first_page
+
+    @property
+    def stop_page(self) -> int:
+        return self.state.current.stop_page
+
+    @property
+    def epoch_id(self) -> int:
+        return self.state.epoch_id
+
+    @property
+    def domain_bits(self) -> int:
+        return int(self.state.current.snapshot.domain_bits)
 
     @property
     def engine_name(self) -> str:
         return str(self.engine.name)
 
-    def scan(self, batch: KeyBatch) -> np.ndarray:
-        """`(K, 4096)` partial accumulators of every key over this shard's pages."""
-        if batch.domain_bits != self.domain_bits:
-            raise ValueError(
-                f"keys of domain {batch.domain_bits}, snapshot domain {self.domain_bits}"
-            )
-        return np.asarray(self.scanner.scan(owned(batch)), dtype=np.uint8)
+    def scan(self, batch: KeyBatch) -> tuple[int, np.ndarray]:
+        """`(epoch_id, (K, 4096) partial accumulators)` of every key over this shard's pages,
+        all of one epoch (the version current when the scan started)."""
+        epoch_id, acc = self.state.scan(owned(batch))
+        return epoch_id, np.asarray(acc, dtype=np.uint8)
+
+    # -- epochs (two-phase; see morphogen.epoch)
+    def prepare_updates(
+        self,
+        epoch_id: int,
+        changes: ChangeBatch | Sequence[Change],
+        *,
+        base_epoch: int | None = None,
+        op: str | None = None,
+    ) -> int:
+        return self.state.prepare_updates(epoch_id, changes, base_epoch=base_epoch, op=op)
+
+    def prepare_snapshot(
+        self,
+        epoch_id: int,
+        path: str | os.PathLike[str],
+        *,
+        checksum: str | None = None,
+        verify: bool = False,
+        op: str | None = None,
+    ) -> tuple[int, int]:
+        """Map the snapshot at `path`, stage this shard's range of it as `epoch_id`; returns the
+        range. `checksum`, when given, must be the manifest's (what the caller verified)."""
+        snapshot = Snapshot.open(path, verify=verify)
+        try:
+            if checksum is not None and snapshot.manifest.checksum != checksum:
+                raise SnapshotError(
+                    f"{path}: manifest checksum changed since it was verified "
+                    "(the snapshot was replaced meanwhile)"
+                )
+            try:
+                first, stop = shard_ranges(snapshot.num_pages, self.num_shards)[self.index]
+            except ValueError as exc:
+                raise SnapshotError(str(exc)) from None
+            self.state.prepare_snapshot(epoch_id, snapshot, first, stop, op=op)
+        except BaseException:
+            snapshot.close()
+            raise
+        return first, stop
+
+    def commit(self, epoch_id: int, *, op: str | None = None) -> None:
+        self.state.commit(epoch_id, op=op)
+
+    def abort(self, epoch_id: int, *, op: str | None = None) -> None:
+        self.state.abort(epoch_id, op=op)
+
+    def fold_pending(self) -> int:
+        return self.state.fold_pending()
+
+    def info(self) -> dict[str, Any]:
+        out = self.state.info()
+        out.update(shard=self.index, num_shards=self.num_shards, engine=self.engine_name)
+        return out
 
     def self_test(self) -> None:
         """Raise unless the engine computes the known one-page answer."""
@@ -93,8 +188,9 @@ class ShardCore:
             raise RuntimeError("engine self-test gave a wrong accumulator")
 
     def close(self) -> None:
-        for scanner in (self._probe, self.scanner):
-            scanner.close()
+        self._probe.close()
+        for seg in self.state.current.segments:
+            seg.scanner.close()
 
 
 def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any] | None = None,
@@ -105,7 +201,9 @@ def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any]
     try:
         core.self_test()
         keys = [generate_keys(core.domain_bits, i % core.stop_page)[0] for i in range(3)]
-        core.scan(KeyBatch.from_keys(keys))
+        batch = KeyBatch.from_keys(keys)
+        core.scan(batch)
+        eval_points(owned(batch), np.zeros(1, np.int64))  # the pending-update path's kernel
         return core.engine_name
     finally:
         core.close()

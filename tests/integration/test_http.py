@@ -54,7 +54,8 @@ def test_epoch_advertises_real_page_count_and_domain(parties) -> None:
 def test_health(parties) -> None:
     r = httpx.get(parties.app_url("a") + "/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "epoch_id": 1, "block_number": 0}
+    assert r.json() == {"status": "ok", "epoch_id": 1, "block_number": 0,
+                        "pending_updates": 0, "rotation_in_progress": False}
 
 
 def test_raw_json_single_query_matches_pages(parties, pages) -> None:

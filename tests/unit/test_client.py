@@ -13,6 +13,7 @@ import pytest
 from morphogen import wire
 from morphogen.client import (
     AsyncPirClient,
+    EpochMismatchError,
     HandlePirClient,
     PirClient,
     PirError,
@@ -154,24 +155,106 @@ def test_4xx_is_not_retried() -> None:
     a, b = FakeServer(), FakeServer()
 
     def bad() -> httpx.Response:
-        return httpx.Response(400, json={"error": {"code": "bad_domain", "message": "d"}})
+        return httpx.Response(400, json={"error": {"code": "bad_key", "message": "k"}})
 
     with _client(a, b) as c:
         c.info()
         a.faults = [bad, bad, bad]
         with pytest.raises(PirError) as exc:
             c.get_page(1)
-    assert exc.value.status == 400 and exc.value.code == "bad_domain"
+    assert exc.value.status == 400 and exc.value.code == "bad_key"
     assert len(a.faults) == 2
 
 
-def test_servers_with_different_matrices_are_refused() -> None:
-    a, b = FakeServer(), FakeServer()
-    doc = b.epoch_doc()
-    doc["page_pir"]["num_pages"] = NUM_PAGES + 1
-    b.faults = [lambda: httpx.Response(200, json=doc)]
-    with _client(a, b) as c, pytest.raises(PirError, match="different matrices"):
+class DomainRefuser(FakeServer):
+    """Refuses every query with bad_domain while /epoch keeps advertising the same domain."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/epoch"):
+            return super().__call__(request)
+        self.queries = getattr(self, "queries", 0) + 1
+        return httpx.Response(400, json={"error": {"code": "bad_domain", "message": "d"}})
+
+
+def test_bad_domain_without_a_rotation_is_not_retried_forever() -> None:
+    a = DomainRefuser()
+    with _client(a, FakeServer()) as c:
         c.info()
+        with pytest.raises(PirError) as exc:
+            c.get_page(1)  # /epoch says the domain did not move: a client bug, raised
+    assert exc.value.code == "bad_domain"
+    assert a.queries == 2  # one retry (a router may have been behind), then raised
+
+
+def test_one_bad_domain_from_a_lagging_router_is_retried() -> None:
+    a, b = FakeServer(), FakeServer()
+
+    def bad() -> httpx.Response:
+        return httpx.Response(400, json={"error": {"code": "bad_domain", "message": "d"}})
+
+    with _client(a, b) as c:
+        c.info()
+        a.faults = [bad]
+        assert c.get_page(1) == PAGES[1].tobytes()
+
+
+class MovedServer(FakeServer):
+    """Advertises another page count (a rotation happened on this party only)."""
+
+    def __init__(self, extra: int, **kw) -> None:
+        super().__init__(**kw)
+        self.extra = extra
+
+    def epoch_doc(self) -> dict:
+        doc = super().epoch_doc()
+        doc["page_pir"]["num_pages"] = NUM_PAGES + self.extra
+        return doc
+
+
+def test_servers_with_different_matrices_are_refused() -> None:
+    with _client(FakeServer(), MovedServer(1)) as c, pytest.raises(
+        PirUnavailable, match="different matrices"
+    ):
+        c.info()
+
+
+def test_a_rotation_seen_by_one_server_first_is_retried() -> None:
+    a, b = FakeServer(), MovedServer(1)
+    with _client(a, b) as c:
+        b.faults = [lambda: setattr(b, "extra", 0)]  # B catches up after the first /epoch
+        assert c.info().num_pages == NUM_PAGES
+
+
+def test_bad_domain_after_a_rotation_refreshes_and_retries() -> None:
+    a, b = FakeServer(), FakeServer()
+    with _client(a, b) as c:
+        c.info()
+        stale = c._info
+        c._info = type(stale)(stale.num_pages - 5, stale.domain_bits, 1, stale.max_batch_queries)
+
+        def bad() -> httpx.Response:
+            return httpx.Response(400, json={"error": {"code": "bad_domain", "message": "d"}})
+
+        a.faults = [bad]
+        assert c.get_page(2) == PAGES[2].tobytes()
+        assert c.info().num_pages == NUM_PAGES  # re-read from /epoch
+
+
+def test_get_with_epoch_names_the_answer_epoch() -> None:
+    a, b = FakeServer(epoch=7), FakeServer(epoch=7)
+    with _client(a, b) as c:
+        epoch, got = c.get_with_epoch([4, 9])
+        assert epoch == 7 and got == [PAGES[4].tobytes(), PAGES[9].tobytes()]
+        with pytest.raises(ValueError):
+            c.get_with_epoch(list(range(13)))  # more than one request (4 queries of 3)
+
+
+def test_persistent_epoch_mismatch_says_so() -> None:
+    with _client(FakeServer(epoch=1), FakeServer(epoch=2)) as c, pytest.raises(
+        EpochMismatchError, match="different epochs"
+    ) as exc:
+        c.get_page(3)
+    assert "A 1, B 2" in str(exc.value)
 
 
 def test_async_client() -> None:

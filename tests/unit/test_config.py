@@ -71,3 +71,17 @@ def test_synthetic_snapshot_built_once(tmp_path, monkeypatch) -> None:
     assert (first / "pages.bin").stat().st_mtime_ns == mtime
     with open_snapshot(cfg) as snap:
         assert snap.num_pages == 40 and snap.domain_bits == 6
+
+
+def test_admin_settings() -> None:
+    from morphogen.codec import admin_body_bytes
+
+    cfg = PartyConfig()
+    assert cfg.admin_token_file is None and cfg.admin_token_env == "MORPHOGEN_ADMIN_TOKEN"
+    assert cfg.admin_snapshot_dir is None and cfg.admin_supported
+    assert cfg.admin_body_limit() == admin_body_bytes(1024)
+    assert PartyConfig(admin_max_body_bytes=4096).admin_body_limit() == 4096
+    # two-phase publication cannot reach every copy of a shard through a handle
+    with pytest.raises(ValidationError, match="shard_replicas == 1"):
+        PartyConfig(admin_token_file="/run/secrets/t", shard_replicas=2)
+    assert not PartyConfig(shard_replicas=2, admin_token_env=None).admin_supported

@@ -4,8 +4,23 @@ import numpy as np
 import pytest
 
 from morphogen import dpf, engine
-from morphogen.epoch import EpochError, PageUpdate, PageWrite, ShardState
-from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
+from morphogen.dpf import DomainError
+from morphogen.epoch import (
+    ChangeBatch,
+    EpochError,
+    PageUpdate,
+    PageWrite,
+    ShardState,
+    StagingConflict,
+)
+from morphogen.matrix import (
+    Snapshot,
+    SnapshotError,
+    build_synthetic,
+    domain_bits_for,
+    shard_ranges,
+    synthetic_pages,
+)
 
 NUM_PAGES = 300
 
@@ -111,3 +126,112 @@ def test_rotation_switches_whole_and_in_flight_versions_keep_their_epoch(snapsho
     old = before.scan(dpf.KeyBatch.from_keys(keys))
     assert before.epoch_id == 1
     assert np.array_equal(old, expected(synthetic_pages(1, 0, NUM_PAGES), 0, NUM_PAGES, keys))
+
+
+def test_staging_slot_belongs_to_one_operation(snapshots):
+    snap, _ = snapshots
+    state = ShardState(engine.create("reference"), snap, 0, NUM_PAGES, stale_stage_s=60)
+    diff = PageUpdate(3, b"\x01" * 4096)
+    state.prepare_updates(2, [diff], op="one")
+    with pytest.raises(StagingConflict):
+        state.prepare_updates(2, [diff], op="two")  # another operation's version is staged
+    with pytest.raises(StagingConflict):
+        state.commit(2, op="two")
+    state.abort(2, op="two")  # not its version: nothing happens
+    assert state.info()["staged_epoch_id"] == 2
+    state.prepare_updates(2, [diff, diff], op="one")  # the owner may re-stage
+    state.commit(2, op="one")
+    assert state.epoch_id == 2 and state.info()["pending_updates"] == 2
+    # a staged version whose operation died expires
+    stale = ShardState(engine.create("reference"), snap, 0, NUM_PAGES, stale_stage_s=0.0)
+    stale.prepare_updates(2, [diff], op="dead")
+    stale.prepare_updates(2, [], op="alive")
+    stale.commit(2, op="alive")
+    assert stale.info()["pending_updates"] == 0
+
+
+def test_updates_are_refused_on_another_base_epoch(snapshots):
+    snap, _ = snapshots
+    state = ShardState(engine.create("reference"), snap, 0, NUM_PAGES)
+    with pytest.raises(EpochError, match="made for epoch 4"):
+        state.prepare_updates(5, [], base_epoch=4)
+    state.prepare_updates(2, [], base_epoch=1)
+
+
+def test_change_batch_gives_the_same_bytes_as_objects(snapshots):
+    snap, _ = snapshots
+    rng = np.random.default_rng(8)
+    changes = random_updates(rng, 6) + [PageWrite(150, b"\x05" * 33), PageWrite(10, b"")]
+    keys = keys_for([10, 150, 151, 299] + [c.page for c in changes])
+    by_obj = ShardState(engine.create("cpu"), snap, 100, 300)
+    by_batch = ShardState(engine.create("cpu"), snap, 100, 300)
+    assert by_obj.prepare_updates(2, changes) == by_batch.prepare_updates(
+        2, ChangeBatch.from_changes(changes)
+    )
+    by_obj.commit(2)
+    by_batch.commit(2)
+    assert np.array_equal(by_obj.scan(keys)[1], by_batch.scan(keys)[1])
+    with pytest.raises(ValueError, match="outside the matrix"):
+        by_batch.prepare_updates(3, ChangeBatch.from_changes([PageUpdate(300, bytes(4096))]))
+
+
+def test_many_pending_updates_and_many_keys(snapshots):
+    """The pending-update pass in several steps (many keys x many updates)."""
+    snap, _ = snapshots
+    rng = np.random.default_rng(9)
+    state = ShardState(engine.create("cpu"), snap, 0, NUM_PAGES)
+    model = synthetic_pages(1, 0, NUM_PAGES).copy()
+    changes = random_updates(rng, 40)
+    state.prepare_updates(2, changes)
+    state.commit(2)
+    for c in changes:
+        model[c.page] ^= np.frombuffer(c.diff, np.uint8)
+    keys = keys_for([int(t) for t in rng.integers(0, NUM_PAGES, 96)])
+    assert np.array_equal(state.scan(keys)[1], expected(model, 0, NUM_PAGES, keys))
+    state.fold_pending()
+    assert all(not s.pages.flags.writeable for s in state.current.segments)
+    assert np.array_equal(state.scan(keys)[1], expected(model, 0, NUM_PAGES, keys))
+
+
+def test_keys_of_another_domain_are_refused(snapshots):
+    snap, _ = snapshots
+    state = ShardState(engine.create("reference"), snap, 0, NUM_PAGES)
+    d = domain_bits_for(NUM_PAGES)
+    with pytest.raises(DomainError):
+        state.scan([dpf.generate_keys(d + 1, 3)[0]])
+
+
+def test_shard_core_rotates_to_another_page_count_and_domain(tmp_path, snapshots):
+    from morphogen.shard import ShardCore
+
+    snap, _ = snapshots
+    bigger = tmp_path / "bigger"
+    build_synthetic(bigger, 700, seed=5, epoch_id=4, progress=False)
+    cores = [ShardCore.open(snap, i, 3, "cpu") for i in range(3)]
+    for c in cores:
+        assert c.prepare_snapshot(4, bigger, op="rot") == shard_ranges(700, 3)[c.index]
+        assert c.info()["rotation_in_progress"]
+        assert c.epoch_id == 1  # staged only
+    for c in cores:
+        c.commit(4, op="rot")
+        c.self_test()
+    d = domain_bits_for(700)
+    assert d != domain_bits_for(NUM_PAGES) and all(c.domain_bits == d for c in cores)
+    pairs = [dpf.generate_keys(d, t) for t in (0, 350, 699)]
+    parts = [c.scan(dpf.KeyBatch.from_keys([p[0] for p in pairs])) for c in cores]
+    parts += [c.scan(dpf.KeyBatch.from_keys([p[1] for p in pairs])) for c in cores]
+    assert {e for e, _ in parts} == {4}
+    acc = np.bitwise_xor.reduce([a for _, a in parts])
+    assert np.array_equal(acc, synthetic_pages(5, 0, 700)[[0, 350, 699]])
+    # a snapshot replaced after its verification is refused, the epoch stays
+    with pytest.raises(SnapshotError, match="changed since"):
+        cores[0].prepare_snapshot(5, bigger, checksum="blake2b-256:" + "0" * 64)
+    assert cores[0].epoch_id == 4 and cores[0].info()["staged_epoch_id"] is None
+    # more shards than pages
+    tiny = tmp_path / "tiny"
+    build_synthetic(tiny, 2, seed=5, progress=False)
+    with pytest.raises(SnapshotError):
+        cores[2].prepare_snapshot(6, tiny)
+    assert not cores[2].info()["rotation_in_progress"]
+    for c in cores:
+        c.close()
