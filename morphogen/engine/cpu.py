@@ -13,7 +13,7 @@ from morphogen.dpf import DpfKey, KeyBatch, as_batch
 from morphogen.engine import _cpu_kernel
 from morphogen.engine.base import MAX_KEYS_PER_SCAN, PAGE_SIZE, check_domain, check_pages
 
-DEFAULT_TILE_PAGES = 256
+DEFAULT_TILE_PAGES = 512
 
 # numba's thread pool is per process and runs one parallel region at a time (its default
 # workqueue layer aborts on concurrent entry), so every CPU scan in the process takes turns.
