@@ -236,6 +236,13 @@ def _info_from_epoch(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> ServerInfo
         raise PirError(f"malformed /epoch document: {exc}") from None
 
 
+def _http_timeout(encoding: str, timeout_s: float, connect_timeout_s: float) -> httpx.Timeout:
+    """The HTTP clients' shared settings check: a known body encoding and their timeouts."""
+    if encoding not in ("json", "msgpack"):
+        raise ValueError("encoding is 'json' or 'msgpack'")
+    return httpx.Timeout(timeout_s, connect=connect_timeout_s)
+
+
 class _Base:
     def __init__(
         self, *, retry: RetryPolicy | None, max_batch_queries: int | None
@@ -299,10 +306,8 @@ class PirClient(_Base):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(retry=retry, max_batch_queries=max_batch_queries)
-        if encoding not in ("json", "msgpack"):
-            raise ValueError("encoding is 'json' or 'msgpack'")
+        timeout = _http_timeout(encoding, timeout_s, connect_timeout_s)
         self.encoding = encoding
-        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._http = [
             httpx.Client(base_url=u.rstrip("/"), timeout=timeout, transport=transport)
             for u in (server_a, server_b)
@@ -427,10 +432,8 @@ class AsyncPirClient(_Base):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(retry=retry, max_batch_queries=max_batch_queries)
-        if encoding not in ("json", "msgpack"):
-            raise ValueError("encoding is 'json' or 'msgpack'")
+        timeout = _http_timeout(encoding, timeout_s, connect_timeout_s)
         self.encoding = encoding
-        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._http = [
             httpx.AsyncClient(base_url=u.rstrip("/"), timeout=timeout, transport=transport)
             for u in (server_a, server_b)
