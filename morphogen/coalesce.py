@@ -12,6 +12,8 @@ Two limits shape the batches:
   submissions keep accumulating, so under load batches grow by themselves (natural batching)
   instead of queueing one small call per request.
 
+A submission of `max_items` or more goes straight to its own call: it cannot share one.
+
 With `eager` (the default) a submission that finds the coalescer idle (nothing running,
 nothing waiting) is dispatched at once: a lone client pays no window, and the window only
 applies once there is traffic to merge with.
@@ -98,7 +100,9 @@ class Coalescer(Generic[T]):
     async def submit(self, items: Sequence[T]) -> tuple[Any, Any]:
         if not items:
             raise ValueError("nothing to submit")
-        if not self.enabled:
+        if not self.enabled or len(items) >= self.max_items:
+            # Nothing to merge with: coalescing is off, or the submission fills a whole call by
+            # itself, and waiting in line for a slot would only add latency.
             self.stats.record(1, len(items))
             return await self._run(list(items))
         if self.eager and not self._pending and self._in_flight == 0:

@@ -163,3 +163,21 @@ def test_bad_arguments() -> None:
             await Coalescer(_Recorder()).submit([])
 
     asyncio.run(main())
+
+
+def test_a_submission_that_fills_a_call_goes_straight_through() -> None:
+    rec = _Recorder(delay=0.05)
+
+    async def main():
+        c = Coalescer(rec, window_s=10.0, max_items=4, max_in_flight=1)
+        small = asyncio.create_task(c.submit([1]))  # takes the only slot
+        await asyncio.sleep(0.01)
+        # the 10 s window would make wait_for fail if the big one queued for a merge
+        _, big = await asyncio.wait_for(c.submit([5, 6, 7, 8, 9]), 1.0)
+        await small
+        return big
+
+    big = asyncio.run(main())
+    assert big == [50, 60, 70, 80, 90]
+    assert rec.calls == [[1], [5, 6, 7, 8, 9]]  # not merged, and not queued behind [1]
+    assert rec.max_running == 2
