@@ -116,20 +116,24 @@ def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
             if page != np.asarray(snap.pages(p, p + 1)[0]).tobytes():
                 mismatches += 1
 
+    def one_query_at_a_time(name: str, get: Any) -> None:
+        """`args.requests` sequential requests of one query (3 pages) each, as a table row."""
+        lat = []
+        t0 = time.monotonic()
+        for _ in range(args.requests):
+            wanted = [rng.randrange(n) for _ in range(3)]
+            t = time.monotonic()
+            got = get(wanted)
+            lat.append(time.monotonic() - t)
+            check(wanted, got)
+        rows.append(_latency_row(name, 3 * args.requests, lat, args.requests,
+                                 time.monotonic() - t0))
+
     url_a, url_b = cluster.app_url("/a"), cluster.app_url("/b")
     for encoding in ("json", "msgpack"):
         with PirClient(url_a, url_b, encoding=encoding) as c:
             c.info()
-            lat = []
-            t0 = time.monotonic()
-            for _ in range(args.requests):
-                wanted = [rng.randrange(n) for _ in range(3)]
-                t = time.monotonic()
-                got = c.get(wanted)
-                lat.append(time.monotonic() - t)
-                check(wanted, got)
-            rows.append(_latency_row(f"http {encoding}, 1 query/request", 3 * args.requests,
-                                     lat, args.requests, time.monotonic() - t0))
+            one_query_at_a_time(f"http {encoding}, 1 query/request", c.get)
 
     # 16 clients at once: the routers merge their requests into shared scans.
     with PirClient(url_a, url_b) as c:
@@ -160,16 +164,7 @@ def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
 
     hc = HandlePirClient(serve.get_app_handle("a"), serve.get_app_handle("b"))
     hc.info()
-    lat = []
-    t0 = time.monotonic()
-    for _ in range(args.requests):
-        wanted = [rng.randrange(n) for _ in range(3)]
-        t = time.monotonic()
-        got = hc.get(wanted)
-        lat.append(time.monotonic() - t)
-        check(wanted, got)
-    rows.append(_latency_row("handles, 1 query/request", 3 * args.requests, lat, args.requests,
-                             time.monotonic() - t0))
+    one_query_at_a_time("handles, 1 query/request", hc.get)
 
     print()
     _print_table(["path", "pages", "requests", "p50 ms", "p99 ms", "queries/s"], rows)
