@@ -45,10 +45,26 @@ from morphogen.engine.base import (
     check_domain,
     check_pages,
 )
+from morphogen.engine.sliced import (
+    N_TILES,
+    SLICE_BYTES,
+    SLICE_KERNEL,
+    SLICE_PAGES,
+    SLICE_THREADS,
+    SLICED_KERNELS,
+    SLICED_THREADS,
+    SlicedPlan,
+    chunk_range,
+    plan_sliced_launch,
+    sliced_smem_bytes,
+)
 
 log = logging.getLogger(__name__)
 
 KERNEL_SOURCE = Path(__file__).with_name("scan_kernel.cu")
+# The tensor-core scan; appended to KERNEL_SOURCE, whose PRG and DPF helpers it uses.
+SLICED_KERNEL_SOURCE = Path(__file__).with_name("sliced_scan_kernel.cu")
+KERNEL_SOURCES = (KERNEL_SOURCE, SLICED_KERNEL_SOURCE)
 # Given to NVRTC at load and to nvcc by nvcc_check, so both compile the same program.
 COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
@@ -65,7 +81,12 @@ KEY_GROUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 SCAN_KERNELS = tuple(f"morphogen_scan_k{kg}" for kg in KEY_GROUP_SIZES)
 REDUCE_KERNEL = "morphogen_xor_reduce"
 READ_BW_KERNEL = "morphogen_read_bw"
-KERNEL_NAMES = (*SCAN_KERNELS, REDUCE_KERNEL, READ_BW_KERNEL)
+KERNEL_NAMES = (*SCAN_KERNELS, REDUCE_KERNEL, READ_BW_KERNEL, *SLICED_KERNELS, SLICE_KERNEL)
+# Scan kernels: "fused" (scan_kernel.cu, pages as stored, integer AND-XOR) or "sliced"
+# (sliced_scan_kernel.cu, pages bit-sliced at load, tensor-core AND-popc).
+SCAN_LAYOUTS = ("fused", "sliced")
+DEFAULT_LAYOUT = "fused"
+LAYOUT_ENV = "MORPHOGEN_GPU_KERNEL"
 
 # Dynamic shared memory a scan block may use without an opt-in attribute; tiles are sized to it.
 SMEM_BUDGET = 48 * 1024
@@ -93,6 +114,11 @@ _U64 = np.uint64
 
 class GpuError(RuntimeError):
     """A CUDA, NVRTC or device-memory failure, with the driver's message."""
+
+
+def kernel_source() -> str:
+    """The one CUDA program every engine compiles: KERNEL_SOURCES, concatenated."""
+    return "\n".join(path.read_text() for path in KERNEL_SOURCES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +304,10 @@ class Backend(Protocol):
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int: ...
 
+    def set_max_dynamic_smem(self, kernel: Any, nbytes: int) -> None: ...
+
+    def view(self, buf: Any, offset: int) -> Any: ...
+
     def alloc(self, nbytes: int) -> Any: ...
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray: ...
@@ -358,6 +388,14 @@ class _CupyBackend:
                     kernel.kernel.ptr, block, smem_bytes
                 )
             )
+
+    def set_max_dynamic_smem(self, kernel: Any, nbytes: int) -> None:
+        # above 48 KiB a kernel must opt in (cudaFuncAttributeMaxDynamicSharedMemorySize)
+        with self.activate():
+            kernel.max_dynamic_shared_size_bytes = int(nbytes)
+
+    def view(self, buf: Any, offset: int) -> Any:
+        return buf[int(offset) :]
 
     def alloc(self, nbytes: int) -> Any:
         cp = self._cp
@@ -557,8 +595,9 @@ class _Compiled:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        source = KERNEL_SOURCE.read_text()
-        self.kernels = dict(backend.compile(source, COMPILE_OPTIONS, KERNEL_NAMES))
+        self.kernels = dict(backend.compile(kernel_source(), COMPILE_OPTIONS, KERNEL_NAMES))
+        for nt, name in zip(N_TILES, SLICED_KERNELS, strict=True):
+            backend.set_max_dynamic_smem(self.kernels[name], sliced_smem_bytes(nt))
         self._occupancy: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
@@ -595,12 +634,22 @@ class GpuShard:
         self._info = engine.info
         self._key_group_max = engine.key_group_max
         self._max_keys = engine.max_keys
+        self.layout = engine.layout
+        self._first_chunk, self._num_chunks = chunk_range(self.first_page, self.num_pages)
         self._partial_rows: int | None = None
         self._closed = False
         backend = self._backend
         with _cuda_errors(backend, "loading the pages"):
             with backend.activate():
-                self._pages_dev = _upload(backend, pages, engine.load_chunk_bytes)
+                if self.layout == "sliced":
+                    self._pages_dev = _upload_sliced(
+                        backend, pages, self.first_page, engine.load_chunk_bytes,
+                        compiled.kernels[SLICE_KERNEL], self._info.sm_count,
+                    )
+                    self._device_bytes = max(self._num_chunks, 1) * SLICE_BYTES
+                else:
+                    self._pages_dev = _upload(backend, pages, engine.load_chunk_bytes)
+                    self._device_bytes = max(self.num_pages, 1) * PAGE_SIZE
                 self._partial_rows = self._max_partial_rows()
                 pool = self._fit_pool(engine.pool_size)
                 workspaces = [
@@ -614,7 +663,18 @@ class GpuShard:
 
     # -- sizing ------------------------------------------------------------------------------
 
-    def _plan(self, num_keys: int, domain_bits: int, num_pages: int) -> LaunchPlan:
+    def _plan(self, num_keys: int, domain_bits: int, num_pages: int) -> LaunchPlan | SlicedPlan:
+        """The launch for `num_keys` keys over the first `num_pages` pages (all of them, except
+        in the warm-up); for the sliced layout, over the chunks that hold those pages."""
+        if self.layout == "sliced":
+            return plan_sliced_launch(
+                num_keys,
+                self._chunks_holding(num_pages),
+                domain_bits,
+                sm_count=self._info.sm_count,
+                blocks_per_sm=self._compiled.blocks_per_sm,
+                max_partial_rows=self._partial_rows,
+            )
         return plan_launch(
             num_keys,
             num_pages,
@@ -625,11 +685,23 @@ class GpuShard:
             max_partial_rows=self._partial_rows,
         )
 
+    def _chunks_holding(self, num_pages: int) -> int:
+        """Sliced chunks that hold the shard's first `num_pages` pages (at least one): a shard
+        that starts mid-chunk spans one more chunk than its page count suggests."""
+        return max(1, chunk_range(self.first_page, min(num_pages, self.num_pages))[1])
+
     def _max_partial_rows(self) -> int:
         # the largest partial of any key count at full domain; other domains pick smaller tiles
         # and may want more blocks, which plan_launch then caps to this buffer
         rows = 1
         for k in range(1, self._max_keys + 1):
+            if self.layout == "sliced":
+                sp = plan_sliced_launch(
+                    k, max(self._num_chunks, 1), MAX_DOMAIN_BITS, sm_count=self._info.sm_count,
+                    blocks_per_sm=self._compiled.blocks_per_sm,
+                )
+                rows = max(rows, sp.page_blocks * k)
+                continue
             p = plan_launch(
                 k, max(self.num_pages, 1), MAX_DOMAIN_BITS, sm_count=self._info.sm_count,
                 blocks_per_sm=self._compiled.blocks_per_sm, key_group_max=self._key_group_max,
@@ -724,11 +796,21 @@ class GpuShard:
             b.record(e0, ws.stream)
             b.h2d(ws.keys_dev, 0, ws.keys_host.view(np.uint8)[:key_bytes], ws.stream)
             b.record(e1, ws.stream)
-            b.launch(
-                kernels[plan.kernel],
-                plan.grid,
-                SCAN_THREADS,
-                (
+            if isinstance(plan, SlicedPlan):
+                threads = SLICED_THREADS
+                args: tuple[Any, ...] = (
+                    self._pages_dev,
+                    _U64(self._chunks_holding(num_pages)),
+                    _U64(self._first_chunk),
+                    ws.keys_dev,
+                    _U32(num_keys),
+                    _U32(domain_bits),
+                    _U32(plan.num_groups),
+                    ws.partial_dev,
+                )
+            else:
+                threads = SCAN_THREADS
+                args = (
                     self._pages_dev,
                     _U64(num_pages),
                     _U64(self.first_page),
@@ -738,10 +820,8 @@ class GpuShard:
                     _U32(plan.tile_bits),
                     _U32(plan.num_groups),
                     ws.partial_dev,
-                ),
-                plan.smem_bytes,
-                ws.stream,
-            )
+                )
+            b.launch(kernels[plan.kernel], plan.grid, threads, args, plan.smem_bytes, ws.stream)
             b.launch(
                 kernels[REDUCE_KERNEL],
                 plan.reduce_grid,
@@ -787,10 +867,11 @@ class GpuShard:
     # -- benchmark support -------------------------------------------------------------------
 
     def read_pages_timed(self, repeats: int = 1) -> tuple[float, bytes]:
-        """A plain read of every page byte with the bandwidth kernel: (best ms, XOR of all
-        16-byte words). The benchmark's yardstick: what the card reads in the same run."""
+        """A plain read of every byte of the device copy with the bandwidth kernel: (best ms,
+        XOR of all its 16-byte words). The benchmark's yardstick: what the card reads in the
+        same run. For the sliced layout the XOR is sliced.sliced_digest's, not the pages'."""
         b = self._backend
-        n16 = self.num_pages * LANES_PER_PAGE
+        n16 = self._device_bytes // 16 if self.num_pages else 0
         grid = self._info.sm_count * 8
         best = math.inf
         with _cuda_errors(b, "the read benchmark"), b.activate():
@@ -825,8 +906,9 @@ class GpuEngine:
     in flight, each with its own stream (default MORPHOGEN_GPU_POOL_SIZE or 2, clamped to
     1..32 and to what fits the device; more than 2 rarely helps, since each launch already
     fills the device and extra ones only split its bandwidth); key_group_max (keys per block,
-    one of KEY_GROUP_SIZES); coalesce (merge waiting callers into one launch); max_keys (keys
-    per launch, 1..96)."""
+    one of KEY_GROUP_SIZES, fused kernel only); coalesce (merge waiting callers into one launch);
+    max_keys (keys per launch, 1..96); kernel, the scan kernel and with it the device layout of
+    the pages (SCAN_LAYOUTS; default MORPHOGEN_GPU_KERNEL or DEFAULT_LAYOUT)."""
 
     name = "gpu"
 
@@ -839,7 +921,13 @@ class GpuEngine:
         max_keys: int = MAX_KEYS_PER_SCAN,
         load_chunk_bytes: int = DEFAULT_LOAD_CHUNK_BYTES,
         backend: Backend | None = None,
+        kernel: str | None = None,
     ) -> None:
+        if kernel is None:
+            kernel = os.environ.get(LAYOUT_ENV, DEFAULT_LAYOUT)
+        if kernel not in SCAN_LAYOUTS:
+            raise ValueError(f"kernel must be one of {SCAN_LAYOUTS}, got {kernel!r}")
+        self.layout = kernel
         if pool_size is None:
             pool_size = os.environ.get(POOL_SIZE_ENV, DEFAULT_POOL_SIZE)
         self.pool_size = clamp_pool_size(pool_size)
@@ -909,6 +997,53 @@ def _upload(backend: Backend, pages: np.ndarray, chunk_bytes: int) -> Any:
         buf = staging[slot][: m * PAGE_SIZE]
         np.copyto(buf.reshape(m, PAGE_SIZE), pages[start : start + m])
         backend.h2d(dev, start * PAGE_SIZE, buf, stream)
+        backend.record(events[slot], stream)
+        used[slot] = True
+    backend.synchronize(stream)
+    return dev
+
+
+def _upload_sliced(
+    backend: Backend,
+    pages: np.ndarray,
+    first_page: int,
+    chunk_bytes: int,
+    slice_kernel: Any,
+    sm_count: int,
+) -> Any:
+    """Pages into one device allocation in the sliced layout (sliced.py): whole global-aligned
+    256-page chunks, zero outside the shard, cross the bus in natural order through two pinned
+    buffers and two device staging buffers; morphogen_slice_pages transposes each batch on the
+    device while the next one is read from the (memory-mapped) array."""
+    n = pages.shape[0]
+    first_chunk, count = chunk_range(first_page, n)
+    dev = backend.alloc(max(count, 1) * SLICE_BYTES)
+    if count == 0:
+        return dev
+    batch = max(1, min(count, chunk_bytes // SLICE_BYTES))
+    stream = backend.new_stream()
+    staging = [backend.alloc_pinned(batch * SLICE_BYTES)[: batch * SLICE_BYTES] for _ in range(2)]
+    natural = [backend.alloc(batch * SLICE_BYTES) for _ in range(2)]
+    events = [backend.new_event(), backend.new_event()]
+    used = [False, False]
+    grid = max(1, sm_count * 8)
+    for i, c0 in enumerate(range(0, count, batch)):
+        slot = i % 2
+        if used[slot]:
+            backend.event_synchronize(events[slot])  # that slot's copy and slicing are done
+        m = min(batch, count - c0)
+        buf = staging[slot][: m * SLICE_BYTES].reshape(m * SLICE_PAGES, PAGE_SIZE)
+        g0 = (first_chunk + c0) * SLICE_PAGES  # global page at the batch's start
+        lo, hi = max(g0 - first_page, 0), min(g0 + m * SLICE_PAGES - first_page, n)
+        at = lo + first_page - g0
+        buf[:at] = 0
+        np.copyto(buf[at : at + hi - lo], pages[lo:hi])
+        buf[at + hi - lo :] = 0
+        backend.h2d(natural[slot], 0, staging[slot][: m * SLICE_BYTES], stream)
+        backend.launch(
+            slice_kernel, grid, SLICE_THREADS,
+            (natural[slot], _U64(m), backend.view(dev, c0 * SLICE_BYTES)), 0, stream,
+        )
         backend.record(events[slot], stream)
         used[slot] = True
     backend.synchronize(stream)

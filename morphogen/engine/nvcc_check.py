@@ -96,12 +96,16 @@ def check(reports: dict[str, KernelReport], expected: tuple[str, ...]) -> list[s
     return problems
 
 
-def run(nvcc: str, arch: str = DEFAULT_ARCH, source: Path = gpu.KERNEL_SOURCE) -> tuple[
+def run(nvcc: str, arch: str = DEFAULT_ARCH, source: str | None = None) -> tuple[
     int, str, dict[str, KernelReport]
 ]:
-    """(nvcc exit status, its output, parsed reports)."""
+    """(nvcc exit status, its output, parsed reports) for `source` (default: the program the
+    engine compiles, gpu.kernel_source())."""
+    text = gpu.kernel_source() if source is None else source
     with tempfile.TemporaryDirectory(prefix="morphogen-nvcc-") as tmp:
-        cmd = nvcc_command(nvcc, source, Path(tmp) / "scan_kernel.cubin", arch)
+        path = Path(tmp) / "morphogen_kernels.cu"
+        path.write_text(text)
+        cmd = nvcc_command(nvcc, path, Path(tmp) / "morphogen_kernels.cubin", arch)
         proc = subprocess.run(cmd, capture_output=True, text=True)
     log = proc.stdout + proc.stderr
     return proc.returncode, log, parse_ptxas(log)
@@ -131,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nvcc_check: nvcc failed (exit {status}):\n{log}", file=sys.stderr)
         return 1
     if not args.quiet:
-        print(f"nvcc_check: {gpu.KERNEL_SOURCE.name} with {nvcc} -arch={args.arch}")
+        names = " + ".join(p.name for p in gpu.KERNEL_SOURCES)
+        print(f"nvcc_check: {names} with {nvcc} -arch={args.arch}")
         print(f"{'kernel':<24}{'regs':>6}{'smem':>7}{'stack':>7}{'spill st/ld':>13}")
         for r in sorted(reports.values(), key=lambda r: r.name):
             print(

@@ -13,7 +13,7 @@ import pytest
 
 from morphogen import dpf, engine
 from morphogen.dpf import DomainError
-from morphogen.engine import gpu_available
+from morphogen.engine import gpu_available, sliced
 from morphogen.engine.base import PAGE_SIZE
 from morphogen.engine.reference import ReferenceEngine
 
@@ -23,9 +23,9 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def gpu_engine():
-    return engine.create("gpu", pool_size=4)
+@pytest.fixture(scope="module", params=["fused", "sliced"])
+def gpu_engine(request):
+    return engine.create("gpu", pool_size=4, kernel=request.param)
 
 
 @pytest.fixture(scope="module")
@@ -163,11 +163,46 @@ def test_concurrent_scans(gpu_engine, cpu_engine):
 def test_read_kernel_checksum(gpu_engine):
     rng = np.random.default_rng(4)
     pages = rng.integers(0, 256, (4321, PAGE_SIZE), dtype=np.uint8)
-    shard = gpu_engine.load(pages)
+    shard = gpu_engine.load(pages, 77)
     try:
         ms, digest = shard.read_pages_timed(repeats=2)
-        want = np.bitwise_xor.reduce(pages.view(np.uint64).reshape(-1, 2), axis=0).tobytes()
+        if gpu_engine.layout == "sliced":
+            want = sliced.sliced_digest(pages, 77)
+        else:
+            want = np.bitwise_xor.reduce(pages.view(np.uint64).reshape(-1, 2), axis=0).tobytes()
         assert digest == want and ms > 0
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("num_pages,first_page", [(1, 0), (300, 0), (1000, 200), (3000, 70_000)])
+def test_slice_kernel_writes_the_reference_layout(num_pages, first_page):
+    """The device's sliced buffer, byte for byte, against sliced.slice_pages."""
+    rng = np.random.default_rng(num_pages)
+    pages = rng.integers(0, 256, (num_pages, PAGE_SIZE), dtype=np.uint8)
+    eng = engine.create("gpu", pool_size=1, kernel="sliced", load_chunk_bytes=2 << 20)
+    shard = eng.load(pages, first_page)
+    try:
+        got = shard._pages_dev.get().view("<u4")
+        np.testing.assert_array_equal(got, sliced.slice_pages(pages, first_page))
+    finally:
+        shard.close()
+
+
+@pytest.mark.parametrize("d,num_pages,first_page", [(1, 2, 0), (3, 5, 2), (7, 100, 20),
+                                                    (8, 256, 0), (9, 300, 200)])
+def test_sliced_small_domains(d, num_pages, first_page):
+    """Domains under one chunk (d < 8): fewer leaves than the chunk has pages."""
+    rng = np.random.default_rng(d)
+    pages = rng.integers(0, 256, (num_pages, PAGE_SIZE), dtype=np.uint8)
+    eng = engine.create("gpu", pool_size=1, kernel="sliced")
+    shard = eng.load(pages, first_page)
+    try:
+        for q in (1, 3, 9, 17):
+            keys = [dpf.generate_keys(d, int(rng.integers(first_page, first_page + num_pages)))[
+                int(rng.integers(2))] for _ in range(q)]
+            want = ReferenceEngine().load(pages, first_page).scan(keys)
+            np.testing.assert_array_equal(shard.scan(keys), want)
     finally:
         shard.close()
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from morphogen.dpf import DpfKey, eval_range
-from morphogen.engine import gpu
+from morphogen.engine import gpu, sliced
 from morphogen.engine.base import PAGE_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +38,11 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
     },
     gpu.REDUCE_KERNEL: (P, P, np.uint32, np.uint32),
     gpu.READ_BW_KERNEL: (P, np.uint64, P),
+    **{
+        name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, P)
+        for name in sliced.SLICED_KERNELS
+    },
+    sliced.SLICE_KERNEL: (P, np.uint64, P),
 }
 
 
@@ -110,6 +115,7 @@ class FakeBackend:
         self.compiles = 0
         self.allocated = 0
         self.pinned_allocated = 0
+        self.max_dynamic_smem: dict[str, int] = {}
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self.active_launches = 0
@@ -129,14 +135,28 @@ class FakeBackend:
 
     def compile(self, source: str, options: Any, names: Any) -> dict[str, FakeKernel]:
         self.compiles += 1
-        for name in names:  # the scan variants are stamped out by MG_SCAN_KERNEL(KG, ...)
+        for name in names:  # variants are stamped out by MG_SCAN_KERNEL / MG_SLICED_KERNEL
             kg = name.removeprefix("morphogen_scan_k")
-            assert f"MG_SCAN_KERNEL({kg}," in source if kg != name else f"{name}(" in source
+            nt = name.removeprefix("morphogen_sliced_scan_n")
+            if kg != name:
+                assert f"MG_SCAN_KERNEL({kg}," in source
+            elif nt != name:
+                assert f"MG_SLICED_KERNEL({nt}," in source
+            else:
+                assert f"{name}(" in source
         return {name: FakeKernel(name) for name in names}
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
-        assert block == gpu.SCAN_THREADS
+        assert block in (gpu.SCAN_THREADS, sliced.SLICED_THREADS)
+        if kernel.name in sliced.SLICED_KERNELS:
+            assert smem_bytes <= self.max_dynamic_smem.get(kernel.name, 48 * 1024)
         return self.blocks_per_sm_value
+
+    def set_max_dynamic_smem(self, kernel: FakeKernel, nbytes: int) -> None:
+        self.max_dynamic_smem[kernel.name] = int(nbytes)
+
+    def view(self, buf: FakeDeviceArray, offset: int) -> FakeDeviceArray:
+        return FakeDeviceArray(buf.buf[int(offset) :])
 
     def alloc(self, nbytes: int) -> FakeDeviceArray:
         with self._lock:
@@ -286,10 +306,57 @@ def _model_read_bw(grid: int, block: int, args: tuple[Any, ...]) -> None:
         sink[t] = np.bitwise_xor.reduce(words[t::threads], axis=0) if t < len(words) else 0
 
 
+def unslice_chunk(words: np.ndarray) -> np.ndarray:
+    """Natural (256, 4096) pages of one sliced chunk: sliced.slice_chunk read backwards."""
+    bits = np.unpackbits(np.ascontiguousarray(words, "<u4").view(np.uint8), bitorder="little")
+    bits = bits.reshape(128, 16, 8, 4, 2, 2, 32)  # b, G, g, tig, rhi, rlo, j
+    bits = bits.transpose(4, 3, 6, 1, 5, 2, 0).reshape(256, 256, 128)  # K, lane, b
+    natural = np.empty_like(bits)
+    natural[sliced.chunk_page_order()] = bits
+    return np.packbits(natural, axis=2, bitorder="little").reshape(256, PAGE_SIZE)
+
+
+def _model_slice(args: tuple[Any, ...]) -> None:
+    natural_a, num_chunks, out_a = args
+    for c in range(int(num_chunks)):
+        chunk = natural_a.buf[c * sliced.SLICE_BYTES : (c + 1) * sliced.SLICE_BYTES]
+        out = out_a.buf[c * sliced.SLICE_BYTES : (c + 1) * sliced.SLICE_BYTES]
+        out[:] = sliced.slice_chunk(chunk.reshape(256, PAGE_SIZE)).view(np.uint8)
+
+
+def _model_sliced_scan(grid: int, args: tuple[Any, ...]) -> None:
+    data_a, num_chunks, first_chunk, keys_a, num_keys, d, groups, partial_a = args
+    n_chunks, k_total, d, groups = int(num_chunks), int(num_keys), int(d), int(groups)
+    page_blocks = grid // groups
+    w = gpu.key_words(d)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    size = sliced.SLICE_BYTES
+    natural = [unslice_chunk(data_a.buf[c * size : (c + 1) * size].view("<u4"))
+               for c in range(n_chunks)]
+    for pb in range(page_blocks):
+        lo, hi = n_chunks * pb // page_blocks, n_chunks * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            for c in range(lo, hi):
+                start = (int(first_chunk) + c) * 256
+                stop = min(start + 256, 1 << d)  # a chunk past the domain holds zero pages
+                masks = eval_range(unpack_key(records[k], d), start, stop)
+                tiled = np.tile(masks, (1, PAGE_SIZE // 16))
+                acc ^= np.bitwise_xor.reduce(natural[c][: stop - start] & tiled, axis=0)
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
 def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int) -> None:
     if name in gpu.SCAN_KERNELS:
         assert block == gpu.SCAN_THREADS
         _model_scan(grid, args)
+    elif name in sliced.SLICED_KERNELS:
+        assert block == sliced.SLICED_THREADS
+        _model_sliced_scan(grid, args)
+    elif name == sliced.SLICE_KERNEL:
+        _model_slice(args)
     elif name == gpu.REDUCE_KERNEL:
         _model_reduce(args)
     else:

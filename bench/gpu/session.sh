@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Everything a GPU machine is needed for, in one call, each phase logged on its own:
+#
+#   bash bench/gpu/session.sh check bench big prof
+#
+#   check  nvidia-smi, versions, nvcc register report, tests/gpu, compute-sanitizer
+#          (memcheck, racecheck, synccheck) on bench/gpu/sanitize.py
+#   bench  bench/scan_gpu.py on a synthetic snapshot of $GIB GiB (default 16)
+#   big    bench/gpu/reference_scale.py (2^24 pages, 64 GiB in host memory)
+#   prof   Nsight Compute on bench/gpu/profile.py: HBM bytes read and pipe utilisation
+#
+# Logs and results go to $OUT (default /tmp/morphogen-gpu-session). Runs without Ray or
+# pydantic: the engines import neither, and pytest gets an empty warning filter list.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/morphogen-gpu-session}
+GIB=${GIB:-16}
+mkdir -p "$OUT"
+phase() { echo "== $1 ($(date +%T))"; }
+
+check() {
+  local rc=0
+  phase check
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
+  python3 -c "import cupy, numpy, numba, pytest; print('cupy', cupy.__version__, 'cuda',
+cupy.cuda.runtime.runtimeGetVersion(), 'numpy', numpy.__version__, 'numba', numba.__version__,
+'pytest', pytest.__version__)"
+  python3 -m morphogen.engine.nvcc_check || rc=1
+  python3 -m pytest -q -o filterwarnings= -p no:cacheprovider tests/gpu || rc=1
+  for tool in memcheck racecheck synccheck; do
+    echo "-- compute-sanitizer --tool $tool"
+    compute-sanitizer --tool "$tool" --error-exitcode 9 python3 bench/gpu/sanitize.py \
+      2>&1 | tail -n 8 || rc=1
+  done
+  return $rc
+}
+
+bench() {
+  phase "bench ${GIB} GiB"
+  python3 bench/scan_gpu.py --gib "$GIB" --runs 7 --seconds 4 --out "$OUT"
+}
+
+big() {
+  phase big
+  python3 bench/gpu/reference_scale.py --out "$OUT"
+}
+
+prof() {
+  phase prof
+  local metrics=dram__bytes_read.sum,gpu__time_duration.sum
+  metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
+  metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed
+  metrics+=,sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+  metrics+=,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+  metrics+=,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
+  metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
+  metrics+=,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
+  ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 8 --launch-count 3 --metrics "$metrics" \
+    python3 bench/gpu/profile.py "${PROF_GIB:-4}" && return 0
+  echo "-- metrics run failed; the standard sections instead"
+  ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 8 --launch-count 3 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+    python3 bench/gpu/profile.py "${PROF_GIB:-4}"
+}
+
+status=0
+for p in "$@"; do
+  "$p" 2>&1 | tee "$OUT/$p.log" || status=1
+done
+echo "== session done, status $status"
+exit $status

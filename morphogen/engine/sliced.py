@@ -1,0 +1,166 @@
+"""The bit-sliced page layout of the tensor-core scan (sliced_scan_kernel.cu), host side.
+
+Pure NumPy and arithmetic, no CUDA: the layout as a reference implementation (`slice_pages`),
+the digest the read benchmark checks against, and the launch planning of the sliced scan.
+The layout itself is described at the top of `sliced_scan_kernel.cu`; in short, pages are
+grouped in 256-page chunks aligned in the global page numbering, and each chunk is stored as
+the A fragments of `mma.m16n8k256 .b1`: bit position b, group G of 16 page lanes, warp lane
+(g, tig), component r holds 32 pages' bits of one page lane at one bit position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from morphogen.dpf import MAX_DOMAIN_BITS
+from morphogen.engine.base import PAGE_SIZE
+
+SLICE_PAGES = 256
+SLICE_BYTES = SLICE_PAGES * PAGE_SIZE
+SLICED_THREADS = 256
+SLICED_TILE_BITS = 8
+SLICED_TREE_SLOTS = 128
+MT_STRIDE = 129
+PATH_SLOTS = 33
+SLICE_KERNEL = "morphogen_slice_pages"
+SLICE_THREADS = 256
+# n-tiles of 8 keys per block -> kernel; a block takes at most 8 * max(N_TILES) keys
+N_TILES = (1, 2)
+SLICED_KERNELS = tuple(f"morphogen_sliced_scan_n{nt}" for nt in N_TILES)
+SLICED_MAX_GROUP_KEYS = 8 * max(N_TILES)
+
+
+def chunk_range(first_page: int, num_pages: int) -> tuple[int, int]:
+    """(first global chunk, chunk count) holding global pages [first_page, first_page + n)."""
+    if num_pages < 1:
+        return first_page // SLICE_PAGES, 0
+    first = first_page // SLICE_PAGES
+    last = (first_page + num_pages - 1) // SLICE_PAGES
+    return first, last - first + 1
+
+
+def chunk_page_order() -> np.ndarray:
+    """K position (kword * 32 + j) -> chunk page, as the kernels use it."""
+    kw = np.arange(8)[:, None]
+    j = np.arange(32)[None, :]
+    return (64 * (kw >> 1) + 2 * j + (kw & 1)).reshape(-1)
+
+
+def natural_chunks(pages: np.ndarray, first_page: int) -> np.ndarray:
+    """The shard's pages placed in whole global-aligned chunks, zero outside the shard."""
+    n = pages.shape[0]
+    first, count = chunk_range(first_page, n)
+    out = np.zeros((count * SLICE_PAGES, PAGE_SIZE), np.uint8)
+    start = first_page - first * SLICE_PAGES
+    out[start : start + n] = pages
+    return out.reshape(count, SLICE_PAGES, PAGE_SIZE)
+
+
+def slice_chunk(chunk: np.ndarray) -> np.ndarray:
+    """One natural (256, 4096) chunk -> its 262144 sliced u32 words (the device's bytes)."""
+    # bits[p][lane][b]: bit b (0..127) of page-lane `lane` of chunk page p
+    bits = np.unpackbits(chunk.reshape(SLICE_PAGES, 256, 16), axis=2, bitorder="little")
+    bits = bits[chunk_page_order()]  # K order: (kword = 4 rhi + tig, j)
+    # K axis -> (rhi, tig, j); lane axis -> (G, rlo, g); r = rlo + 2 rhi
+    bits = bits.reshape(2, 4, 32, 16, 2, 8, 128)
+    # target order: b, G, g, tig, rhi, rlo, j
+    bits = bits.transpose(6, 3, 5, 1, 0, 4, 2)
+    packed = np.packbits(np.ascontiguousarray(bits), axis=-1, bitorder="little")
+    return packed.reshape(-1).view("<u4").copy()
+
+
+def slice_pages(pages: np.ndarray, first_page: int) -> np.ndarray:
+    """The whole sliced buffer of a shard, as the device holds it (u32 words)."""
+    chunks = natural_chunks(pages, first_page)
+    if chunks.shape[0] == 0:
+        return np.zeros(0, np.uint32)
+    return np.concatenate([slice_chunk(c) for c in chunks])
+
+
+def sliced_digest(pages: np.ndarray, first_page: int, step_chunks: int = 64) -> bytes:
+    """XOR of every 16-byte word of the sliced buffer, without building it: slicing is linear
+    over GF(2) and the same for every chunk, so it commutes with XOR-ing the chunks together."""
+    n = pages.shape[0]
+    if n == 0:
+        return bytes(16)
+    folded = np.zeros((SLICE_PAGES, PAGE_SIZE), np.uint8)
+    start = first_page % SLICE_PAGES  # chunk offset of the shard's page 0
+    head = min(n, (SLICE_PAGES - start) % SLICE_PAGES)
+    folded[start : start + head] ^= pages[:head]
+    whole = (n - head) // SLICE_PAGES * SLICE_PAGES
+    step = step_chunks * SLICE_PAGES
+    for lo in range(head, head + whole, step):
+        block = np.asarray(pages[lo : min(lo + step, head + whole)])
+        folded ^= np.bitwise_xor.reduce(block.reshape(-1, SLICE_PAGES, PAGE_SIZE), axis=0)
+    tail = n - head - whole
+    folded[:tail] ^= pages[head + whole :]
+    words = slice_chunk(folded).reshape(-1, 4)
+    return np.bitwise_xor.reduce(words, axis=0).astype("<u4").tobytes()
+
+
+def sliced_smem_bytes(n_tiles: int) -> int:
+    """Dynamic shared memory of one sliced-scan block (see the kernel's layout comment)."""
+    kg = 8 * n_tiles
+    per_key = SLICED_TREE_SLOTS * 16 + PATH_SLOTS * 16 + 8 * MT_STRIDE * 4 + SLICED_TREE_SLOTS
+    return kg * (per_key + PATH_SLOTS)
+
+
+@dataclass(frozen=True)
+class SlicedPlan:
+    """One sliced launch: `grid` blocks of SLICED_THREADS, then one reduce launch."""
+
+    kernel: str
+    num_keys: int
+    n_tiles: int
+    num_groups: int
+    page_blocks: int
+    smem_bytes: int
+
+    @property
+    def grid(self) -> int:
+        return self.num_groups * self.page_blocks
+
+    @property
+    def partial_bytes(self) -> int:
+        return self.page_blocks * self.num_keys * PAGE_SIZE
+
+    @property
+    def reduce_grid(self) -> int:
+        return -(-self.num_keys * (PAGE_SIZE // 16) // 16)
+
+
+def plan_sliced_launch(
+    num_keys: int,
+    num_chunks: int,
+    domain_bits: int,
+    *,
+    sm_count: int,
+    blocks_per_sm: Callable[[str, int], int],
+    max_partial_rows: int | None = None,
+    page_blocks: int | None = None,
+) -> SlicedPlan:
+    """Key groups of at most SLICED_MAX_GROUP_KEYS keys, split evenly (every block does the
+    same PRG work); one wave of resident blocks shared between the groups, each block taking a
+    contiguous run of chunks."""
+    if not 1 <= domain_bits <= MAX_DOMAIN_BITS:
+        raise ValueError(f"domain bits must be in 1..{MAX_DOMAIN_BITS}, got {domain_bits}")
+    if num_keys < 1:
+        raise ValueError("a launch needs at least one key")
+    if num_chunks < 1:
+        raise ValueError("a launch needs at least one chunk")
+    groups = -(-num_keys // SLICED_MAX_GROUP_KEYS)
+    per_group = -(-num_keys // groups)
+    nt = min(t for t in N_TILES if 8 * t >= per_group)
+    kernel = f"morphogen_sliced_scan_n{nt}"
+    smem = sliced_smem_bytes(nt)
+    if page_blocks is None:
+        resident = sm_count * max(1, int(blocks_per_sm(kernel, smem)))
+        page_blocks = max(1, min(num_chunks, resident // groups))
+    if max_partial_rows is not None:
+        page_blocks = min(page_blocks, max(1, max_partial_rows // num_keys))
+    if page_blocks < 1:
+        raise ValueError("page_blocks must be at least 1")
+    return SlicedPlan(kernel, num_keys, nt, groups, page_blocks, smem)
