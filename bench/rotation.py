@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
         args.pages, args.steady = 4096, 4.0
 
     from cluster import local
-    from cluster.config import PartyConfig
-    from cluster.snapshots import ensure_synthetic
     from morphogen.client import AdminClient
+    from morphogen.config import PartyConfig
     from morphogen.matrix import MANIFEST_FILE, build_synthetic
+    from morphogen.snapshots import ensure_synthetic
 
     cores = os.cpu_count() or 2
     mib = args.pages * 4096 / 2**20

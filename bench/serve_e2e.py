@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     threads = max(1, cores // args.shards)
 
     from cluster import local
-    from cluster.config import PartyConfig
-    from cluster.snapshots import open_snapshot
+    from morphogen.config import PartyConfig
+    from morphogen.snapshots import open_snapshot
 
     cache = os.environ.get("MORPHOGEN_CACHE_DIR") or tempfile.gettempdir() + "/morphogen-bench"
     cfg_args = {

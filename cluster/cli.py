@@ -76,10 +76,10 @@ def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
     import numpy as np
     from ray import serve
 
-    from cluster.config import PartyConfig
-    from cluster.snapshots import open_snapshot
     from deployments.app import build_app
     from morphogen.client import HandlePirClient, PirClient
+    from morphogen.config import PartyConfig
+    from morphogen.snapshots import open_snapshot
 
     shared = {
         "synthetic_pages": args.pages,
@@ -198,7 +198,7 @@ def _load_config_file(path: str | None, app_name: str | None) -> tuple[dict, dic
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from cluster import local
-    from cluster.config import PartyConfig
+    from morphogen.config import PartyConfig
 
     app_args, http, name, prefix = _load_config_file(args.config, args.app)
     if args.matrix:
@@ -209,11 +209,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         app_args["engine"] = args.engine
     if args.route_prefix is not None:
         prefix = args.route_prefix
+    if args.epoch_log is not None:
+        app_args["epoch_log_dir"] = str(Path(args.epoch_log).expanduser().resolve())
     cfg = PartyConfig.model_validate(app_args)  # validated once, before Ray starts
     host = args.host or http.get("host", "127.0.0.1")
     port = args.port if args.port is not None else int(http.get("port", 8000))
 
-    from cluster.snapshots import open_snapshot
+    from morphogen.snapshots import open_snapshot
 
     with open_snapshot(cfg, progress=True) as snap:
         summary = (f"{snap.num_pages} pages, domain {snap.domain_bits} bits, "
@@ -255,13 +257,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from morphogen.matrix import build_synthetic, import_raw
+    from morphogen.matrix import SnapshotError, build_synthetic, import_raw
 
-    if args.raw:
-        m = import_raw(args.raw, args.out, epoch_id=args.epoch, progress=True)
-    else:
-        m = build_synthetic(args.out, args.synthetic, seed=args.seed, epoch_id=args.epoch,
-                            progress=True)
+    try:
+        if args.raw:
+            m = import_raw(args.raw, args.out, epoch_id=args.epoch, progress=True,
+                           overwrite=args.force)
+        else:
+            m = build_synthetic(args.out, args.synthetic, seed=args.seed, epoch_id=args.epoch,
+                                progress=True, overwrite=args.force)
+    except SnapshotError as exc:
+        _eprint(f"error: {exc} (--force overwrites)")
+        return 1
     print(f"snapshot {args.out}: {m.num_pages} pages, domain {m.domain_bits} bits, "
           f"epoch {m.epoch_id}, {m.checksum}")
     return 0
@@ -374,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--host", default=None)
     srv.add_argument("--port", type=int, default=None)
     srv.add_argument("--route-prefix", default=None)
+    srv.add_argument("--epoch-log", default=None, metavar="DIR",
+                     help="this party's durable epoch log: admin updates and rotations survive "
+                          "shard restarts (one directory per party)")
     srv.add_argument("--address", default=None, help="join a running Ray cluster")
     srv.add_argument("--num-cpus", type=int, default=None)
     srv.add_argument("--verbose", action="store_true", help="show Ray's logs")
@@ -386,6 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     bld.add_argument("--out", required=True, help="snapshot directory")
     bld.add_argument("--epoch", type=int, default=1)
     bld.add_argument("--seed", type=int, default=0)
+    bld.add_argument("--force", action="store_true",
+                     help="overwrite a snapshot already in --out (servers mapping it keep the "
+                          "old data; a restarted one maps the new)")
     bld.set_defaults(func=cmd_build)
 
     get = sub.add_parser("get", help="fetch pages privately from two servers")

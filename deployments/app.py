@@ -14,12 +14,12 @@ from typing import Any
 import ray
 from ray.serve import Application
 
-from cluster.config import PartyConfig, resolved_engine, shard_actor_options
-from cluster.snapshots import open_snapshot
 from deployments.router import Router
 from deployments.shard import Shard
+from morphogen.config import PartyConfig, resolved_engine, shard_actor_options
 from morphogen.matrix import Snapshot, shard_ranges
 from morphogen.shard import warm_up
+from morphogen.snapshots import open_snapshot
 
 log = logging.getLogger(__name__)
 

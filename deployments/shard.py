@@ -21,14 +21,17 @@ from typing import Any
 
 import numpy as np
 import ray
+from morphogen.epoch_log import EpochLog
 from ray import serve
 
-from cluster.config import PartyConfig
-from cluster.snapshots import open_snapshot
 from morphogen.codec import ErrorCode, WireError
+from morphogen.config import PartyConfig
 from morphogen.dpf import DomainError, KeyBatch
 from morphogen.epoch import ChangeBatch
+from morphogen.identity import EpochIdentity
+from morphogen.redact import reason
 from morphogen.shard import ShardCore
+from morphogen.snapshots import open_snapshot
 
 log = logging.getLogger("ray.serve")
 
@@ -52,6 +55,10 @@ class Shard:
         # prepare / commit / abort / fold: serialised on their own thread, never on the loop
         self._admin_pool = ThreadPoolExecutor(1, thread_name_prefix=f"admin{index}")
         self._core.self_test()  # fail the constructor (not the first query) on a broken engine
+        # Back to the party's epoch before serving: replay what was published since the
+        # configured snapshot (a restart, or a replica added later).
+        self._log = EpochLog(cfg.epoch_log_dir) if cfg.epoch_log_dir else None
+        replayed = self._core.catch_up(self._log) if self._log is not None else 0
         self._failures = 0
         self._scans = 0
         self._folds = 0
@@ -62,31 +69,32 @@ class Shard:
         self._start_folder()
         c = self._core
         log.info(
-            "shard %d/%d ready: pages [%d, %d), epoch %d, engine %s, %.1fs",
-            index, cfg.num_shards, c.first_page, c.stop_page, c.epoch_id, c.engine_name,
-            time.monotonic() - started,
+            "shard %d/%d ready: pages [%d, %d), %s (%d log entries replayed), engine %s, %.1fs",
+            index, cfg.num_shards, c.first_page, c.stop_page, c.identity, replayed,
+            c.engine_name, time.monotonic() - started,
         )
 
     # ------------------------------------------------------------------ queries
 
-    async def scan(self, batch: KeyBatch) -> tuple[int, bytes]:
-        """`(epoch_id, K * 4096 bytes)`: partial accumulators of every key over this shard's
-        pages, all computed on the one epoch named."""
+    async def scan(self, batch: KeyBatch) -> tuple[EpochIdentity, bytes]:
+        """`(identity, K * 4096 bytes)`: partial accumulators of every key over this shard's
+        pages, all computed on the one epoch (and data) named."""
         self._start_folder()
         loop = asyncio.get_running_loop()
         try:
-            epoch_id, acc = await loop.run_in_executor(self._pool, self._core.scan, batch)
+            identity, acc = await loop.run_in_executor(self._pool, self._core.scan, batch)
         except DomainError as exc:
             # keys made for the domain before a rotation: the caller's mistake, not a failure
             raise WireError(
                 400, ErrorCode.BAD_DOMAIN, f"{exc} (the snapshot changed; see GET /epoch)"
             ) from None
-        except Exception:
+        except Exception as exc:
             self._failures += 1
+            log.warning("shard %d: scan failed (%s)", self._index, reason(exc))
             raise
         self._failures = 0
         self._scans += 1
-        return epoch_id, np.ascontiguousarray(acc).tobytes()
+        return identity, np.ascontiguousarray(acc).tobytes()
 
     async def info(self) -> dict[str, Any]:
         self._start_folder()
@@ -139,6 +147,17 @@ class Shard:
     async def abort(self, epoch_id: int, op: str) -> None:
         await self._admin(self._core.abort, epoch_id, op=op)
 
+    async def catch_up(self) -> dict[str, Any]:
+        """Replay the party's epoch log up to its head (a shard a failed commit or a router
+        that died mid-publication left behind); returns `{"applied", "identity"}`."""
+        if self._log is None:
+            return {"applied": 0, "identity": self._core.identity.digest}
+        applied = await self._admin(self._core.catch_up, self._log)
+        if applied:
+            log.info("shard %d caught up %d log entries: now %s", self._index, applied,
+                     self._core.identity)
+        return {"applied": int(applied), "identity": self._core.identity.digest}
+
     # ------------------------------------------------------------------ background fold
 
     def _start_folder(self) -> None:
@@ -161,7 +180,7 @@ class Shard:
                 folded = await self._admin(self._core.fold_pending)
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 log.warning("shard %d: folding pending updates failed (%s)", self._index,
-                            type(exc).__name__)
+                            reason(exc))
                 continue
             if folded:
                 self._folds += 1

@@ -5,196 +5,68 @@ to server B, and XORs the two answers. Pages are packed three per query (a query
 three keys); the last query is padded with random dummy pages, so every query looks alike to a
 server. Queries go in batches of at most `max_batch_queries` per request.
 
-Both answers of a batch must carry the same epoch id; on a mismatch, a 503/502/504/429 or a
-connection error the batch is retried with fresh keys and exponential backoff, a bounded number
-of times (a persistent epoch mismatch ends in `EpochMismatchError`: the two servers do not
-serve the same data). A `bad_domain` refusal after a snapshot rotation changed the servers'
-domain makes the client re-read GET /epoch and retry. Other 4xx answers are the caller's
-mistake and are raised at once. `get_with_epoch` also returns the epoch the answer is from.
-
-Plain Python plus httpx and msgpack: no Ray, no pydantic (the handle client duck-types Serve
-handles).
+Answers are checked and combined by `morphogen.client_core` (its docstring says what the
+client vouches for, retries and raises); the classes here only do the I/O, over HTTP (sync and
+asyncio) or Ray Serve handles (duck-typed: no Ray import). `get_with_epoch` also returns the
+epoch the answer is from. `AdminClient` drives one party's admin routes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import msgpack
-import numpy as np
 
+from morphogen.client_core import (
+    Action,
+    ClientCore,
+    ReadEpoch,
+    RetryPolicy,
+    Send,
+    Sleep,
+    adrive,
+    drive,
+)
+from morphogen.client_wire import (
+    RETRY_STATUSES,
+    Answer,
+    EpochMismatchError,
+    PageOutOfRange,
+    PirError,
+    PirUnavailable,
+    ServerInfo,
+    Transient,
+    answer_from_obj,
+    decode_answer,
+    encode_request,
+    encode_updates,
+    failure_for_status,
+    make_keys,
+    plan_targets,
+    xor_pages,
+)
 from morphogen.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
-    BATCH_PATH,
     EPOCH_PATH,
     JSON_TYPE,
-    KEYS_PER_QUERY,
-    MAX_BATCH_QUERIES,
     MSGPACK_TYPE,
-    PAGE_SIZE,
-    QUERY_PATH,
-    from_hex,
-    is_msgpack,
-    to_hex,
 )
-from morphogen.dpf import generate_keys
 
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
-
-
-class PirError(Exception):
-    """A request the servers refused (4xx/5xx) or a malformed answer."""
-
-    def __init__(self, message: str, status: int | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-
-
-class PirUnavailable(PirError):
-    """No consistent answer after every retry (epoch mismatch, 503, connection errors)."""
-
-
-class EpochMismatchError(PirUnavailable):
-    """Servers A and B kept answering from different epochs: they do not hold the same data
-    (one party missed an update or a rotation, or they are updated at different times)."""
-
-
-class _Retry(Exception):
-    def __init__(self, reason: str, delay: float | None = None, kind: str = "other") -> None:
-        super().__init__(reason)
-        self.delay = delay
-        self.kind = kind  # "epoch": A and B answered from different epochs
-
-
-def _give_up(attempts: int, last: _Retry | None) -> PirUnavailable:
-    if last is not None and last.kind == "epoch":
-        return EpochMismatchError(
-            f"servers A and B answered from different epochs on all {attempts} attempts "
-            f"({last}): they do not serve the same data; both parties must receive the same "
-            "updates and rotations in the same order"
-        )
-    return PirUnavailable(f"gave up after {attempts} attempts: {last or 'no attempt'}")
-
-
-def _epoch_retry(ea: int, eb: int) -> _Retry:
-    return _Retry(f"epochs differ (A {ea}, B {eb})", kind="epoch")
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """What both servers advertise (GET /epoch) and the client must use."""
-
-    num_pages: int
-    domain_bits: int
-    epoch_id: int
-    max_batch_queries: int = MAX_BATCH_QUERIES
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    attempts: int = 5
-    backoff_s: float = 0.1
-    max_backoff_s: float = 2.0
-
-    def delay(self, attempt: int, hint: float | None = None) -> float:
-        base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
-        if hint is not None:
-            base = min(self.max_backoff_s, max(base, hint))
-        # Jitter so that many clients retrying together do not come back in lockstep.
-        return base * (0.5 + secrets.randbelow(1000) / 2000)
-
-
-# --------------------------------------------------------------------------- pure helpers
-
-
-def plan_targets(pages: Sequence[int], num_pages: int) -> list[int]:
-    """The wanted pages padded with random dummies to a whole number of queries."""
-    out = []
-    for p in pages:
-        p = int(p)
-        if not 0 <= p < num_pages:
-            raise ValueError(f"page {p} is outside 0..{num_pages - 1}")
-        out.append(p)
-    while len(out) % KEYS_PER_QUERY:
-        out.append(secrets.randbelow(num_pages))
-    return out
-
-
-def make_keys(
-    targets: Sequence[int], domain_bits: int
-) -> tuple[list[list[bytes]], list[list[bytes]]]:
-    """Fresh key pairs for `targets`, grouped as queries: (queries for A, queries for B)."""
-    qa: list[list[bytes]] = []
-    qb: list[list[bytes]] = []
-    for i in range(0, len(targets), KEYS_PER_QUERY):
-        ka, kb = [], []
-        for t in targets[i : i + KEYS_PER_QUERY]:
-            k0, k1 = generate_keys(domain_bits, t)
-            ka.append(k0.to_bytes())
-            kb.append(k1.to_bytes())
-        qa.append(ka)
-        qb.append(kb)
-    return qa, qb
-
-
-def encode_request(queries: list[list[bytes]], encoding: str) -> tuple[str, bytes, dict[str, str]]:
-    """(path, body, headers) of a single query (one) or a batch request (several)."""
-    batch = len(queries) != 1
-    path = BATCH_PATH if batch else QUERY_PATH
-    if encoding == "msgpack":
-        obj: Any = {"queries": [{"keys": q} for q in queries]} if batch else {"keys": queries[0]}
-        body = msgpack.packb(obj, use_bin_type=True)
-        mt = MSGPACK_TYPE
-    else:
-        if batch:
-            obj = {"queries": [{"keys": [to_hex(k) for k in q]} for q in queries]}
-        else:
-            obj = {"keys": [to_hex(k) for k in queries[0]]}
-        body = json.dumps(obj, separators=(",", ":")).encode()
-        mt = JSON_TYPE
-    return path, body, {"Content-Type": mt, "Accept": mt}
-
-
-def decode_answer(
-    body: bytes, content_type: str | None, num_queries: int
-) -> tuple[int, list[bytes]]:
-    """(epoch_id, accumulators in query order) of a single or batch response."""
-    try:
-        if is_msgpack(content_type):
-            obj = msgpack.unpackb(body, raw=False)
-        else:
-            obj = json.loads(body)
-        epoch = obj["epoch_id"]
-        if num_queries == 1 and "pages" in obj:
-            groups = [obj["pages"]]
-        else:
-            groups = [r["pages"] for r in obj["results"]]
-        if len(groups) != num_queries or any(len(g) != KEYS_PER_QUERY for g in groups):
-            raise ValueError("wrong number of answers")
-        pages = [p if isinstance(p, bytes) else from_hex(p) for g in groups for p in g]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PirError(f"malformed answer: {exc}") from None
-    if not isinstance(epoch, int) or any(len(p) != PAGE_SIZE for p in pages):
-        raise PirError("malformed answer: bad epoch or page size")
-    return epoch, pages
-
-
-def xor_pages(a: Sequence[bytes], b: Sequence[bytes]) -> list[bytes]:
-    return [
-        np.bitwise_xor(np.frombuffer(x, np.uint8), np.frombuffer(y, np.uint8)).tobytes()
-        for x, y in zip(a, b, strict=True)
-    ]
+# Names of this module that other code imports.
+__all__ = [
+    "RETRY_STATUSES", "AdminClient", "Answer", "AsyncPirClient", "EpochMismatchError",
+    "HandlePirClient", "PageOutOfRange", "PirClient", "PirError", "PirUnavailable",
+    "RetryPolicy", "ServerInfo", "decode_answer", "encode_request", "encode_updates",
+    "make_keys", "plan_targets", "xor_pages",
+]
 
 
 def _error_from_response(resp: httpx.Response) -> Exception:
@@ -205,88 +77,82 @@ def _error_from_response(resp: httpx.Response) -> Exception:
         code, message = err.get("code"), err.get("message", message)
     except Exception:  # noqa: BLE001 - non-JSON error bodies (proxies) are fine
         pass
-    if resp.status_code in RETRY_STATUSES:
-        hint = None
-        try:
-            hint = float(resp.headers.get("retry-after", ""))
-        except ValueError:
-            pass
-        return _Retry(f"HTTP {resp.status_code} {code or ''}".strip(), hint)
-    return PirError(f"HTTP {resp.status_code}: {message}", resp.status_code, code)
-
-
-def _info_from_epoch(doc_a: dict[str, Any], doc_b: dict[str, Any]) -> ServerInfo:
+    hint = None
     try:
-        pa, pb = doc_a["page_pir"], doc_b["page_pir"]
-        if (pa["num_pages"], pa["domain_bits"]) != (pb["num_pages"], pb["domain_bits"]):
-            # retried: during a snapshot rotation one party may switch before the other
-            raise _Retry(
-                "the two servers serve different matrices (A: {} pages, domain {}; B: {} "
-                "pages, domain {})".format(pa["num_pages"], pa["domain_bits"],
-                                          pb["num_pages"], pb["domain_bits"]),
-                kind="matrix",
-            )
-        max_batch = min(
-            int(pa.get("max_batch_queries", MAX_BATCH_QUERIES)),
-            int(pb.get("max_batch_queries", MAX_BATCH_QUERIES)),
-        )
-        return ServerInfo(int(pa["num_pages"]), int(pa["domain_bits"]), int(doc_a["epoch_id"]),
-                          max_batch)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PirError(f"malformed /epoch document: {exc}") from None
+        hint = float(resp.headers.get("retry-after", ""))
+    except ValueError:
+        pass
+    return failure_for_status(resp.status_code, code, message, hint)
 
 
-def _http_timeout(encoding: str, timeout_s: float, connect_timeout_s: float) -> httpx.Timeout:
-    """The HTTP clients' shared settings check: a known body encoding and their timeouts."""
+def _epoch_doc(resp: httpx.Response) -> Any:
+    if resp.status_code != 200:
+        raise _error_from_response(resp)
+    try:
+        return resp.json()
+    except ValueError:
+        raise PirError("malformed /epoch document: not JSON") from None
+
+
+def _answer(resp: httpx.Response, num_queries: int) -> Answer:
+    if resp.status_code != 200:
+        raise _error_from_response(resp)
+    return decode_answer(resp.content, resp.headers.get("content-type"), num_queries)
+
+
+def _http_pair(cls: Any, urls: tuple[str, str], encoding: str, timeout_s: float,
+               connect_timeout_s: float, transport: Any) -> list[Any]:
+    """The HTTP clients' shared settings check (a known body encoding) and their two sessions."""
     if encoding not in ("json", "msgpack"):
         raise ValueError("encoding is 'json' or 'msgpack'")
-    return httpx.Timeout(timeout_s, connect=connect_timeout_s)
+    timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+    return [cls(base_url=u.rstrip("/"), timeout=timeout, transport=transport) for u in urls]
 
 
 class _Base:
-    def __init__(
-        self, *, retry: RetryPolicy | None, max_batch_queries: int | None
-    ) -> None:
-        self.retry = retry or RetryPolicy()
-        self._max_batch = max_batch_queries
-        self._info: ServerInfo | None = None
+    def __init__(self, *, retry: RetryPolicy | None, max_batch_queries: int | None) -> None:
+        self._core = ClientCore(retry, max_batch_queries)
 
-    def _chunks(self, targets: list[int]) -> list[list[int]]:
-        assert self._info is not None
-        step = self._pages_per_request()
-        return [targets[i : i + step] for i in range(0, len(targets), step)]
+    @property
+    def retry(self) -> RetryPolicy:
+        return self._core.retry
 
-    def _pages_per_request(self) -> int:
-        assert self._info is not None
-        per = min(self._max_batch or MAX_BATCH_QUERIES, self._info.max_batch_queries)
-        return per * KEYS_PER_QUERY
+    @property
+    def _info(self) -> ServerInfo | None:
+        return self._core.info
 
-    def _one_request(self, pages: Sequence[int]) -> list[int]:
-        """Targets of `get_with_epoch`: all in one request, so the answer has one epoch."""
-        assert self._info is not None
-        if not pages:
-            raise ValueError("no pages asked")
-        targets = plan_targets(pages, self._info.num_pages)
-        if len(targets) > self._pages_per_request():
-            raise ValueError(
-                f"get_with_epoch takes at most {self._pages_per_request()} pages (one request)"
-            )
-        return targets
+    @_info.setter
+    def _info(self, info: ServerInfo | None) -> None:
+        self._core.info = info
 
-    @staticmethod
-    def _domain_retry(exc: PirError, used: ServerInfo, fresh: ServerInfo, refusals: int) -> bool:
-        """Whether a `bad_domain` refusal is worth a retry with keys for `fresh`: the servers'
-        domain moved since the keys were made (a snapshot rotation), or it is the first refusal
-        of this fetch (a router may only now have seen a rotation that /epoch already shows).
-        A repeated refusal without any change is a client bug and is raised."""
-        moved = (fresh.domain_bits, fresh.num_pages) != (used.domain_bits, used.num_pages)
-        return exc.code == "bad_domain" and (moved or refusals == 1)
+
+class _Blocking(_Base):
+    """The blocking calls of a client whose `_perform` blocks."""
+
+    def _perform(self, action: Action) -> Any:
+        raise NotImplementedError
+
+    def info(self, refresh: bool = False) -> ServerInfo:
+        """Both servers' GET /epoch, cached; `refresh` reads it again."""
+        return drive(self._core.read_info(refresh), self._perform)
+
+    def get(self, pages: Sequence[int]) -> list[bytes]:
+        """The wanted pages, in order, 4096 bytes each."""
+        return drive(self._core.get(pages), self._perform)
+
+    def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+        """`(epoch_id, pages)`: the wanted pages (one request's worth at most) as both servers
+        hold them in the epoch named."""
+        return drive(self._core.get_with_epoch(pages), self._perform)
+
+    def get_page(self, page: int) -> bytes:
+        return self.get([page])[0]
 
 
 # --------------------------------------------------------------------------- HTTP clients
 
 
-class PirClient(_Base):
+class PirClient(_Blocking):
     """Synchronous two-server client over HTTP; both servers are asked concurrently.
 
     >>> with PirClient("http://a:8000", "http://b:8000") as c:   # doctest: +SKIP
@@ -306,12 +172,9 @@ class PirClient(_Base):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(retry=retry, max_batch_queries=max_batch_queries)
-        timeout = _http_timeout(encoding, timeout_s, connect_timeout_s)
         self.encoding = encoding
-        self._http = [
-            httpx.Client(base_url=u.rstrip("/"), timeout=timeout, transport=transport)
-            for u in (server_a, server_b)
-        ]
+        self._http = _http_pair(httpx.Client, (server_a, server_b), encoding, timeout_s,
+                                connect_timeout_s, transport)
         self._pool = ThreadPoolExecutor(64, thread_name_prefix="pir")
 
     def close(self) -> None:
@@ -325,7 +188,7 @@ class PirClient(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _both(self, fn: Callable[[httpx.Client, Any], Any], args: tuple[Any, Any]) -> list[Any]:
+    def _both(self, fn: Callable[[httpx.Client, Any], Any], args: tuple[Any, Any]) -> tuple:
         # B's request on a pool thread, A's on the calling thread: both in flight at once, and
         # one client shared by many threads is not throttled by the pool's size.
         fut_b = self._pool.submit(fn, self._http[1], args[1])
@@ -333,87 +196,29 @@ class PirClient(_Base):
             a = fn(self._http[0], args[0])
         finally:
             b = fut_b.result()
-        return [a, b]
-
-    def _with_retries(self, step: Callable[[], Any]) -> Any:
-        last: _Retry | None = None
-        for attempt in range(self.retry.attempts):
-            try:
-                return step()
-            except _Retry as r:
-                last = r
-                if attempt + 1 < self.retry.attempts:
-                    time.sleep(self.retry.delay(attempt, r.delay))
-        raise _give_up(self.retry.attempts, last)
+        return a, b
 
     @staticmethod
-    def _get_epoch(client: httpx.Client, _: Any) -> dict[str, Any]:
+    def _get_epoch(client: httpx.Client, _: Any) -> Any:
         try:
-            resp = client.get(EPOCH_PATH)
+            return _epoch_doc(client.get(EPOCH_PATH))
         except httpx.TransportError as exc:
-            raise _Retry(f"{type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise _error_from_response(resp)
-        return resp.json()
+            raise Transient(type(exc).__name__) from None
 
-    def info(self, refresh: bool = False) -> ServerInfo:
-        if self._info is None or refresh:
-            self._info = self._with_retries(
-                lambda: _info_from_epoch(*self._both(self._get_epoch, (None, None)))
-            )
-        return self._info
-
-    def _post(self, client: httpx.Client, queries: list[list[bytes]]) -> tuple[int, list[bytes]]:
+    def _post(self, client: httpx.Client, queries: list[list[bytes]]) -> Answer:
         path, body, headers = encode_request(queries, self.encoding)
         try:
-            resp = client.post(path, content=body, headers=headers)
+            return _answer(client.post(path, content=body, headers=headers), len(queries))
         except httpx.TransportError as exc:
-            raise _Retry(f"{type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise _error_from_response(resp)
-        return decode_answer(resp.content, resp.headers.get("content-type"), len(queries))
+            raise Transient(type(exc).__name__) from None
 
-    def _fetch(self, targets: list[int]) -> tuple[int, list[bytes]]:
-        refusals = 0
-
-        def step() -> tuple[int, list[bytes]]:
-            nonlocal refusals
-            info = self.info()
-            qa, qb = make_keys(targets, info.domain_bits)
-            try:
-                (ea, pa), (eb, pb) = self._both(self._post, (qa, qb))
-            except PirError as exc:
-                if exc.code == "bad_domain":
-                    refusals += 1
-                    if self._domain_retry(exc, info, self.info(refresh=True), refusals):
-                        raise _Retry("the servers' key domain changed (rotation)") from None
-                raise
-            if ea != eb:
-                raise _epoch_retry(ea, eb)
-            return ea, xor_pages(pa, pb)
-
-        return self._with_retries(step)
-
-    def get(self, pages: Sequence[int]) -> list[bytes]:
-        """The wanted pages, in order, 4096 bytes each."""
-        if not pages:
-            return []
-        info = self.info()
-        targets = plan_targets(pages, info.num_pages)
-        out: list[bytes] = []
-        for chunk in self._chunks(targets):
-            out.extend(self._fetch(chunk)[1])
-        return out[: len(pages)]
-
-    def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
-        """`(epoch_id, pages)`: the wanted pages (one request's worth at most) as both servers
-        hold them in the epoch named."""
-        self.info()
-        epoch_id, got = self._fetch(self._one_request(pages))
-        return epoch_id, got[: len(pages)]
-
-    def get_page(self, page: int) -> bytes:
-        return self.get([page])[0]
+    def _perform(self, action: Action) -> Any:
+        if isinstance(action, Sleep):
+            time.sleep(action.seconds)
+            return None
+        if isinstance(action, ReadEpoch):
+            return self._both(self._get_epoch, (None, None))
+        return self._both(self._post, (action.queries_a, action.queries_b))
 
 
 class AsyncPirClient(_Base):
@@ -432,12 +237,9 @@ class AsyncPirClient(_Base):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         super().__init__(retry=retry, max_batch_queries=max_batch_queries)
-        timeout = _http_timeout(encoding, timeout_s, connect_timeout_s)
         self.encoding = encoding
-        self._http = [
-            httpx.AsyncClient(base_url=u.rstrip("/"), timeout=timeout, transport=transport)
-            for u in (server_a, server_b)
-        ]
+        self._http = _http_pair(httpx.AsyncClient, (server_a, server_b), encoding, timeout_s,
+                                connect_timeout_s, transport)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self._http))
@@ -448,106 +250,45 @@ class AsyncPirClient(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _with_retries(self, step: Callable[[], Any]) -> Any:
-        last: _Retry | None = None
-        for attempt in range(self.retry.attempts):
-            try:
-                return await step()
-            except _Retry as r:
-                last = r
-                if attempt + 1 < self.retry.attempts:
-                    await asyncio.sleep(self.retry.delay(attempt, r.delay))
-        raise _give_up(self.retry.attempts, last)
-
     @staticmethod
-    async def _get_epoch(client: httpx.AsyncClient) -> dict[str, Any]:
+    async def _get_epoch(client: httpx.AsyncClient) -> Any:
         try:
-            resp = await client.get(EPOCH_PATH)
+            return _epoch_doc(await client.get(EPOCH_PATH))
         except httpx.TransportError as exc:
-            raise _Retry(f"{type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise _error_from_response(resp)
-        return resp.json()
+            raise Transient(type(exc).__name__) from None
 
-    async def info(self, refresh: bool = False) -> ServerInfo:
-        if self._info is None or refresh:
-
-            async def step() -> ServerInfo:
-                a, b = await asyncio.gather(*(self._get_epoch(c) for c in self._http))
-                return _info_from_epoch(a, b)
-
-            self._info = await self._with_retries(step)
-        return self._info
-
-    async def _post(
-        self, client: httpx.AsyncClient, queries: list[list[bytes]]
-    ) -> tuple[int, list[bytes]]:
+    async def _post(self, client: httpx.AsyncClient, queries: list[list[bytes]]) -> Answer:
         path, body, headers = encode_request(queries, self.encoding)
         try:
             resp = await client.post(path, content=body, headers=headers)
         except httpx.TransportError as exc:
-            raise _Retry(f"{type(exc).__name__}") from None
-        if resp.status_code != 200:
-            raise _error_from_response(resp)
-        return decode_answer(resp.content, resp.headers.get("content-type"), len(queries))
+            raise Transient(type(exc).__name__) from None
+        return _answer(resp, len(queries))
 
-    async def _fetch(self, targets: list[int]) -> tuple[int, list[bytes]]:
-        refusals = 0
+    async def _perform(self, action: Action) -> Any:
+        if isinstance(action, Sleep):
+            await asyncio.sleep(action.seconds)
+            return None
+        if isinstance(action, ReadEpoch):
+            return tuple(await asyncio.gather(*(self._get_epoch(c) for c in self._http)))
+        return tuple(await asyncio.gather(self._post(self._http[0], action.queries_a),
+                                          self._post(self._http[1], action.queries_b)))
 
-        async def step() -> tuple[int, list[bytes]]:
-            nonlocal refusals
-            info = await self.info()
-            qa, qb = make_keys(targets, info.domain_bits)
-            try:
-                (ea, pa), (eb, pb) = await asyncio.gather(
-                    self._post(self._http[0], qa), self._post(self._http[1], qb)
-                )
-            except PirError as exc:
-                if exc.code == "bad_domain":
-                    refusals += 1
-                    if self._domain_retry(exc, info, await self.info(refresh=True), refusals):
-                        raise _Retry("the servers' key domain changed (rotation)") from None
-                raise
-            if ea != eb:
-                raise _epoch_retry(ea, eb)
-            return ea, xor_pages(pa, pb)
-
-        return await self._with_retries(step)
+    async def info(self, refresh: bool = False) -> ServerInfo:
+        return await adrive(self._core.read_info(refresh), self._perform)
 
     async def get(self, pages: Sequence[int]) -> list[bytes]:
-        if not pages:
-            return []
-        info = await self.info()
-        targets = plan_targets(pages, info.num_pages)
-        out: list[bytes] = []
-        for chunk in self._chunks(targets):
-            out.extend((await self._fetch(chunk))[1])
-        return out[: len(pages)]
+        return await adrive(self._core.get(pages), self._perform)
 
     async def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
         """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
-        await self.info()
-        epoch_id, got = await self._fetch(self._one_request(pages))
-        return epoch_id, got[: len(pages)]
+        return await adrive(self._core.get_with_epoch(pages), self._perform)
 
     async def get_page(self, page: int) -> bytes:
         return (await self.get([page]))[0]
 
 
 # --------------------------------------------------------------------------- admin client
-
-
-def encode_updates(changes: Sequence[tuple[int, str, bytes]], encoding: str = "msgpack") -> bytes:
-    """The body of `POST /admin/updates` for `(page, "diff" | "data", bytes)` triples."""
-    items: list[dict[str, Any]] = []
-    for page, kind, raw in changes:
-        if kind not in ("diff", "data"):
-            raise ValueError("an update is a 'diff' (XOR) or a 'data' (replacement)")
-        items.append({"page": int(page), kind: bytes(raw) if encoding == "msgpack"
-                      else to_hex(raw)})
-    if encoding == "msgpack":
-        return msgpack.packb({"updates": items}, use_bin_type=True)
-    return json.dumps({"updates": items}, separators=(",", ":")).encode()
 
 
 class AdminClient:
@@ -595,7 +336,7 @@ class AdminClient:
             resp = self._http.post(path, content=body, headers={"Content-Type": mt})
         if resp.status_code != 200:
             err = _error_from_response(resp)
-            if isinstance(err, _Retry):
+            if isinstance(err, Transient):
                 raise PirUnavailable(f"HTTP {resp.status_code}: {_message(resp)}",
                                      resp.status_code, "unavailable")
             raise err
@@ -626,28 +367,26 @@ def _message(resp: httpx.Response) -> str:
 def _handle_error(exc: BaseException) -> Exception:
     """Map an exception from a router handle: WireError 4xx -> PirError, anything else
     (503, a dead replica, a timeout) -> retry."""
+    cause = getattr(exc, "cause", None)
     status = getattr(exc, "status", None)
     if status is None:
-        status = getattr(getattr(exc, "cause", None), "status", None)
+        status = getattr(cause, "status", None)
     if isinstance(status, int) and 400 <= status < 500 and status != 429:
-        code = getattr(exc, "code", None) or getattr(getattr(exc, "cause", None), "code", None)
-        message = getattr(exc, "message", None) or getattr(
-            getattr(exc, "cause", None), "message", str(exc)
-        )
+        code = getattr(exc, "code", None) or getattr(cause, "code", None)
+        message = getattr(exc, "message", None) or getattr(cause, "message", str(exc))
         return PirError(f"refused ({status}): {message}", status, code)
-    return _Retry(type(exc).__name__ if status is None else f"status {status}")
+    hint = getattr(exc, "retry_after", None)
+    if hint is None:
+        hint = getattr(cause, "retry_after", None)
+    return Transient(type(exc).__name__ if status is None else f"status {status}",
+                     float(hint) if isinstance(hint, int | float) else None)
 
 
-def _answer_pages(ans: dict[str, Any], num_queries: int) -> tuple[int, list[bytes]]:
-    groups = [r["pages"] for r in ans["results"]]
-    if len(groups) != num_queries:
-        raise PirError("malformed answer: wrong number of results")
-    return int(ans["epoch_id"]), [p for g in groups for p in g]
-
-
-class HandlePirClient(_Base):
+class HandlePirClient(_Blocking):
     """Two-party client for driver scripts holding the two applications' router handles
-    (`serve.get_app_handle("a")`, ...). `get` is synchronous, `aget` is for asyncio code."""
+    (`serve.get_app_handle("a")`, ...). `get`, `get_with_epoch` and `info` are synchronous;
+    `aget`, `aget_with_epoch` and `ainfo` are for asyncio code (a handle's result cannot be
+    waited for synchronously inside an event loop)."""
 
     def __init__(
         self,
@@ -662,71 +401,25 @@ class HandlePirClient(_Base):
         self._handles = (handle_a, handle_b)
         self.timeout_s = timeout_s
 
+    def _calls(self, action: ReadEpoch | Send) -> tuple[Any, Any]:
+        """Both requests, issued before either answer is awaited."""
+        ha, hb = self._handles
+        if isinstance(action, ReadEpoch):
+            return ha.epoch.remote(), hb.epoch.remote()
+        return ha.query_batch.remote(action.queries_a), hb.query_batch.remote(action.queries_b)
+
+    @staticmethod
+    def _decode(action: ReadEpoch | Send, replies: tuple[Any, Any]) -> Any:
+        if isinstance(action, ReadEpoch):
+            return replies
+        return (answer_from_obj(replies[0], len(action.queries_a)),
+                answer_from_obj(replies[1], len(action.queries_b)))
+
     def _result(self, response: Any) -> Any:
         try:
             return response.result(timeout_s=self.timeout_s)
         except Exception as exc:  # noqa: BLE001 - classified below
             raise _handle_error(exc) from None
-
-    def _retrying(self, step: Callable[[], Any]) -> Any:
-        last: _Retry | None = None
-        for attempt in range(self.retry.attempts):
-            try:
-                return step()
-            except _Retry as r:
-                last = r
-                if attempt + 1 < self.retry.attempts:
-                    time.sleep(self.retry.delay(attempt, r.delay))
-        raise _give_up(self.retry.attempts, last)
-
-    def info(self, refresh: bool = False) -> ServerInfo:
-        if self._info is None or refresh:
-
-            def step() -> ServerInfo:
-                ra, rb = (h.epoch.remote() for h in self._handles)
-                return _info_from_epoch(self._result(ra), self._result(rb))
-
-            self._info = self._retrying(step)
-        return self._info
-
-    def _fetch(self, targets: list[int]) -> tuple[int, list[bytes]]:
-        refusals = 0
-
-        def step() -> tuple[int, list[bytes]]:
-            nonlocal refusals
-            info = self.info()
-            qa, qb = make_keys(targets, info.domain_bits)
-            try:
-                ra = self._handles[0].query_batch.remote(qa)
-                rb = self._handles[1].query_batch.remote(qb)
-                ea, pa = _answer_pages(self._result(ra), len(qa))
-                eb, pb = _answer_pages(self._result(rb), len(qb))
-            except PirError as exc:
-                if exc.code == "bad_domain":
-                    refusals += 1
-                    if self._domain_retry(exc, info, self.info(refresh=True), refusals):
-                        raise _Retry("the servers' key domain changed (rotation)") from None
-                raise
-            if ea != eb:
-                raise _epoch_retry(ea, eb)
-            return ea, xor_pages(pa, pb)
-
-        return self._retrying(step)
-
-    def get(self, pages: Sequence[int]) -> list[bytes]:
-        if not pages:
-            return []
-        info = self.info()
-        out: list[bytes] = []
-        for chunk in self._chunks(plan_targets(pages, info.num_pages)):
-            out.extend(self._fetch(chunk)[1])
-        return out[: len(pages)]
-
-    def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
-        """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
-        self.info()
-        epoch_id, got = self._fetch(self._one_request(pages))
-        return epoch_id, got[: len(pages)]
 
     async def _aresult(self, response: Any) -> Any:
         try:
@@ -734,45 +427,29 @@ class HandlePirClient(_Base):
         except Exception as exc:  # noqa: BLE001 - classified below
             raise _handle_error(exc) from None
 
+    def _perform(self, action: Action) -> Any:
+        if isinstance(action, Sleep):
+            time.sleep(action.seconds)
+            return None
+        ra, rb = self._calls(action)
+        return self._decode(action, (self._result(ra), self._result(rb)))
+
+    async def _aperform(self, action: Action) -> Any:
+        if isinstance(action, Sleep):
+            await asyncio.sleep(action.seconds)
+            return None
+        ra, rb = self._calls(action)
+        replies = await asyncio.gather(self._aresult(ra), self._aresult(rb))
+        return self._decode(action, (replies[0], replies[1]))
+
+    async def ainfo(self, refresh: bool = False) -> ServerInfo:
+        return await adrive(self._core.read_info(refresh), self._aperform)
+
     async def aget(self, pages: Sequence[int]) -> list[bytes]:
-        if not pages:
-            return []
-        if self._info is None:
+        return await adrive(self._core.get(pages), self._aperform)
 
-            async def fetch_info() -> ServerInfo:
-                ra, rb = (h.epoch.remote() for h in self._handles)
-                a, b = await asyncio.gather(self._aresult(ra), self._aresult(rb))
-                return _info_from_epoch(a, b)
-
-            self._info = await self._aretrying(fetch_info)
-        info = self._info
-        out: list[bytes] = []
-        for chunk in self._chunks(plan_targets(pages, info.num_pages)):
-
-            async def step(chunk: list[int] = chunk) -> list[bytes]:
-                qa, qb = make_keys(chunk, info.domain_bits)
-                ra = self._handles[0].query_batch.remote(qa)
-                rb = self._handles[1].query_batch.remote(qb)
-                a, b = await asyncio.gather(self._aresult(ra), self._aresult(rb))
-                ea, pa = _answer_pages(a, len(qa))
-                eb, pb = _answer_pages(b, len(qb))
-                if ea != eb:
-                    raise _epoch_retry(ea, eb)
-                return xor_pages(pa, pb)
-
-            out.extend(await self._aretrying(step))
-        return out[: len(pages)]
-
-    async def _aretrying(self, step: Callable[[], Any]) -> Any:
-        last: _Retry | None = None
-        for attempt in range(self.retry.attempts):
-            try:
-                return await step()
-            except _Retry as r:
-                last = r
-                if attempt + 1 < self.retry.attempts:
-                    await asyncio.sleep(self.retry.delay(attempt, r.delay))
-        raise _give_up(self.retry.attempts, last)
+    async def aget_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+        return await adrive(self._core.get_with_epoch(pages), self._aperform)
 
 
 async def _awaited(response: Any) -> Any:

@@ -1,17 +1,19 @@
 """Combining shard partials into one answer: XOR in query order under one epoch.
 
 XOR is associative, so any split of the pages gives the same answer; what must never happen is
-an answer assembled from partials of different epochs, or from fewer partials than shards (a
+an answer assembled from partials of different data, or from fewer partials than shards (a
 missing shard would silently drop its pages from the XOR). Both are errors here, and the fan-out
-retries a bounded number of times before giving up.
+retries a bounded number of times before giving up. A partial names its data by an
+`EpochIdentity` (epoch id, snapshot checksum, update chain): equal epoch ids are not enough,
+since a replica that restarted on a rebuilt snapshot may report the same id over other pages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -25,24 +27,28 @@ class ShardFailure(RuntimeError):
 
 
 class EpochMismatch(RuntimeError):
-    """Partials of one request came from different epochs."""
+    """Partials of one request came from different epochs (or different data)."""
+
+
+Ident = TypeVar("Ident", bound=Hashable)
 
 
 def xor_partials(
-    partials: Sequence[tuple[int, Any]], num_keys: int, num_shards: int | None = None
-) -> tuple[int, np.ndarray]:
-    """XOR the shards' `(epoch_id, accumulators)` into one `(num_keys, 4096)` array.
+    partials: Sequence[tuple[Ident, Any]], num_keys: int, num_shards: int | None = None
+) -> tuple[Ident, np.ndarray]:
+    """XOR the shards' `(identity, accumulators)` into one `(num_keys, 4096)` array.
 
-    Accumulators may be bytes-like or uint8 arrays. Raises EpochMismatch when epochs differ and
-    ShardFailure when a partial is missing or has the wrong size.
+    Accumulators may be bytes-like or uint8 arrays. Raises EpochMismatch when the identities
+    differ and ShardFailure when a partial is missing or has the wrong size.
     """
     if num_shards is not None and len(partials) != num_shards:
         raise ShardFailure(f"{len(partials)} partials for {num_shards} shards")
     if not partials:
         raise ShardFailure("no partials")
-    epochs = {int(e) for e, _ in partials}
+    epochs = {e for e, _ in partials}
     if len(epochs) != 1:
-        raise EpochMismatch(f"shards answered from epochs {sorted(epochs)}")
+        raise EpochMismatch(f"shards answered from {len(epochs)} different epochs: "
+                            + ", ".join(sorted(str(e) for e in epochs)))
     want = num_keys * PAGE_SIZE
     acc: np.ndarray | None = None
     for i, (_, data) in enumerate(partials):
@@ -58,10 +64,10 @@ def xor_partials(
     return epochs.pop(), acc
 
 
-ShardCall = Callable[[], Awaitable[tuple[int, Any]]]
+ShardCall = Callable[[], Awaitable[tuple[Any, Any]]]
 
 
-async def _call(call: ShardCall, timeout_s: float | None) -> tuple[int, Any]:
+async def _call(call: ShardCall, timeout_s: float | None) -> tuple[Any, Any]:
     if timeout_s is None:
         return await call()
     return await asyncio.wait_for(call(), timeout_s)
@@ -74,7 +80,7 @@ async def scan_all(
     attempts: int = 3,
     backoff_s: float = 0.05,
     timeout_s: float | None = None,
-) -> tuple[int, np.ndarray]:
+) -> tuple[Any, np.ndarray]:
     """Call every shard concurrently and XOR the partials; retry the whole fan-out on a shard
     failure or an epoch mismatch, at most `attempts` times, then raise the last error.
 

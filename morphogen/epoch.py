@@ -13,13 +13,22 @@ Publication is two-phase so that every shard of a party switches together: `prep
 the next version off to the side (the expensive part: loading a snapshot range, resolving page
 replacements) and `commit` makes it current with one reference swap. A scan reads the current
 version once and finishes on it, so in-flight scans end on the epoch they started on.
+
+Every version carries an `EpochIdentity` (morphogen.identity): the epoch id, the snapshot's
+checksum and a running hash of the update batches applied since, so that a partial names the
+data it was computed from and never only a counter.
+
+Scan leases: a scan holds the segments of the version it read until it finishes. A commit, a
+rotation or a fold retires the segments the new version no longer uses; a retired segment is
+closed (device memory freed) when its last scan ends, never under one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -28,7 +37,8 @@ import numpy as np
 
 from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch, eval_points
 from morphogen.engine.base import PAGE_SIZE, Engine, ShardScanner, check_domain
-from morphogen.matrix import Snapshot
+from morphogen.identity import EpochIdentity, batch_digest
+from morphogen.matrix import Snapshot, snapshot_fingerprint
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
 # A staged version left by an admin operation that never committed nor aborted (its router
@@ -112,6 +122,12 @@ class ChangeBatch:
     def __len__(self) -> int:
         return int(self.pages.shape[0])
 
+    @cached_property
+    def digest(self) -> str:
+        """What the epoch identity's update chain hashes: the whole batch, whatever part of it
+        a shard holds, so every shard of a party derives the same identity."""
+        return batch_digest(self.pages, self.replace, self.data)
+
     def max_page(self) -> int:
         return int(self.pages.max()) if len(self) else -1
 
@@ -127,24 +143,40 @@ class ChangeBatch:
         return out
 
 
+class _Lease:
+    """Scans in flight on one segment, and whether a newer version retired it."""
+
+    __slots__ = ("scans", "retired", "closed")
+
+    def __init__(self) -> None:
+        self.scans = 0
+        self.retired = False
+        self.closed = False
+
+
 @dataclass(frozen=True, eq=False)
 class _Segment:
     first_page: int
     pages: np.ndarray  # (n, 4096) uint8: a view of the snapshot or a private chunk copy
     scanner: ShardScanner
+    lease: _Lease = field(default_factory=_Lease, repr=False)
 
 
 @dataclass(frozen=True)
 class Version:
     """Everything one epoch's answers are computed from. Never mutated once built."""
 
-    epoch_id: int
+    identity: EpochIdentity
     snapshot: Snapshot
     first_page: int
     stop_page: int
     segments: tuple[_Segment, ...]
     pending: tuple[PageUpdate, ...] = ()
     folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
+
+    @property
+    def epoch_id(self) -> int:
+        return self.identity.epoch_id
 
     def page(self, page: int) -> np.ndarray:
         """The page's bytes in this epoch (pending updates applied)."""
@@ -180,11 +212,6 @@ class Version:
         return acc
 
 
-def _close_segments(segments: Iterable[_Segment]) -> None:
-    for seg in segments:
-        seg.scanner.close()
-
-
 class ShardState:
     """The current (and at most one staged) version of one shard, with transitions.
 
@@ -213,6 +240,8 @@ class ShardState:
         self._chunk = chunk_pages
         self._stale_s = float(stale_stage_s)
         self._lock = threading.RLock()
+        # held only for a handful of counter updates: scans never wait on a slow admin step
+        self._lease_lock = threading.Lock()
         epoch = snapshot.epoch_id if epoch_id is None else epoch_id
         self._current = self._fresh_version(snapshot, first_page, stop_page, int(epoch))
         self._staged: Version | None = None
@@ -229,18 +258,40 @@ class ShardState:
     def epoch_id(self) -> int:
         return self._current.epoch_id
 
-    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[int, np.ndarray]:
-        version = self._current  # one read: the scan finishes on this epoch whatever happens
+    @property
+    def identity(self) -> EpochIdentity:
+        return self._current.identity
+
+    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
+        """`(identity, partials)`: every key over this shard's pages, all on the version that
+        was current when the scan started (held by a lease until it ends)."""
         batch = as_batch(keys)
-        if batch.domain_bits != version.snapshot.domain_bits:
-            # a rotation may change the domain: keys made for the old one are refused, never
-            # answered (a smaller domain would alias pages, a larger one costs a wrong walk)
-            raise DomainError(
-                f"keys of domain {batch.domain_bits}, epoch {version.epoch_id} has domain "
-                f"{version.snapshot.domain_bits}"
-            )
-        check_domain(batch, version.first_page, version.stop_page - version.first_page)
-        return version.epoch_id, version.scan(batch)
+        with self.lease() as version:
+            if batch.domain_bits != version.snapshot.domain_bits:
+                # a rotation may change the domain: keys made for the old one are refused,
+                # never answered (a smaller domain would alias pages, a larger one costs a
+                # wrong walk)
+                raise DomainError(
+                    f"keys of domain {batch.domain_bits}, epoch {version.epoch_id} has domain "
+                    f"{version.snapshot.domain_bits}"
+                )
+            check_domain(batch, version.first_page, version.stop_page - version.first_page)
+            return version.identity, version.scan(batch)
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[Version]:
+        """The current version, its segments kept open until the block ends (a scan's
+        lease): a commit, rotation or fold meanwhile retires them but closes them only after."""
+        version = self._acquire()
+        try:
+            yield version
+        finally:
+            self._release(version)
+
+    def leased_scans(self) -> int:
+        """Scans holding a lease on any segment right now (tests and status)."""
+        with self._lease_lock:
+            return max((s.lease.scans for s in self._current.segments), default=0)
 
     @property
     def rotation_in_progress(self) -> bool:
@@ -254,6 +305,9 @@ class ShardState:
         staged = self._staged
         return {
             "epoch_id": v.epoch_id,
+            "identity": v.identity.digest,
+            "identity_snapshot": v.identity.snapshot_checksum,
+            "update_chain": "0x" + v.identity.chain,
             "pending_updates": len(v.pending),
             "folded_chunks": len(v.folded),
             "segments": len(v.segments),
@@ -288,14 +342,13 @@ class ShardState:
                     f"updates were made for epoch {base_epoch}, this shard is at {base.epoch_id}"
                 )
             num_pages = base.snapshot.num_pages
-            if isinstance(changes, ChangeBatch):
-                if changes.max_page() >= num_pages:
-                    raise ValueError(
-                        f"page {changes.max_page()} is outside the matrix of {num_pages} pages"
-                    )
-                selected: Sequence[Change] = changes.select(base.first_page, base.stop_page)
-            else:
-                selected = changes
+            if not isinstance(changes, ChangeBatch):
+                changes = ChangeBatch.from_changes(changes)
+            if changes.max_page() >= num_pages:
+                raise ValueError(
+                    f"page {changes.max_page()} is outside the matrix of {num_pages} pages"
+                )
+            selected = changes.select(base.first_page, base.stop_page)
             pending = list(base.pending)
             mine = 0
             for c in selected:
@@ -313,7 +366,7 @@ class ShardState:
                     pending.append(c)
             self._replace_staged(
                 Version(
-                    epoch_id=epoch_id,
+                    identity=base.identity.after_updates(epoch_id, changes.digest),
                     snapshot=base.snapshot,
                     first_page=base.first_page,
                     stop_page=base.stop_page,
@@ -357,11 +410,11 @@ class ShardState:
             if op is not None and self._staged_op != op:
                 raise StagingConflict(f"epoch {epoch_id} was staged by another admin operation")
             old = self._current
-            self._current = staged
+            with self._lease_lock:
+                self._current = staged
             self._staged = None
             self._staged_op = None
-            if staged.snapshot is not old.snapshot:
-                self._retire(old.segments)
+            self._retire(old.segments, keep=staged.segments)
 
     def abort(self, epoch_id: int, *, op: str | None = None) -> None:
         with self._lock:
@@ -390,9 +443,9 @@ class ShardState:
             if not base.pending or self._staged is not None:
                 return 0
             folded_version = self._fold(base)
-            self._current = folded_version
-            retired = [s for s in base.segments if s not in folded_version.segments]
-            self._retire(retired)
+            with self._lease_lock:
+                self._current = folded_version
+            self._retire(base.segments, keep=folded_version.segments)
             return len(base.pending)
 
     # -- internals
@@ -416,14 +469,48 @@ class ShardState:
         self._staged = version
         self._staged_op = op
         self._staged_at = time.monotonic()
-        if old is not None and old.segments is not self._current.segments:
-            self._retire(old.segments)
+        if old is not None:
+            keep = self._current.segments + (version.segments if version is not None else ())
+            self._retire(old.segments, keep=keep)
 
-    def _retire(self, segments: Iterable[_Segment]) -> None:
-        # scans in flight may still hold the old version; scanners free on their own when the
-        # last reference goes, so only explicit close where the engine holds device memory
-        if getattr(self._engine, "name", "") == "gpu":
-            _close_segments(segments)
+    # -- leases
+    def _acquire(self) -> Version:
+        with self._lease_lock:
+            version = self._current  # one read: the scan finishes on this version
+            for seg in version.segments:
+                seg.lease.scans += 1
+            return version
+
+    def _release(self, version: Version) -> None:
+        done = []
+        with self._lease_lock:
+            for seg in version.segments:
+                seg.lease.scans -= 1
+                if seg.lease.retired and seg.lease.scans == 0 and not seg.lease.closed:
+                    seg.lease.closed = True
+                    done.append(seg)
+        _close(done)
+
+    def _retire(self, segments: Iterable[_Segment], keep: Iterable[_Segment] = ()) -> None:
+        """Segments no version uses any more: closed now, or by the last scan holding them."""
+        kept = {id(s) for s in keep}
+        done = []
+        with self._lease_lock:
+            for seg in segments:
+                if id(seg) in kept or seg.lease.retired:
+                    continue
+                seg.lease.retired = True
+                if seg.lease.scans == 0:
+                    seg.lease.closed = True
+                    done.append(seg)
+        _close(done)
+
+    def close(self) -> None:
+        """Retire every version (current and staged): each closes once its scans end."""
+        with self._lock:
+            staged = self._staged
+            self._staged = None
+            self._retire(self._current.segments + (staged.segments if staged else ()))
 
     def _fresh_version(
         self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int
@@ -432,7 +519,8 @@ class ShardState:
             raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
         pages = snapshot.pages(first_page, stop_page)
         seg = _Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
-        return Version(epoch_id, snapshot, first_page, stop_page, (seg,))
+        identity = EpochIdentity.of_snapshot(epoch_id, snapshot_fingerprint(snapshot))
+        return Version(identity, snapshot, first_page, stop_page, (seg,))
 
     def _fold(self, base: Version) -> Version:
         c = self._chunk
@@ -460,7 +548,7 @@ class ShardState:
             kept.append(_Segment(lo, arr, self._engine.load(arr, first_page=lo)))
         kept.sort(key=lambda s: s.first_page)
         return Version(
-            epoch_id=base.epoch_id,
+            identity=base.identity,
             snapshot=base.snapshot,
             first_page=base.first_page,
             stop_page=base.stop_page,
@@ -489,6 +577,11 @@ class ShardState:
             view = seg.pages[run_start - lo : hi - lo]
             out.append(_Segment(run_start, view, self._engine.load(view, run_start)))
         return out
+
+
+def _close(segments: Iterable[_Segment]) -> None:
+    for seg in segments:
+        seg.scanner.close()
 
 
 def _page_with(base: Version, pending: Sequence[PageUpdate], page: int) -> np.ndarray:

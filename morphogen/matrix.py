@@ -134,6 +134,10 @@ class Manifest:
     checksum: str | None
     created: str
     source: str
+    # blake2b-128 of a few pages spread over the file (`sample_digest`), checked at every open:
+    # catches a data file replaced under an unchanged manifest without reading the whole file.
+    # None in manifests written before it existed.
+    sample: str | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -197,9 +201,11 @@ class Manifest:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
+                if f.name == "sample":
+                    continue  # optional: older manifests
                 raise SnapshotError(f"{where}: missing field {f.name!r}")
             value = data[f.name]
-            if f.name == "checksum":
+            if f.name in ("checksum", "sample"):
                 ok = value is None or isinstance(value, str)
                 want = "a string or null"
             elif f.type in ("int", int):
@@ -365,7 +371,14 @@ class Snapshot:
                 tail.flags.writeable = False
         finally:
             os.close(fd)  # the mapping holds its own reference to the file
-        return cls(manifest, path, data_path, whole, tail)
+        snap = cls(manifest, path, data_path, whole, tail)
+        if manifest.sample is not None and sample_digest(snap) != manifest.sample:
+            snap.close()
+            raise SnapshotError(
+                f"{data_path}: the data file does not match its manifest (sampled pages "
+                "differ): it was replaced or modified after the manifest was written"
+            )
+        return snap
 
     # -- attributes
 
@@ -461,6 +474,13 @@ class Snapshot:
         return actual
 
     # -- lifetime
+
+    def fingerprint(self) -> str:
+        """What names this snapshot's data in an epoch identity: the manifest checksum, else
+        (a bare raw file) a digest of its size and sampled pages."""
+        if self.manifest.checksum is not None:
+            return self.manifest.checksum
+        return f"sampled:{self.manifest.data_bytes}:{sample_digest(self)}"
 
     def close(self) -> None:
         """Drop this snapshot's mapping. Views already handed out stay valid (they hold it)."""
@@ -561,6 +581,31 @@ def _source_chunks(source: PageSource) -> tuple[Iterator[Any], int | None]:
     return iter(source), None
 
 
+SAMPLE_PAGES = 64
+
+
+def sampled_pages(num_pages: int) -> list[int]:
+    """The pages `sample_digest` reads: SAMPLE_PAGES spread evenly, first and last included."""
+    n = num_pages
+    return sorted({(n - 1) * i // (SAMPLE_PAGES - 1) for i in range(SAMPLE_PAGES)})
+
+
+def sample_digest(snap: Snapshot) -> str:
+    """blake2b-128 of the page count and SAMPLE_PAGES pages spread evenly over the snapshot
+    (first and last included): a cheap check, at every open, that the data file is the one its
+    manifest was written for. Not a substitute for the checksum (`verify=True`)."""
+    n = snap.num_pages
+    h = hashlib.blake2b(digest_size=16)
+    h.update(n.to_bytes(8, "little"))
+    for p in sampled_pages(n):
+        h.update(_as_bytes(snap.pages(p, p + 1)))
+    return h.hexdigest()
+
+
+def snapshot_fingerprint(snap: Snapshot) -> str:
+    return snap.fingerprint()
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -583,8 +628,12 @@ def write_snapshot(
     progress: Progress = None,
     num_pages: int | None = None,
     domain_bits: int | None = None,
+    overwrite: bool = False,
 ) -> Manifest:
     """Write ``pages.bin`` and ``manifest.json`` into ``out_dir`` and return the manifest.
+
+    A directory that already holds a snapshot is refused unless ``overwrite``: servers may have
+    it mapped, and a restarted replica would map the new data under the same epoch id.
 
     The data streams in 16 MiB chunks (bounded host memory at any size) and is hashed as it is
     written, the hash running in a worker thread beside the write and the next chunk's
@@ -603,6 +652,11 @@ def write_snapshot(
     out.mkdir(parents=True, exist_ok=True)
     data_path = out / DATA_FILE
     manifest_path = out / MANIFEST_FILE
+    if not overwrite and (manifest_path.exists() or data_path.exists()):
+        raise SnapshotError(
+            f"{out} already holds a snapshot: write each epoch to a new directory (servers "
+            "may have this one mapped), or overwrite it explicitly"
+        )
     token = f"{os.getpid()}-{secrets.token_hex(4)}"
     tmp_data = out / f".{DATA_FILE}.tmp-{token}"
     tmp_manifest = out / f".{MANIFEST_FILE}.tmp-{token}"
@@ -641,7 +695,19 @@ def write_snapshot(
             raise SnapshotError(
                 f"page source produced {pages_written} pages, expected {expected_pages}"
             )
+        with open(tmp_data, "rb") as fh:
+            probe = Snapshot(
+                Manifest(FORMAT_VERSION, 0, pages_written, PAGE_SIZE,
+                         domain_bits_for(pages_written), DATA_FILE, pages_written * PAGE_SIZE,
+                         None, "", ""),
+                tmp_data, tmp_data,
+                np.memmap(fh, dtype=np.uint8, mode="r", shape=(pages_written, PAGE_SIZE)),
+                None,
+            )
+            sample = sample_digest(probe)
+            probe.close()
         manifest = Manifest(
+            sample=sample,
             format=FORMAT_VERSION,
             epoch_id=epoch_id,
             num_pages=pages_written,
@@ -705,6 +771,7 @@ def build_synthetic(
     seed: int = 0,
     epoch_id: int = 1,
     progress: Progress = True,
+    overwrite: bool = False,
 ) -> Manifest:
     """Write a synthetic snapshot of ``num_pages`` pages (``synthetic_pages(seed, 0, P)``)."""
     if not 1 <= num_pages <= MAX_PAGES:
@@ -716,6 +783,7 @@ def build_synthetic(
         source=f"synthetic:{seed}",
         progress=progress,
         num_pages=num_pages,
+        overwrite=overwrite,
     )
 
 
@@ -731,6 +799,7 @@ def import_raw(
     *,
     epoch_id: int = 1,
     progress: Progress = True,
+    overwrite: bool = False,
 ) -> Manifest:
     """Turn a raw page file (the reference's format) into a snapshot, zero-padding a ragged
     last page and checksumming as it copies."""
@@ -753,4 +822,5 @@ def import_raw(
         source=f"raw:{raw.name}",
         progress=progress,
         num_pages=num_pages,
+        overwrite=overwrite,
     )

@@ -8,6 +8,7 @@ before a fleet of shard processes would each compile them at the same time.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,11 @@ from morphogen.epoch import (
     ChangeBatch,
     ShardState,
 )
+from morphogen.epoch_log import EpochLog, EpochLogError, LogEntry
+from morphogen.identity import EpochIdentity
 from morphogen.matrix import Snapshot, SnapshotError, shard_ranges
+
+log = logging.getLogger(__name__)
 
 _KEY_FIELDS = ("root_seed", "root_t", "cw", "tcw", "final_cw")
 
@@ -115,6 +120,10 @@ class ShardCore:
         return self.state.epoch_id
 
     @property
+    def identity(self) -> EpochIdentity:
+        return self.state.identity
+
+    @property
     def domain_bits(self) -> int:
         return int(self.state.current.snapshot.domain_bits)
 
@@ -122,11 +131,11 @@ class ShardCore:
     def engine_name(self) -> str:
         return str(self.engine.name)
 
-    def scan(self, batch: KeyBatch) -> tuple[int, np.ndarray]:
-        """`(epoch_id, (K, 4096) partial accumulators)` of every key over this shard's pages,
+    def scan(self, batch: KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
+        """`(identity, (K, 4096) partial accumulators)` of every key over this shard's pages,
         all of one epoch (the version current when the scan started)."""
-        epoch_id, acc = self.state.scan(owned(batch))
-        return epoch_id, np.asarray(acc, dtype=np.uint8)
+        identity, acc = self.state.scan(owned(batch))
+        return identity, np.asarray(acc, dtype=np.uint8)
 
     # -- epochs (two-phase; see morphogen.epoch)
     def prepare_updates(
@@ -176,6 +185,50 @@ class ShardCore:
     def fold_pending(self) -> int:
         return self.state.fold_pending()
 
+    # -- the party's epoch log (morphogen.epoch_log)
+    def catch_up(self, epoch_log: EpochLog) -> int:
+        """Apply the log's entries this shard lacks, in order, checking after each one that
+        this shard derived the identity the log recorded; returns how many were applied.
+
+        A shard that starts from the configured snapshot replays the log to its head before
+        it serves, so it comes back at the party's epoch, not the configuration's. Raises
+        EpochLogError when the log does not continue from where this shard is (another
+        snapshot under the configured path, a log of another party) or names other data.
+        """
+        entries = epoch_log.live()
+        start = self._log_position(entries, epoch_log)
+        op = "log-replay"
+        for entry in entries[start:]:
+            if entry.kind == "rotation":
+                assert entry.path is not None
+                self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op)
+            else:
+                batch = epoch_log.load_batch(entry)
+                self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op)
+            self.commit(entry.epoch_id, op=op)
+            if self.identity.digest != entry.identity:
+                raise EpochLogError(
+                    f"{epoch_log.directory}: entry {entry.seq} (epoch {entry.epoch_id}) names "
+                    f"{entry.identity}, this shard derived {self.identity.digest}"
+                )
+        return len(entries) - start
+
+    def _log_position(self, entries: list[LogEntry], epoch_log: EpochLog) -> int:
+        """Index of the first entry this shard has not applied."""
+        mine = self.identity
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i].identity == mine.digest:
+                return i + 1
+        if not entries or entries[0].kind == "rotation":
+            return 0
+        if entries[0].base_epoch == mine.epoch_id:
+            return 0  # the log continues this snapshot; the identity checks catch other data
+        raise EpochLogError(
+            f"{epoch_log.directory}: the epoch log does not continue from this shard's "
+            f"{mine} (its first entry updates epoch {entries[0].base_epoch}): a snapshot "
+            "other than the one the log was written for, or another party's log"
+        )
+
     def info(self) -> dict[str, Any]:
         out = self.state.info()
         out.update(shard=self.index, num_shards=self.num_shards, engine=self.engine_name)
@@ -189,8 +242,7 @@ class ShardCore:
 
     def close(self) -> None:
         self._probe.close()
-        for seg in self.state.current.segments:
-            seg.scanner.close()
+        self.state.close()
 
 
 def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any] | None = None,

@@ -347,9 +347,13 @@ def _hex_rows(acc: np.ndarray) -> list[bytes]:
     return [b'"0x' + binascii.hexlify(row) + b'"' for row in acc]
 
 
-def encode_answer(epoch_id: int, acc: np.ndarray, *, batch: bool, encoding: str) -> bytes:
+def encode_answer(
+    epoch_id: int, acc: np.ndarray, *, batch: bool, encoding: str, identity: str | None = None
+) -> bytes:
     """Encode accumulators (n_queries * 3, 4096) as the single or batch response body.
 
+    `identity` (EpochIdentity.digest: "0x" + 32 hex digits) names the data the answer was
+    computed from, beside the reference's `epoch_id`; clients of the reference ignore it.
     JSON is assembled by hand: hex strings need no escaping and this avoids building then
     re-scanning megabytes of Python strings.
     """
@@ -357,9 +361,12 @@ def encode_answer(epoch_id: int, acc: np.ndarray, *, batch: bool, encoding: str)
         raise ValueError(f"unexpected accumulator shape {acc.shape}")
     epoch = int(epoch_id)
     if encoding == MSGPACK:
-        return msgpack.packb(answer_dict(epoch, acc, batch=batch), use_bin_type=True)
+        return msgpack.packb(answer_dict(epoch, acc, batch=batch, identity=identity),
+                             use_bin_type=True)
     rows = _hex_rows(acc)
     head = b'{"epoch_id":%d,' % epoch
+    if identity is not None:
+        head += b'"identity":' + encode_json(_checked_identity(identity)) + b","
     if not batch:
         return head + b'"pages":[' + b",".join(rows) + b"]}"
     groups = [
@@ -369,17 +376,28 @@ def encode_answer(epoch_id: int, acc: np.ndarray, *, batch: bool, encoding: str)
     return head + b'"results":[' + b",".join(groups) + b"]}"
 
 
-def answer_dict(epoch_id: int, acc: np.ndarray, *, batch: bool) -> dict[str, Any]:
+def _checked_identity(identity: str) -> str:
+    if not (identity.startswith("0x") and len(identity) == 34):
+        raise ValueError("an identity is 0x + 32 hex digits")
+    int(identity, 16)
+    return identity
+
+
+def answer_dict(
+    epoch_id: int, acc: np.ndarray, *, batch: bool, identity: str | None = None
+) -> dict[str, Any]:
     """The same answer as Python objects with raw bytes (msgpack body and handle API)."""
     pages = [row.tobytes() for row in acc]
+    out: dict[str, Any] = {"epoch_id": int(epoch_id)}
+    if identity is not None:
+        out["identity"] = _checked_identity(identity)
     if not batch:
-        return {"epoch_id": int(epoch_id), "pages": pages}
-    return {
-        "epoch_id": int(epoch_id),
-        "results": [
-            {"pages": pages[i : i + KEYS_PER_QUERY]} for i in range(0, len(pages), KEYS_PER_QUERY)
-        ],
-    }
+        out["pages"] = pages
+        return out
+    out["results"] = [
+        {"pages": pages[i : i + KEYS_PER_QUERY]} for i in range(0, len(pages), KEYS_PER_QUERY)
+    ]
+    return out
 
 
 def encode_json(obj: Any) -> bytes:

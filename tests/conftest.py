@@ -5,6 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+# pydantic's deprecation warnings, ignored in every test. Added here, not in pyproject's
+# filterwarnings: pytest imports a filter's warning class at start-up, and tests/gpu must also
+# run where pydantic (and Ray) are not installed.
+PYDANTIC_FILTERS = ("PydanticDeprecatedSince20", "PydanticDeprecatedSince211")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    try:
+        import pydantic.warnings
+    except ImportError:
+        return
+    for name in PYDANTIC_FILTERS:
+        if hasattr(pydantic.warnings, name):
+            config.addinivalue_line("filterwarnings", f"ignore::pydantic.warnings.{name}")
+
 
 @pytest.fixture(scope="session", autouse=True)
 def compiled_cpu_kernels() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from morphogen.engine.base import (
@@ -13,6 +14,10 @@ from morphogen.engine.base import (
 )
 
 ENGINE_NAMES = ("reference", "cpu", "gpu", "auto")
+# About the longest reason `auto` logs when it falls back (an NVRTC log can run to pages).
+MAX_REASON_CHARS = 1000
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "ENGINE_NAMES",
@@ -27,7 +32,9 @@ __all__ = [
 
 
 def gpu_available() -> bool:
-    """True where CuPy imports and sees at least one CUDA device."""
+    """True where CuPy imports and sees at least one CUDA device. Cheap: it does not compile
+    the kernels, so a CuPy without NVRTC or the CUDA headers passes; creating the gpu engine
+    is what tells (see `create`)."""
     try:
         import cupy  # noqa: F401
 
@@ -37,9 +44,28 @@ def gpu_available() -> bool:
 
 
 def create(name: str = "auto", **options: Any) -> Engine:
-    """The engine called `name`; `auto` is the GPU where one is usable, else the CPU."""
+    """The engine called `name`; `auto` is the GPU where one is usable, else the CPU.
+
+    The gpu engine compiles its kernels when created, so `gpu` on a machine whose CuPy cannot
+    compile raises GpuError naming the cause and the extra to install, and `auto` there logs
+    that reason (one warning line) and returns the CPU engine.
+    """
     if name == "auto":
-        name = "gpu" if gpu_available() else "cpu"
+        if not gpu_available():
+            name = "cpu"
+        else:
+            from morphogen.engine.gpu import GpuError
+
+            try:
+                return _gpu_engine(**options)
+            except (EngineUnavailable, GpuError) as exc:
+                reason = " ".join(str(exc).split())
+                if len(reason) > MAX_REASON_CHARS:  # keep the start (cause) and end (fix)
+                    half = MAX_REASON_CHARS // 2
+                    reason = f"{reason[:half]} ... {reason[-half:]}"
+                log.warning("engine auto: the gpu engine is unusable, using the cpu engine: %s",
+                            reason)
+                name = "cpu"
     if name == "reference":
         from morphogen.engine.reference import ReferenceEngine
 
@@ -51,7 +77,11 @@ def create(name: str = "auto", **options: Any) -> Engine:
     if name == "gpu":
         if not gpu_available():
             raise EngineUnavailable("the gpu engine needs CuPy and a visible CUDA device")
-        from morphogen.engine.gpu import GpuEngine
-
-        return GpuEngine(**options)
+        return _gpu_engine(**options)
     raise ValueError(f"unknown engine {name!r}; choose one of {', '.join(ENGINE_NAMES)}")
+
+
+def _gpu_engine(**options: Any) -> Engine:
+    from morphogen.engine.gpu import GpuEngine
+
+    return GpuEngine(**options)

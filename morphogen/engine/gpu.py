@@ -2,9 +2,11 @@
 
 Kernel design: see the comment at the top of `scan_kernel.cu`. This module is the host side:
 
+- `GpuEngine(...)` compiles the kernels, once per engine: a CuPy that imports but cannot
+  compile (no NVRTC, no CUDA headers) fails there with a GpuError naming the fix, not at a scan.
 - `GpuEngine.load` uploads one shard's pages into ONE device allocation, chunk by chunk from
   the (memory-mapped) array through two pinned staging buffers, so host memory stays bounded;
-  it compiles the kernels once per engine and warms every kernel variant before returning.
+  it warms every kernel variant before returning.
 - `GpuShard.scan` packs keys into the kernel's flat record layout (`pack_keys`, from the same
   `KeyBatch` the CPU engine uses), plans the launch (`plan_launch`) and runs it on a workspace
   from a bounded pool. Each workspace owns its own non-blocking stream, pinned host buffers
@@ -14,7 +16,7 @@ Kernel design: see the comment at the top of `scan_kernel.cu`. This module is th
   copied). Callers beyond that wait and are coalesced into one launch (up to 96 keys): a
   pass costs about the same for 3 keys as for 24, so merging is where concurrency pays.
 - CUDA, NVRTC and allocation errors surface as `GpuError`; `scan_timed` also returns the
-  h2d / kernel / d2h times measured with CUDA events.
+  h2d / kernel / d2h times measured with CUDA events (what they include: `PhaseTimings`).
 
 CuPy is imported lazily (this module imports without it). Everything that touches CUDA goes
 through the small `Backend` protocol, so the pool, the dispatch and the packing are tested on
@@ -114,6 +116,16 @@ _U64 = np.uint64
 
 class GpuError(RuntimeError):
     """A CUDA, NVRTC or device-memory failure, with the driver's message."""
+
+
+# The fix for kernels that do not compile: the CuPy wheel for the driver's CUDA major version
+# with its [ctk] extra, the toolkit wheels that RawModule needs (pyproject's gpu-cuda* extras).
+TOOLKIT_HINT = (
+    "install the CuPy that matches the driver (the CUDA Version nvidia-smi prints) with the CUDA "
+    "toolkit wheels: pip install 'morphogen[gpu-cuda12]' for 12.x or 'morphogen[gpu-cuda13]' "
+    "for 13.x, after pip uninstall of any other cupy-cuda* wheel; or set CUDA_PATH to a local "
+    "CUDA toolkit"
+)
 
 
 def kernel_source() -> str:
@@ -264,8 +276,22 @@ def clamp_pool_size(value: object) -> int:
 
 @dataclass(frozen=True)
 class PhaseTimings:
-    """Where one scan call's time went. Device phases are CUDA-event times summed over the
-    launches that served the call (a launch may also have carried other callers' keys)."""
+    """Where one scan call's time went, summed over the launches that served the call (a launch
+    may also have carried other callers' keys).
+
+    The device phases are CUDA-event times on each launch's workspace stream (`_launch`):
+    e0, key copy, e1, scan and reduce, e2, answer copy, e3. Events on one stream time that
+    stream's timeline, not its work alone: a phase also holds any time its work waited for the
+    device. kernel_ms (e1 -> e2) starts once the keys are on the device and ends when the reduce
+    has finished. A scan grid fills every SM, so while another workspace's kernels run, this
+    launch's scan waits for them, and that wait is inside kernel_ms: events cannot tell the two
+    apart (the kernel's start is not observable on the stream). `shared_launches` says which
+    number to trust: it counts the launches that had another launch of the same shard in flight
+    at some moment between taking their workspace and getting their answers back. With 0,
+    kernel_ms is the kernels' own time (plus the few microseconds the host takes to submit the
+    two launches); otherwise it is an upper bound that may include queueing. h2d_ms and d2h_ms
+    may likewise include waiting for a copy engine busy with another workspace's copy.
+    """
 
     h2d_ms: float
     kernel_ms: float
@@ -274,6 +300,7 @@ class PhaseTimings:
     total_ms: float  # host wall time of the call
     launches: int
     launch_keys: int  # keys in those launches, this call's and any coalesced with them
+    shared_launches: int = 0  # launches that overlapped another launch: see above
 
 
 # ---------------------------------------------------------------------------------------------
@@ -480,7 +507,7 @@ class _Workspace:
 class _Request:
     """Up to max_keys keys of one caller, waiting for a launch."""
 
-    __slots__ = ("batch", "submitted", "started", "result", "timings", "error", "done")
+    __slots__ = ("batch", "submitted", "started", "result", "timings", "shared", "error", "done")
 
     def __init__(self, batch: KeyBatch) -> None:
         self.batch = batch
@@ -488,8 +515,18 @@ class _Request:
         self.started = 0.0
         self.result: np.ndarray | None = None
         self.timings: tuple[float, float, float, int] | None = None
+        self.shared = False  # another launch was in flight during this one (PhaseTimings)
         self.error: BaseException | None = None
         self.done = False
+
+
+class _Launch:
+    """One launch in flight, for PhaseTimings.shared_launches."""
+
+    __slots__ = ("shared",)
+
+    def __init__(self, shared: bool) -> None:
+        self.shared = shared
 
 
 class _Dispatcher:
@@ -520,6 +557,7 @@ class _Dispatcher:
         self._pending: deque[_Request] = deque()
         self._cond = threading.Condition()
         self._closed = False
+        self._in_flight: set[_Launch] = set()
 
     @property
     def size(self) -> int:
@@ -539,6 +577,10 @@ class _Dispatcher:
                     return
                 ws = self._free.pop()
                 group = self._take_locked()
+                launch = _Launch(shared=bool(self._in_flight))
+                for other in self._in_flight:
+                    other.shared = True
+                self._in_flight.add(launch)
             now = time.perf_counter()
             for r in group:
                 r.started = now
@@ -549,7 +591,9 @@ class _Dispatcher:
                     r.error = exc
             finally:
                 with self._cond:
+                    self._in_flight.discard(launch)
                     for r in group:
+                        r.shared = launch.shared
                         r.done = True
                     self._free.append(ws)
                     self._cond.notify_all()
@@ -760,6 +804,7 @@ class GpuShard:
             total_ms=(time.perf_counter() - start) * 1e3,
             launches=len(requests),
             launch_keys=sum(r.timings[3] for r in requests),
+            shared_launches=sum(r.shared for r in requests),
         )
         return result, timings
 
@@ -791,47 +836,47 @@ class GpuShard:
         kernels = self._compiled.kernels
         key_bytes = num_keys * key_words(domain_bits) * 4
         out_bytes = num_keys * PAGE_SIZE
+        if isinstance(plan, SlicedPlan):
+            threads = SLICED_THREADS
+            args: tuple[Any, ...] = (
+                self._pages_dev,
+                _U64(self._chunks_holding(num_pages)),
+                _U64(self._first_chunk),
+                ws.keys_dev,
+                _U32(num_keys),
+                _U32(domain_bits),
+                _U32(plan.num_groups),
+                ws.partial_dev,
+            )
+        else:
+            threads = SCAN_THREADS
+            args = (
+                self._pages_dev,
+                _U64(num_pages),
+                _U64(self.first_page),
+                ws.keys_dev,
+                _U32(num_keys),
+                _U32(domain_bits),
+                _U32(plan.tile_bits),
+                _U32(plan.num_groups),
+                ws.partial_dev,
+            )
+        reduce_args = (
+            ws.partial_dev, ws.out_dev, _U32(plan.page_blocks), _U32(num_keys * LANES_PER_PAGE),
+        )
+        # The events bracket each phase on this stream (PhaseTimings says what they include).
+        # The arguments are built above, so e1 -> the scan launch is only the submission.
         e0, e1, e2, e3 = ws.events
         with b.activate():
             b.record(e0, ws.stream)
             b.h2d(ws.keys_dev, 0, ws.keys_host.view(np.uint8)[:key_bytes], ws.stream)
             b.record(e1, ws.stream)
-            if isinstance(plan, SlicedPlan):
-                threads = SLICED_THREADS
-                args: tuple[Any, ...] = (
-                    self._pages_dev,
-                    _U64(self._chunks_holding(num_pages)),
-                    _U64(self._first_chunk),
-                    ws.keys_dev,
-                    _U32(num_keys),
-                    _U32(domain_bits),
-                    _U32(plan.num_groups),
-                    ws.partial_dev,
-                )
-            else:
-                threads = SCAN_THREADS
-                args = (
-                    self._pages_dev,
-                    _U64(num_pages),
-                    _U64(self.first_page),
-                    ws.keys_dev,
-                    _U32(num_keys),
-                    _U32(domain_bits),
-                    _U32(plan.tile_bits),
-                    _U32(plan.num_groups),
-                    ws.partial_dev,
-                )
             b.launch(kernels[plan.kernel], plan.grid, threads, args, plan.smem_bytes, ws.stream)
             b.launch(
                 kernels[REDUCE_KERNEL],
                 plan.reduce_grid,
                 REDUCE_LANES * REDUCE_SLICES,
-                (
-                    ws.partial_dev,
-                    ws.out_dev,
-                    _U32(plan.page_blocks),
-                    _U32(num_keys * LANES_PER_PAGE),
-                ),
+                reduce_args,
                 0,
                 ws.stream,
             )
@@ -843,6 +888,8 @@ class GpuShard:
         return host.reshape(num_keys, PAGE_SIZE)
 
     def _phase_times(self, ws: _Workspace) -> tuple[float, float, float]:
+        """(key copy, scan + reduce, answer copy) ms of the launch just synchronized on `ws`:
+        spans of the workspace stream's timeline, waits for the device included (PhaseTimings)."""
         b = self._backend
         e0, e1, e2, e3 = ws.events
         return b.elapsed_ms(e0, e1), b.elapsed_ms(e1, e2), b.elapsed_ms(e2, e3)
@@ -946,6 +993,7 @@ class GpuEngine:
             self.info = self.backend.device_info()
         self._compiled: _Compiled | None = None
         self._lock = threading.Lock()
+        self._kernels()  # here, not at the first load: a GPU that cannot compile fails creation
 
     @property
     def device_name(self) -> str:
@@ -954,8 +1002,7 @@ class GpuEngine:
     def _kernels(self) -> _Compiled:
         with self._lock:
             if self._compiled is None:
-                with _cuda_errors(self.backend, "compiling scan_kernel.cu"):
-                    self._compiled = _Compiled(self.backend)
+                self._compiled = _compile(self.backend)
             return self._compiled
 
     def load(self, pages: np.ndarray, first_page: int = 0) -> GpuShard:
@@ -964,6 +1011,30 @@ class GpuEngine:
 
 # ---------------------------------------------------------------------------------------------
 # helpers
+
+
+def _compile(backend: Backend) -> _Compiled:
+    """The engine's kernels, or a GpuError that names the cause and the fix.
+
+    Compiling is the honest availability probe: CuPy imports and sees a device without NVRTC
+    or the CUDA headers, and then fails only here. CuPy reports a missing NVRTC library or
+    missing headers as a plain RuntimeError (or OSError), not as one of its CUDA error types.
+    """
+    try:
+        with _cuda_errors(backend, "compiling scan_kernel.cu"):
+            return _Compiled(backend)
+    except GpuError as exc:  # NVRTC ran and refused (its log kept): mismatched headers can
+        raise GpuError(f"{exc}; if the CUDA toolkit is the cause, {TOOLKIT_HINT}") from exc
+    except (RuntimeError, OSError) as exc:
+        raise GpuError(
+            "the gpu engine cannot compile its CUDA kernels: CuPy imports and sees a device, but "
+            f"NVRTC or the CUDA headers are missing ({type(exc).__name__}: {_one_line(exc)}); "
+            f"{TOOLKIT_HINT}"
+        ) from exc
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
 
 
 @contextlib.contextmanager

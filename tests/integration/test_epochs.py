@@ -19,7 +19,14 @@ import httpx
 import numpy as np
 import pytest
 
-from morphogen.client import AdminClient, PirClient, PirError, PirUnavailable, RetryPolicy
+from morphogen.client import (
+    AdminClient,
+    PageOutOfRange,
+    PirClient,
+    PirError,
+    PirUnavailable,
+    RetryPolicy,
+)
 from morphogen.matrix import build_synthetic, domain_bits_for, synthetic_pages
 
 from .conftest import NUM_PAGES, deploy, wait_until
@@ -31,6 +38,7 @@ BASE_SEED = 11  # conftest's synthetic snapshot
 # (name, seed, pages, manifest epoch): 600 pages change the page count, 1100 the domain
 ROTATIONS = [("rot1", 31, NUM_PAGES, 0), ("rot2", 32, 600, 200), ("rot3", 33, 1100, 0)]
 ASK_BELOW = 600  # pages every epoch has
+TAIL = (600, NUM_PAGES)  # pages the 600-page epochs lack: one client asks only these
 UPDATE_BATCHES = 100
 ROTATE_AT = {25: 0, 50: 1, 75: 2}
 CLIENT_THREADS = 4
@@ -121,7 +129,7 @@ def test_updates_and_rotations_under_load(epoch_parties) -> None:
     model = Model(1, synthetic_pages(BASE_SEED, 0, NUM_PAGES))
     stop = threading.Event()
     lock = threading.Lock()
-    stats = {"ok": 0, "unavailable": 0}
+    stats = {"ok": 0, "unavailable": 0, "past_the_end": 0}
     wrong: list[str] = []
     failures: list[str] = []
     seen_epochs: set[int] = set()
@@ -132,12 +140,21 @@ def test_updates_and_rotations_under_load(epoch_parties) -> None:
         with PirClient(url_a, url_b, retry=retry, timeout_s=30,
                        encoding="msgpack" if seed % 2 else "json") as c:
             while not stop.is_set():
-                wanted = [rng.randrange(ASK_BELOW) for _ in range(rng.choice([1, 3, 5]))]
+                # every client asks across the whole first range, one only past 600 (a
+                # rotation shrinks the matrix under them): zeros would be a wrong page
+                lo, hi = TAIL if seed == 0 else (0, NUM_PAGES)
+                wanted = [rng.randrange(lo, hi) for _ in range(rng.choice([1, 3, 5]))]
                 try:
                     epoch, got = c.get_with_epoch(wanted)
                 except PirUnavailable:
                     with lock:
                         stats["unavailable"] += 1
+                    continue
+                except PageOutOfRange as exc:
+                    if exc.num_pages != 600 or max(wanted) < 600:
+                        failures.append(f"PageOutOfRange: {exc}")
+                    with lock:
+                        stats["past_the_end"] += 1
                     continue
                 except PirError as exc:  # a non-retryable refusal: never expected here
                     failures.append(f"{type(exc).__name__}: {exc}")
@@ -184,8 +201,10 @@ def test_updates_and_rotations_under_load(epoch_parties) -> None:
                 changes = _random_changes(rng, model.num_pages())
                 epoch = model.current + 1
                 model.apply(epoch, changes)
-                for res in both(lambda adm, changes=changes: adm.updates(changes)):
-                    assert res == {"epoch_id": epoch, "applied": len(changes)}
+                results = both(lambda adm, changes=changes: adm.updates(changes))
+                for res in results:
+                    assert (res["epoch_id"], res["applied"]) == (epoch, len(changes))
+                assert results[0]["identity"] == results[1]["identity"]  # same data
         admin_s = time.monotonic() - started
         # let clients see the final epoch too
         ok_before = stats["ok"]
@@ -199,6 +218,7 @@ def test_updates_and_rotations_under_load(epoch_parties) -> None:
     assert not wrong, wrong[:10]
     assert not failures, failures[:10]
     assert stats["ok"] >= 20, stats
+    assert stats["past_the_end"] >= 1, stats  # the shrunken epochs were asked past their end
     assert len(seen_epochs) >= 5, sorted(seen_epochs)
 
     final = model.current

@@ -54,8 +54,13 @@ def test_epoch_advertises_real_page_count_and_domain(parties) -> None:
 def test_health(parties) -> None:
     r = httpx.get(parties.app_url("a") + "/health")
     assert r.status_code == 200
-    assert r.json() == {"status": "ok", "epoch_id": 1, "block_number": 0,
-                        "pending_updates": 0, "rotation_in_progress": False}
+    body = r.json()
+    identity = body.pop("identity")
+    assert body == {"status": "ok", "epoch_id": 1, "block_number": 0,
+                    "pending_updates": 0, "rotation_in_progress": False}
+    # the same data behind party A (3 shards) and B (2 shards): the same identity
+    assert identity == httpx.get(parties.app_url("b") + "/health").json()["identity"]
+    assert identity == httpx.get(parties.app_url("a") + "/epoch").json()["identity"]
 
 
 def test_raw_json_single_query_matches_pages(parties, pages) -> None:

@@ -15,6 +15,7 @@ from morphogen.client import (
     AsyncPirClient,
     EpochMismatchError,
     HandlePirClient,
+    PageOutOfRange,
     PirClient,
     PirError,
     PirUnavailable,
@@ -108,7 +109,7 @@ def test_single_page() -> None:
     with _client(FakeServer(), FakeServer()) as c:
         assert c.get_page(36) == PAGES[36].tobytes()
         assert c.get([]) == []
-        with pytest.raises(ValueError):
+        with pytest.raises(PageOutOfRange):  # an IndexError and a PirError, nothing sent
             c.get([NUM_PAGES])
 
 

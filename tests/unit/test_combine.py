@@ -96,3 +96,20 @@ def test_scan_all_epoch_mismatch_exhausted() -> None:
 
     with pytest.raises(EpochMismatch):
         _run(scan_all([a, b], 1, attempts=2, backoff_s=0))
+
+
+def test_equal_epoch_ids_on_different_data_never_combine() -> None:
+    from morphogen.identity import EpochIdentity
+
+    parts = np.zeros((2, 4096), np.uint8)
+    one = EpochIdentity.of_snapshot(1, "blake2b-256:" + "11" * 32)
+    rebuilt = EpochIdentity.of_snapshot(1, "blake2b-256:" + "22" * 32)
+    with pytest.raises(EpochMismatch):
+        xor_partials([(one, parts[0]), (rebuilt, parts[1])], 1)
+    batch = "33" * 32
+    assert one.after_updates(2, batch) == one.after_updates(2, batch)
+    with pytest.raises(EpochMismatch):  # same epoch, another update chain
+        xor_partials([(one.after_updates(2, batch), parts[0]),
+                      (one.after_updates(2, "44" * 32), parts[1])], 1)
+    ident, _ = xor_partials([(one, parts[0]), (one, parts[1])], 1)
+    assert ident == one and ident.digest.startswith("0x") and len(ident.digest) == 34

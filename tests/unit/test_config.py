@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from cluster.config import PartyConfig, resolved_engine, shard_actor_options
-from cluster.snapshots import ensure_synthetic, open_snapshot
 from morphogen.codec import max_body_bytes
+from morphogen.config import PartyConfig, resolved_engine, shard_actor_options
+from morphogen.snapshots import ensure_synthetic, open_snapshot
 
 
 def test_defaults_are_valid_and_frozen() -> None:

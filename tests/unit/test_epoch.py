@@ -75,13 +75,13 @@ def test_pending_updates_and_folds_give_the_model_bytes(snapshots, name):
             else:
                 model[c.page] ^= np.frombuffer(c.diff, np.uint8)
         e, acc = state.scan(keys)
-        assert e == epoch
+        assert e.epoch_id == epoch
         assert np.array_equal(acc, expected(model, lo, hi, keys))
         if step % 2:
             assert state.fold_pending() > 0
             assert state.current.pending == ()
             e2, acc2 = state.scan(keys)
-            assert e2 == epoch and np.array_equal(acc2, acc)
+            assert e2 == e and np.array_equal(acc2, acc)  # a fold keeps the identity
     for p in (lo, 100, hi - 1):
         assert np.array_equal(state.current.page(p), model[p])
     # the snapshot file itself is never written
@@ -114,18 +114,21 @@ def test_rotation_switches_whole_and_in_flight_versions_keep_their_epoch(snapsho
     snap_a, snap_b = snapshots
     state = ShardState(engine.create("cpu"), snap_a, 0, NUM_PAGES)
     keys = keys_for([5, 200])
-    before = state.current  # what an in-flight scan holds
-    state.prepare_snapshot(2, snap_b, 0, NUM_PAGES)
-    assert state.info()["rotation_in_progress"] is True
-    assert state.scan(keys)[0] == 1
-    state.commit(2)
-    assert state.info()["rotation_in_progress"] is False
-    e, acc = state.scan(keys)
-    assert e == 2
-    assert np.array_equal(acc, expected(synthetic_pages(2, 0, NUM_PAGES), 0, NUM_PAGES, keys))
-    old = before.scan(dpf.KeyBatch.from_keys(keys))
-    assert before.epoch_id == 1
-    assert np.array_equal(old, expected(synthetic_pages(1, 0, NUM_PAGES), 0, NUM_PAGES, keys))
+    with state.lease() as before:  # what an in-flight scan holds
+        state.prepare_snapshot(2, snap_b, 0, NUM_PAGES)
+        assert state.info()["rotation_in_progress"] is True
+        assert state.scan(keys)[0].epoch_id == 1
+        state.commit(2)
+        assert state.info()["rotation_in_progress"] is False
+        e, acc = state.scan(keys)
+        assert e.epoch_id == 2
+        assert e.snapshot_checksum == snap_b.manifest.checksum
+        assert np.array_equal(acc, expected(synthetic_pages(2, 0, NUM_PAGES), 0, NUM_PAGES, keys))
+        old = before.scan(dpf.KeyBatch.from_keys(keys))
+        assert before.epoch_id == 1
+        assert np.array_equal(old, expected(synthetic_pages(1, 0, NUM_PAGES), 0, NUM_PAGES, keys))
+        assert before.segments[0].lease.retired and not before.segments[0].lease.closed
+    assert before.segments[0].lease.closed  # by the end of the last scan on it
 
 
 def test_staging_slot_belongs_to_one_operation(snapshots):
@@ -220,7 +223,7 @@ def test_shard_core_rotates_to_another_page_count_and_domain(tmp_path, snapshots
     pairs = [dpf.generate_keys(d, t) for t in (0, 350, 699)]
     parts = [c.scan(dpf.KeyBatch.from_keys([p[0] for p in pairs])) for c in cores]
     parts += [c.scan(dpf.KeyBatch.from_keys([p[1] for p in pairs])) for c in cores]
-    assert {e for e, _ in parts} == {4}
+    assert {e.epoch_id for e, _ in parts} == {4} and len({e for e, _ in parts}) == 1
     acc = np.bitwise_xor.reduce([a for _, a in parts])
     assert np.array_equal(acc, synthetic_pages(5, 0, 700)[[0, 350, 699]])
     # a snapshot replaced after its verification is refused, the epoch stays

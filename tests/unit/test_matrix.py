@@ -187,13 +187,40 @@ def test_rewrite_replaces_atomically_and_keeps_old_mapping(tmp_path: Path) -> No
     snap_old = Snapshot.open(tmp_path)
     view_old = snap_old.pages()
     new = 255 - _pattern(6)
-    m = write_snapshot(tmp_path, new, epoch_id=2, source="t")
+    with pytest.raises(SnapshotError, match="already holds a snapshot"):
+        write_snapshot(tmp_path, new, epoch_id=2, source="t")  # only when asked
+    assert np.array_equal(Snapshot.open(tmp_path).pages(), old)
+    m = write_snapshot(tmp_path, new, epoch_id=2, source="t", overwrite=True)
     # The old mapping pins the old file: epoch 1 keeps serving epoch 1's bytes.
     assert np.array_equal(view_old, old)
     with Snapshot.open(tmp_path, verify=True) as snap_new:
         assert snap_new.epoch_id == 2 and snap_new.manifest == m
         assert np.array_equal(snap_new.pages(), new)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "pages.bin"]
+
+
+def test_data_replaced_under_its_manifest_is_refused_at_open(tmp_path: Path) -> None:
+    write_snapshot(tmp_path / "a", _pattern(300), epoch_id=1, source="t")
+    write_snapshot(tmp_path / "b", 255 - _pattern(300), epoch_id=1, source="t")
+    # same size, same epoch, different pages: only the sampled pages tell them apart
+    os.replace(tmp_path / "b" / "pages.bin", tmp_path / "a" / "pages.bin")
+    with pytest.raises(SnapshotError, match="does not match its manifest"):
+        Snapshot.open(tmp_path / "a")
+    # a manifest written before the sample existed still opens (nothing to compare with)
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    del manifest["sample"]
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    with Snapshot.open(tmp_path / "a") as snap:
+        assert snap.manifest.sample is None
+        assert snap.fingerprint() == snap.manifest.checksum
+
+
+def test_raw_file_fingerprint_names_its_data(tmp_path: Path) -> None:
+    (tmp_path / "x.bin").write_bytes(_pattern(5).tobytes())
+    (tmp_path / "y.bin").write_bytes((255 - _pattern(5)).tobytes())
+    with Snapshot.open(tmp_path / "x.bin") as x, Snapshot.open(tmp_path / "y.bin") as y:
+        assert x.fingerprint().startswith("sampled:")
+        assert x.fingerprint() != y.fingerprint()
 
 
 def test_progress_callback_and_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -301,9 +328,10 @@ def test_larger_domain_accepted(tmp_path: Path) -> None:
 
 
 def test_checksum_mismatch_refused_on_verify(tmp_path: Path) -> None:
-    snap_dir = _good_snapshot(tmp_path)
+    snap_dir = _good_snapshot(tmp_path, 200)
+    assert 7 not in matrix.sampled_pages(200)  # the cheap open-time check cannot see it
     with open(snap_dir / "pages.bin", "r+b") as fh:
-        fh.seek(3 * PAGE_SIZE + 17)
+        fh.seek(7 * PAGE_SIZE + 17)
         fh.write(b"\x99")
     # Opening without verify does not read the data; verify does and says what is wrong.
     Snapshot.open(snap_dir).close()

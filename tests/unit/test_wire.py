@@ -199,6 +199,22 @@ def test_encode_answer_json_and_msgpack_agree() -> None:
         wire.encode_answer(1, acc[:2], batch=False, encoding=wire.JSON)
 
 
+def test_answers_carry_the_identity_in_every_encoding() -> None:
+    acc = np.random.default_rng(2).integers(0, 256, (6, 4096), dtype=np.uint8)
+    ident = "0x" + "ab" * 16
+    for batch in (False, True):
+        rows = acc if batch else acc[:3]
+        js = json.loads(wire.encode_answer(7, rows, batch=batch, encoding=wire.JSON,
+                                           identity=ident))
+        mp = msgpack.unpackb(wire.encode_answer(7, rows, batch=batch, encoding=wire.MSGPACK,
+                                                identity=ident))
+        assert js["identity"] == mp["identity"] == ident
+        assert js["epoch_id"] == mp["epoch_id"] == 7
+        assert mp == wire.answer_dict(7, rows, batch=batch, identity=ident)
+    with pytest.raises(ValueError):
+        wire.encode_answer(7, acc[:3], batch=False, encoding=wire.JSON, identity='0x"}')
+
+
 def test_handle_queries_validation() -> None:
     keys = _keys()
     out = wire.handle_queries([keys], domain_bits=D, max_queries=1, batch=False)

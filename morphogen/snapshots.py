@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from cluster.config import PartyConfig
+from morphogen.config import PartyConfig
 from morphogen.matrix import MANIFEST_FILE, Snapshot, build_synthetic
 
 

@@ -103,6 +103,12 @@ class PartyConfig(BaseModel):
     admin_stale_stage_s: float = Field(
         600.0, gt=0, description="a staged epoch nobody committed may be replaced after this"
     )
+    epoch_log_dir: str | None = Field(
+        None,
+        description="this party's durable epoch log (one directory per party, on a path every "
+        "shard node sees): published updates and rotations survive a shard restart; None: a "
+        "restarted shard comes back at the configured snapshot",
+    )
     fold_interval_s: float = Field(
         1.0, ge=0, description="background fold of pending updates into pages (0: off)"
     )

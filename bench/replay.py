@@ -1,0 +1,124 @@
+"""How long a shard replica takes to come back at the party's epoch from the epoch log.
+
+What a shard replica does before it reports ready, without Ray around it: map the configured
+snapshot, load its engine, self-test, then replay the party's epoch log (a rotation to a second
+snapshot and the update batches after it, each checked against the identity the log recorded).
+The baseline is the same start with an empty log, measured in the same run: the replay's cost
+is the difference. Medians over `--runs` starts; every start ends at the logged head identity
+and answers a probe key with the right page.
+
+    python bench/replay.py                 # 256 MiB snapshots, a rotation + 50 updates
+    python bench/replay.py --quick         # 16 MiB, a smoke run
+
+Results: bench/results/replay.csv (one row per configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
+from morphogen import dpf, engine  # noqa: E402
+from morphogen.epoch import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
+from morphogen.epoch_log import EpochLog  # noqa: E402
+from morphogen.matrix import Snapshot, build_synthetic, synthetic_pages  # noqa: E402
+from morphogen.shard import ShardCore  # noqa: E402
+
+
+def _batches(rng: np.random.Generator, count: int, num_pages: int) -> list[ChangeBatch]:
+    out = []
+    for _ in range(count):
+        changes = []
+        for _ in range(int(rng.integers(1, 5))):
+            page = int(rng.integers(0, num_pages))
+            if rng.random() < 0.7:
+                changes.append(PageUpdate(page, rng.integers(0, 256, 4096, np.uint8).tobytes()))
+            else:
+                changes.append(PageWrite(page, rng.integers(0, 256, 512, np.uint8).tobytes()))
+        out.append(ChangeBatch.from_changes(changes))
+    return out
+
+
+def _start(snap_dir: Path, engine: str, epoch_log: EpochLog | None) -> tuple[ShardCore, float]:
+    t = time.perf_counter()
+    core = ShardCore.open(Snapshot.open(snap_dir), 0, 1, engine)
+    core.self_test()
+    if epoch_log is not None:
+        core.catch_up(epoch_log)
+    return core, time.perf_counter() - t
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pages", type=int, default=65536, help="pages per snapshot (256 MiB)")
+    ap.add_argument("--updates", type=int, default=50)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--engine", default="cpu")
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.quick:
+        args.pages, args.runs = 4096, 3
+    rng = np.random.default_rng(1)
+    with tempfile.TemporaryDirectory(prefix="mg-replay-") as tmp:
+        root = Path(tmp)
+        build_synthetic(root / "base", args.pages, seed=1, epoch_id=1, progress=False)
+        build_synthetic(root / "next", args.pages, seed=2, epoch_id=1, progress=False)
+        # the log a party writes: the configured snapshot's epoch 1, a rotation, then updates
+        epoch_log = EpochLog(root / "log")
+        core, _ = _start(root / "base", args.engine, None)
+        ident = core.identity
+        core.close()
+        next_snap = Snapshot.open(root / "next")
+        ident = type(ident).of_snapshot(2, next_snap.manifest.checksum or "")
+        epoch_log.append_rotation(2, str(root / "next"), next_snap.manifest.checksum or "",
+                                  ident)
+        model = synthetic_pages(2, 0, args.pages)
+        for i, batch in enumerate(_batches(rng, args.updates, args.pages)):
+            epoch = 3 + i
+            ident = ident.after_updates(epoch, batch.digest)
+            epoch_log.append_updates(epoch, epoch - 1, batch, ident)
+            for j, page in enumerate(batch.pages.tolist()):
+                data = np.frombuffer(batch.data[j * 4096:(j + 1) * 4096], np.uint8)
+                model[page] = data if batch.replace[j] else model[page] ^ data
+        probe_page = int(batch.pages[0])
+        key = dpf.generate_keys(next_snap.domain_bits, probe_page)[0]
+        want = engine.create("reference").load(model, 0).scan([key])
+        empty = EpochLog(root / "empty")
+        base_t, replay_t = [], []
+        _start(root / "base", args.engine, None)[0].close()  # compile / page cache warm
+        for _ in range(args.runs):
+            core, dt = _start(root / "base", args.engine, empty)
+            base_t.append(dt)
+            core.close()
+            core, dt = _start(root / "base", args.engine, epoch_log)
+            replay_t.append(dt)
+            assert core.identity == ident, "replay ended at another identity"
+            _, acc = core.scan(dpf.KeyBatch.from_keys([key]))
+            assert np.array_equal(acc, want), "the replayed shard answers other bytes"
+            core.close()
+    base, replay = statistics.median(base_t), statistics.median(replay_t)
+    mib = args.pages * 4096 / 2**20
+    print(f"{machine_label()}: {mib:.0f} MiB snapshots, {args.engine} engine")
+    print(f"  start with an empty log:           {base * 1000:8.1f} ms (median of {args.runs})")
+    print(f"  start + replay (rotation + {args.updates} updates): {replay * 1000:8.1f} ms")
+    print(f"  replay cost: {(replay - base) * 1000:.1f} ms = {replay / base:.2f} x a plain start")
+    write_csv(RESULTS / ("replay_quick.csv" if args.quick else "replay.csv"), [{
+        "machine": machine_label(), "engine": args.engine, "snapshot_mib": round(mib),
+        "updates": args.updates, "runs": args.runs, "start_ms": round(base * 1000, 1),
+        "start_replay_ms": round(replay * 1000, 1),
+        "replay_over_start": round(replay / base, 2),
+    }])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,89 @@
+"""Epoch identity: a name for the data an epoch's answers are computed from.
+
+An epoch id alone is a counter: two servers (or two replicas of one shard) can hold different
+pages under the same id, after a snapshot rebuilt in place or a replica that restarted from the
+configured snapshot and lost the updates since. An `EpochIdentity` names the data instead:
+
+    epoch id  +  the snapshot's checksum  +  a running hash of the update batches applied to it
+
+Equal identities mean equal matrices (up to a hash collision): every shard of a party derives
+the same identity for the same epoch (each receives the whole update batch, whatever pages it
+holds), and both parties do when they receive the same operations in the same order. Shard
+partials carry it, the router combines only equal ones, and answers and `GET /epoch` publish
+its `digest` so a client can check what it was answered from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+# The chain of a snapshot with no update applied yet.
+EMPTY_CHAIN = "00" * 32
+DIGEST_BYTES = 16
+
+
+def _hash(*parts: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=32)
+    for p in parts:
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    return h.digest()
+
+
+def batch_digest(pages: np.ndarray, replace: np.ndarray, data: bytes | memoryview) -> str:
+    """Hex digest of one update batch in transit (page numbers, replace flags, page bytes)."""
+    return _hash(
+        b"morphogen-updates-v1",
+        np.ascontiguousarray(pages, dtype="<i8").tobytes(),
+        np.ascontiguousarray(replace, dtype=np.uint8).tobytes(),
+        bytes(data),
+    ).hex()
+
+
+@dataclass(frozen=True)
+class EpochIdentity:
+    """What one epoch of a party (or of one shard) serves."""
+
+    epoch_id: int
+    snapshot_checksum: str
+    chain: str = EMPTY_CHAIN
+
+    @classmethod
+    def of_snapshot(cls, epoch_id: int, snapshot_checksum: str) -> EpochIdentity:
+        return cls(int(epoch_id), str(snapshot_checksum), EMPTY_CHAIN)
+
+    def after_updates(self, epoch_id: int, batch: str) -> EpochIdentity:
+        """The identity of `epoch_id` = this epoch plus the update batch of digest `batch`."""
+        if epoch_id <= self.epoch_id:
+            raise ValueError(f"epoch {epoch_id} does not follow {self.epoch_id}")
+        chain = _hash(
+            b"morphogen-chain-v1",
+            bytes.fromhex(self.chain),
+            int(epoch_id).to_bytes(8, "little"),
+            bytes.fromhex(batch),
+        ).hex()
+        return EpochIdentity(int(epoch_id), self.snapshot_checksum, chain)
+
+    @property
+    def digest(self) -> str:
+        """`0x` + 32 hex digits: what answers, `GET /epoch` and logs carry."""
+        h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        h.update(b"morphogen-epoch-v1")
+        h.update(int(self.epoch_id).to_bytes(8, "little"))
+        h.update(self.snapshot_checksum.encode())
+        h.update(bytes.fromhex(self.chain))
+        return "0x" + h.hexdigest()
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "epoch_id": self.epoch_id,
+            "identity": self.digest,
+            "snapshot_checksum": self.snapshot_checksum,
+            "update_chain": "0x" + self.chain,
+        }
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch_id} ({self.digest[:14]})"

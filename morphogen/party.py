@@ -1,0 +1,328 @@
+"""One party (server A or B) without Ray: layout, key validation, fan-out, publication, `/epoch`.
+
+`deployments/router.py` is the Serve adapter: it reads HTTP requests and hands `Party` one
+`ShardLink` per shard deployment. Everything a party decides lives here, so that it is unit
+tested with in-process shards:
+
+* the layout the shards serve together (page count, domain bits), refreshed when an answer
+  names an epoch the cached layout does not know;
+* every query validated completely against that layout before any scan, then coalesced with
+  concurrent ones into one fan-out whose partials are XORed only under one `EpochIdentity`;
+* admin publication (`morphogen.publication.Publisher`, the party's `admin`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from morphogen import admin, wire
+from morphogen.coalesce import Coalescer
+from morphogen.codec import KEYS_PER_QUERY, PAGE_SIZE, ErrorCode, WireError, unavailable
+from morphogen.combine import EpochMismatch, ShardFailure, scan_all
+from morphogen.config import PartyConfig
+from morphogen.dpf import DomainError, DpfKey, KeyBatch
+from morphogen.epoch import ChangeBatch
+from morphogen.epoch_log import EpochLog
+from morphogen.identity import EpochIdentity
+from morphogen.publication import Publisher
+from morphogen.redact import reason
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_INFO_TIMEOUT_S = 10.0
+# GET /epoch and /health while shards switch epochs: a few short tries before a 503.
+_CONSISTENT_ATTEMPTS = 4
+# A refused key domain re-reads the shards' layout at most this often (bad keys cannot turn
+# every request into a fan-out of metadata calls).
+_REVALIDATE_S = 0.5
+
+
+class ShardLink(Protocol):
+    """One shard deployment as the party calls it (deployments/shard.py's methods)."""
+
+    def scan(self, batch: KeyBatch) -> Awaitable[tuple[EpochIdentity, Any]]: ...
+    def info(self) -> Awaitable[dict[str, Any]]: ...
+    def prepare_updates(
+        self, epoch_id: int, changes: ChangeBatch, base_epoch: int, op: str
+    ) -> Awaitable[int]: ...
+    def prepare_snapshot(
+        self, epoch_id: int, path: str, checksum: str | None, op: str
+    ) -> Awaitable[dict[str, int]]: ...
+    def commit(self, epoch_id: int, op: str) -> Awaitable[int]: ...
+    def abort(self, epoch_id: int, op: str) -> Awaitable[None]: ...
+    def catch_up(self) -> Awaitable[dict[str, Any]]: ...
+
+
+class Layout:
+    """What the shards serve together; checked to tile [0, num_pages) exactly."""
+
+    def __init__(self, infos: list[dict[str, Any]]) -> None:
+        first = infos[0]
+        for key in ("num_pages", "domain_bits", "num_shards"):
+            if any(i[key] != first[key] for i in infos):
+                raise ShardFailure(f"shards disagree on {key}")
+        if first["num_shards"] != len(infos):
+            raise ShardFailure(f"{len(infos)} shard deployments for {first['num_shards']} shards")
+        edge = 0
+        for idx, i in enumerate(infos):
+            if i["shard"] != idx or i["first_page"] != edge:
+                raise ShardFailure(f"shard {idx} does not start where shard {idx - 1} ends")
+            edge = i["stop_page"]
+        if edge != first["num_pages"]:
+            raise ShardFailure("shards do not cover every page")
+        self.num_pages: int = first["num_pages"]
+        self.domain_bits: int = first["domain_bits"]
+        self.num_shards: int = len(infos)
+        self.checksum: str | None = first.get("checksum")
+        self.identities = {i["identity"] for i in infos}
+        self.epoch_id: int = max(int(i["epoch_id"]) for i in infos)
+
+    @property
+    def consistent(self) -> bool:
+        return len(self.identities) == 1
+
+
+class Party:
+    """The party's logic over `shards` (index order = shard order)."""
+
+    def __init__(self, cfg: PartyConfig, shards: list[ShardLink],
+                 epoch_log: EpochLog | None = None) -> None:
+        if not shards:
+            raise ValueError("a party needs at least one shard")
+        self.cfg = cfg
+        self.shards = list(shards)
+        self.epoch_log = epoch_log
+        self._layout: Layout | None = None
+        self._layout_lock = asyncio.Lock()
+        self._refresh: asyncio.Task[None] | None = None
+        self._revalidated = 0.0
+        self.coalescer: Coalescer[DpfKey] = Coalescer(
+            self._scan_keys,
+            window_s=cfg.coalesce_window_s,
+            max_items=cfg.coalesce_max_keys,
+            max_in_flight=cfg.coalesce_max_in_flight,
+        )
+        self.admin = Publisher(self)
+
+    # ------------------------------------------------------------------ shards and layout
+
+    def unavailable(self, message: str) -> WireError:
+        return unavailable(message, self.cfg.retry_after_s)
+
+    async def infos(self) -> list[dict[str, Any]]:
+        calls = [s.info() for s in self.shards]
+        try:
+            return list(await asyncio.wait_for(asyncio.gather(*calls), _INFO_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - any shard failure means unavailable
+            log.warning("shard metadata unavailable (%s)", reason(exc))
+            raise self.unavailable(
+                f"shard metadata unavailable ({type(exc).__name__})"
+            ) from None
+
+    async def layout(self) -> Layout:
+        if self._layout is not None:
+            return self._layout
+        async with self._layout_lock:
+            if self._layout is None:
+                try:
+                    self._layout = Layout(await self.infos())
+                except ShardFailure as exc:
+                    raise self.unavailable(str(exc)) from None
+        return self._layout
+
+    def set_layout(self, infos: list[dict[str, Any]]) -> Layout | None:
+        """Cache the layout the shards report now, when it is a whole one."""
+        try:
+            layout = Layout(infos)
+        except ShardFailure:
+            return None  # between epochs of different shapes: keep the last whole one
+        self._layout = layout
+        return layout
+
+    def _note_identity(self, identity: EpochIdentity | None) -> None:
+        """A scan answered from data the cached layout does not know (None: a shard refused
+        the keys' domain): re-read the layout in the background (a rotation may have changed
+        the page count or domain)."""
+        layout = self._layout
+        if layout is None or self._refresh is not None:
+            return
+        if identity is not None and identity.digest in layout.identities:
+            return
+        self._refresh = asyncio.get_running_loop().create_task(self._refresh_layout())
+
+    async def _refresh_layout(self) -> None:
+        try:
+            self.set_layout(await self.infos())
+        except Exception as exc:  # noqa: BLE001 - the next new epoch tries again
+            log.warning("layout refresh failed (%s)", reason(exc))
+        finally:
+            self._refresh = None
+
+    async def validated(self, parse: Callable[[int], T], layout: Layout | None = None) -> T:
+        """`parse(domain_bits)` against the cached layout; a key domain it refuses is checked
+        once more against the shards' current layout (a rotation seen by another router
+        replica may have changed it), at most once per `_REVALIDATE_S`."""
+        layout = layout or await self.layout()
+        try:
+            return parse(layout.domain_bits)
+        except WireError as err:
+            now = time.monotonic()
+            if err.code != ErrorCode.BAD_DOMAIN or now - self._revalidated < _REVALIDATE_S:
+                raise
+            self._revalidated = now
+            fresh = self.set_layout(await self.infos())
+            if fresh is None:
+                raise self.unavailable("the snapshot is changing, retry") from None
+            if fresh.domain_bits == layout.domain_bits:
+                raise
+            return parse(fresh.domain_bits)
+
+    # ------------------------------------------------------------------ queries
+
+    async def _call_shard(self, shard: ShardLink, batch: KeyBatch) -> tuple[EpochIdentity, Any]:
+        try:
+            return await shard.scan(batch)
+        except Exception as exc:
+            cause = admin.unwrap(exc)
+            if isinstance(cause, WireError) and cause.status < 500:
+                raise cause from None  # the request's own fault (stale domain): no retry
+            raise
+
+    async def _scan_keys(self, keys: list[DpfKey]) -> tuple[EpochIdentity, Any]:
+        """One pass of every shard over all `keys` (a coalesced group), XORed under one
+        identity."""
+        try:
+            batch = KeyBatch.from_keys(keys)
+        except DomainError:
+            # requests validated on both sides of a domain-changing rotation met in one group
+            raise self.unavailable("the snapshot is changing, retry") from None
+        calls = [lambda s=s: self._call_shard(s, batch) for s in self.shards]
+        try:
+            identity, acc = await scan_all(
+                calls,
+                len(keys),
+                attempts=self.cfg.scan_attempts,
+                backoff_s=self.cfg.retry_backoff_ms / 1000.0,
+                timeout_s=self.cfg.shard_timeout_s,
+            )
+        except EpochMismatch:
+            raise self.unavailable("no consistent epoch across shards, retry") from None
+        except ShardFailure as exc:
+            raise self.unavailable(f"scan failed: {exc}") from None
+        except WireError as err:
+            if err.code == ErrorCode.BAD_DOMAIN:
+                self._note_identity(None)
+            raise
+        if not isinstance(identity, EpochIdentity):
+            raise ShardFailure("a shard answered without an epoch identity")
+        self._note_identity(identity)
+        return identity, acc
+
+    async def answer(self, queries: list[list[DpfKey]]) -> tuple[EpochIdentity, Any]:
+        flat = [k for q in queries for k in q]
+        identity, acc = await self.coalescer.submit(flat)
+        if acc.shape != (len(flat), PAGE_SIZE):  # never answer with a wrong-sized XOR
+            raise WireError(500, ErrorCode.INTERNAL, "internal error")
+        return identity, acc
+
+    async def query(self, keys: list[bytes]) -> dict[str, Any]:
+        """One query (three keys as bytes) -> `{"epoch_id", "identity", "pages"}`."""
+        queries = await self.validated(
+            lambda d: wire.handle_queries([keys], domain_bits=d, max_queries=1, batch=False)
+        )
+        identity, acc = await self.answer(queries)
+        return wire.answer_dict(identity.epoch_id, acc, batch=False, identity=identity.digest)
+
+    async def query_batch(self, queries: list[list[bytes]]) -> dict[str, Any]:
+        """1..max queries -> `{"epoch_id", "identity", "results": [{"pages"}, ...]}`."""
+        parsed = await self.validated(
+            lambda d: wire.handle_queries(
+                queries, domain_bits=d, max_queries=self.cfg.max_batch_queries, batch=True
+            )
+        )
+        identity, acc = await self.answer(parsed)
+        return wire.answer_dict(identity.epoch_id, acc, batch=True, identity=identity.digest)
+
+    # ------------------------------------------------------------------ /epoch and /health
+
+    async def consistent_infos(self) -> list[dict[str, Any]]:
+        """Every shard's info, all on one identity (a few short tries across a commit)."""
+        backoff = self.cfg.retry_backoff_ms / 1000.0
+        for attempt in range(_CONSISTENT_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(backoff * (2 ** (attempt - 1)))
+            infos = await self.infos()
+            if len({i["identity"] for i in infos}) == 1:
+                return infos
+        raise self.unavailable("shards are between epochs, retry")
+
+    async def epoch(self) -> dict[str, Any]:
+        """The `GET /epoch` document: real page count and the domain bits keys must use, the
+        identity answers will carry, and the epoch's state."""
+        infos = await self.consistent_infos()
+        layout = self.set_layout(infos)
+        if layout is None:
+            raise self.unavailable("shards are between snapshots, retry")
+        state = admin.party_epoch(infos)
+        cfg = self.cfg
+        state_root = "0x" + "00" * 32
+        if layout.checksum and layout.checksum.startswith("blake2b-256:"):
+            state_root = "0x" + layout.checksum.split(":", 1)[1]
+        first = infos[0]
+        return {
+            "epoch_id": state.epoch_id,
+            "identity": first["identity"],
+            "update_chain": first["update_chain"],
+            "num_rows": layout.num_pages * cfg.rows_per_page,
+            "seeds": list(cfg.seeds),
+            "block_number": cfg.block_number,
+            "state_root": state_root,
+            "page_pir": {
+                "domain_bits": layout.domain_bits,
+                "rows_per_page": cfg.rows_per_page,
+                "num_pages": layout.num_pages,
+                # The reference's AES PRG keys; the ChaCha8 PRG is keyless.
+                "prg_keys": ["0x" + "00" * 16, "0x" + "00" * 16],
+                "page_size": PAGE_SIZE,
+                "keys_per_query": KEYS_PER_QUERY,
+                "max_batch_queries": cfg.max_batch_queries,
+                "num_shards": layout.num_shards,
+            },
+            "pending_updates": state.pending_updates,
+            "rotation_in_progress": state.rotation_in_progress or self.admin.rotating,
+            "snapshot": {
+                "epoch_id": state.snapshot_epoch_id,
+                "checksum": state.snapshot_checksum,
+            },
+        }
+
+    async def health(self) -> dict[str, Any]:
+        """`{"status": "ok", ...}` only when every shard answers and all serve one identity;
+        raises 503 otherwise."""
+        infos = await self.consistent_infos()
+        state = admin.party_epoch(infos)
+        return {
+            "status": "ok",
+            "epoch_id": state.epoch_id,
+            "identity": infos[0]["identity"],
+            "block_number": self.cfg.block_number,
+            "pending_updates": state.pending_updates,
+            "rotation_in_progress": state.rotation_in_progress or self.admin.rotating,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Coalescing counters (benchmarks and tests)."""
+        s = self.coalescer.stats
+        return {
+            "calls": s.calls,
+            "submissions": s.submissions,
+            "items": s.items,
+            "largest": s.largest,
+            "window_s": self.coalescer.window_s,
+        }
