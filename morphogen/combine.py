@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from morphogen.codec import PAGE_SIZE, WireError
+from morphogen.redact import reason
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,8 @@ async def scan_all(
             kind = "timed out" if isinstance(exc, TimeoutError) else type(exc).__name__
             last = ShardFailure(f"shard {i} failed ({kind})")
             log.warning("scan attempt %d: %d shard(s) failed, first: shard %d (%s)",
-                        attempt + 1, len(failed), i, kind)
+                        attempt + 1, len(failed), i,
+                        kind if isinstance(exc, TimeoutError) else reason(exc))
             continue
         try:
             return xor_partials(results, num_keys, len(calls))  # type: ignore[arg-type]
