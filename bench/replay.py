@@ -137,7 +137,8 @@ def serve_replay(args: argparse.Namespace) -> int:
     import httpx
 
     from cluster import local
-    from morphogen.client import AdminClient, PirClient
+    from morphogen.admin_client import AdminClient
+    from morphogen.client import PirClient
 
     with tempfile.TemporaryDirectory(prefix="mg-replay-serve-") as tmp:
         root = Path(tmp)

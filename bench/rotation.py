@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         args.pages, args.steady = 4096, 4.0
 
     from cluster import local
-    from morphogen.client import AdminClient
+    from morphogen.admin_client import AdminClient
     from morphogen.config import PartyConfig
     from morphogen.matrix import MANIFEST_FILE, build_synthetic
     from morphogen.snapshots import ensure_synthetic

@@ -326,7 +326,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
     import httpx
 
-    from morphogen.client import AdminClient, PirError
+    from morphogen.admin_client import AdminClient
+    from morphogen.client import PirError
 
     token = _admin_token(args)
     if not token:

@@ -14,14 +14,12 @@ epoch the answer is from. `AdminClient` drives one party's admin routes.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
-import msgpack
 
 from morphogen.client_core import (
     Action,
@@ -52,17 +50,12 @@ from morphogen.client_wire import (
     xor_pages,
 )
 from morphogen.codec import (
-    ADMIN_SNAPSHOT_PATH,
-    ADMIN_STATUS_PATH,
-    ADMIN_UPDATES_PATH,
     EPOCH_PATH,
-    JSON_TYPE,
-    MSGPACK_TYPE,
 )
 
 # Names of this module that other code imports.
 __all__ = [
-    "RETRY_STATUSES", "AdminClient", "Answer", "AsyncPirClient", "EpochMismatchError",
+    "RETRY_STATUSES", "Answer", "AsyncPirClient", "EpochMismatchError",
     "HandlePirClient", "PageOutOfRange", "PirClient", "PirError", "PirUnavailable",
     "RetryPolicy", "ServerInfo", "decode_answer", "encode_request", "encode_updates",
     "make_keys", "plan_targets", "xor_pages",
@@ -286,79 +279,6 @@ class AsyncPirClient(_Base):
 
     async def get_page(self, page: int) -> bytes:
         return (await self.get([page]))[0]
-
-
-# --------------------------------------------------------------------------- admin client
-
-
-class AdminClient:
-    """The admin routes of ONE server (a party's router): page updates, snapshot rotation,
-    status. Send every operation to both parties, in the same order. The token is sent as a
-    bearer token and kept out of reprs and error messages."""
-
-    def __init__(
-        self,
-        server: str,
-        token: str,
-        *,
-        encoding: str = "msgpack",
-        timeout_s: float = 600.0,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        if encoding not in ("json", "msgpack"):
-            raise ValueError("encoding is 'json' or 'msgpack'")
-        self.encoding = encoding
-        self._http = httpx.Client(
-            base_url=server.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport, headers={"Authorization": f"Bearer {token}"},
-        )
-
-    def __repr__(self) -> str:
-        return f"AdminClient({str(self._http.base_url)!r})"
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> AdminClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _send(self, path: str, obj: Any | None = None, body: bytes | None = None) -> dict:
-        if obj is None and body is None:
-            resp = self._http.get(path)
-        else:
-            if body is None:
-                body = (msgpack.packb(obj, use_bin_type=True) if self.encoding == "msgpack"
-                        else json.dumps(obj).encode())
-            mt = MSGPACK_TYPE if self.encoding == "msgpack" else JSON_TYPE
-            resp = self._http.post(path, content=body, headers={"Content-Type": mt})
-        if resp.status_code != 200:
-            err = _error_from_response(resp)
-            if isinstance(err, Transient):
-                raise PirUnavailable(f"HTTP {resp.status_code}: {_message(resp)}",
-                                     resp.status_code, "unavailable")
-            raise err
-        return resp.json()
-
-    def updates(self, changes: Sequence[tuple[int, str, bytes]]) -> dict:
-        """Publish the next epoch with these changes; `{"epoch_id", "applied"}`."""
-        return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding))
-
-    def snapshot(self, path: str) -> dict:
-        """Rotate to the snapshot at `path` (under the server's admin_snapshot_dir)."""
-        return self._send(ADMIN_SNAPSHOT_PATH, {"path": str(path)})
-
-    def status(self) -> dict:
-        return self._send(ADMIN_STATUS_PATH)
-
-
-def _message(resp: httpx.Response) -> str:
-    try:
-        return str(resp.json()["error"]["message"])
-    except Exception:  # noqa: BLE001
-        return resp.text[:200]
 
 
 # --------------------------------------------------------------------------- handle client

@@ -19,8 +19,8 @@ import httpx
 import numpy as np
 import pytest
 
+from morphogen.admin_client import AdminClient
 from morphogen.client import (
-    AdminClient,
     PageOutOfRange,
     PirClient,
     PirError,

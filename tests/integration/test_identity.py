@@ -18,7 +18,8 @@ import httpx
 import numpy as np
 import pytest
 
-from morphogen.client import AdminClient, PirClient, PirError
+from morphogen.admin_client import AdminClient
+from morphogen.client import PirClient, PirError
 from morphogen.dpf import generate_keys
 from morphogen.matrix import build_synthetic, synthetic_pages
 

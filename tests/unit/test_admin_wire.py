@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from morphogen import wire
-from morphogen.client import AdminClient, PirError, PirUnavailable, encode_updates
+from morphogen.admin_client import AdminClient
+from morphogen.client import PirError, PirUnavailable, encode_updates
 from morphogen.codec import ErrorCode, WireError, admin_body_bytes, to_hex
 from morphogen.epoch import ChangeBatch, PageUpdate, PageWrite
 
