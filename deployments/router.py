@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from morphogen.epoch_log import EpochLog
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
@@ -33,6 +32,7 @@ from morphogen.codec import (
     WireError,
 )
 from morphogen.config import PartyConfig
+from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.matrix import MAX_PAGES
 from morphogen.party import Party

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 import ray
-from morphogen.epoch_log import EpochLog
 from ray import serve
 
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
 from morphogen.dpf import DomainError, KeyBatch
 from morphogen.epoch import ChangeBatch
+from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.redact import reason
 from morphogen.shard import ShardCore
