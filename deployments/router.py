@@ -9,6 +9,7 @@ coalescing, combining under one epoch identity, `/epoch` and admin publication a
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ray import serve
@@ -16,6 +17,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from deployments.metrics import ServeMetrics
 from morphogen import wire
 from morphogen.admin_auth import AdminAccess, AdminGuard
 from morphogen.codec import (
@@ -87,7 +89,8 @@ class Router:
     def __init__(self, cfg: PartyConfig, *shards: DeploymentHandle) -> None:
         self._cfg = cfg
         epoch_log = EpochLog(cfg.epoch_log_dir) if cfg.epoch_log_dir else None
-        self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log)
+        self._metrics = ServeMetrics()
+        self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log, self._metrics)
         # Admin: the token is read once, here; it never reaches a log line or an error.
         self._guard = AdminGuard.from_sources(cfg.admin_token_file, cfg.admin_token_env)
         if self._guard.enabled and not cfg.admin_supported:
@@ -100,11 +103,25 @@ class Router:
 
     async def query(self, keys: list[bytes]) -> dict[str, Any]:
         """One query (three keys as bytes) -> `{"epoch_id", "identity", "pages": [bytes x3]}`."""
-        return await self._party.query(keys)
+        return await self._observed("handle", 1, self._party.query(keys))
 
     async def query_batch(self, queries: list[list[bytes]]) -> dict[str, Any]:
         """1..max queries -> `{"epoch_id", "identity", "results": [{"pages": [...]}, ...]}`."""
-        return await self._party.query_batch(queries)
+        return await self._observed("handle_batch", len(queries),
+                                    self._party.query_batch(queries))
+
+    async def _observed(self, route: str, queries: int, call: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            out = await call
+        except WireError as err:
+            self._metrics.request(route, err.status, time.perf_counter() - start, 0)
+            raise
+        except Exception:
+            self._metrics.request(route, 500, time.perf_counter() - start, 0)
+            raise
+        self._metrics.request(route, 200, time.perf_counter() - start, queries)
+        return out
 
     async def epoch(self) -> dict[str, Any]:
         return await self._party.epoch()
@@ -159,6 +176,16 @@ class Router:
         return _json_response(await self._party.admin.updates(changes))
 
     async def __call__(self, request: Request) -> Response:
+        start = time.perf_counter()
+        path = _relative_path(request)
+        route = path if path in _ROUTES else "other"  # never an arbitrary path as a label
+        response = await self._respond(request)
+        answered = getattr(request.state, "queries", 0) if response.status_code == 200 else 0
+        self._metrics.request(route, response.status_code, time.perf_counter() - start,
+                              answered)
+        return response
+
+    async def _respond(self, request: Request) -> Response:
         try:
             return await self._http(request)
         except WireError as err:
@@ -203,6 +230,7 @@ class Router:
             layout,
         )
         identity, acc = await self._party.answer(parsed.queries)
+        request.state.queries = len(parsed.queries)
         enc_out = wire.response_encoding(request.headers.get("accept"), enc_in)
         content = wire.encode_answer(identity.epoch_id, acc, batch=batch, encoding=enc_out,
                                      identity=identity.digest)

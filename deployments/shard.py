@@ -23,6 +23,7 @@ import numpy as np
 import ray
 from ray import serve
 
+from deployments.metrics import ServeMetrics
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
 from morphogen.dpf import DomainError, KeyBatch
@@ -57,8 +58,12 @@ class Shard:
         self._core.self_test()  # fail the constructor (not the first query) on a broken engine
         # Back to the party's epoch before serving: replay what was published since the
         # configured snapshot (a restart, or a replica added later).
+        self._metrics = ServeMetrics()
         self._log = EpochLog(cfg.epoch_log_dir) if cfg.epoch_log_dir else None
+        replay_started = time.monotonic()
         replayed = self._core.catch_up(self._log) if self._log is not None else 0
+        self._replayed = replayed
+        self._replay_s = time.monotonic() - replay_started
         self._failures = 0
         self._scans = 0
         self._folds = 0
@@ -82,7 +87,8 @@ class Shard:
         self._start_folder()
         loop = asyncio.get_running_loop()
         try:
-            identity, acc = await loop.run_in_executor(self._pool, self._core.scan, batch)
+            identity, acc, phases = await loop.run_in_executor(
+                self._pool, self._core.scan_timed, batch)
         except DomainError as exc:
             # keys made for the domain before a rotation: the caller's mistake, not a failure
             raise WireError(
@@ -94,7 +100,18 @@ class Shard:
             raise
         self._failures = 0
         self._scans += 1
+        self._metrics.scan(self._index, len(batch), self._core.stop_page - self._core.first_page,
+                           phases)
         return identity, np.ascontiguousarray(acc).tobytes()
+
+    def _report_epoch(self) -> None:
+        """Refresh the gauges (Ray exports a gauge only in the intervals it was set in, and
+        drops what the constructor records): on every publication, fold round and health
+        check."""
+        current = self._core.state.current
+        self._metrics.epoch(self._index, current.epoch_id, len(current.pending))
+        self._metrics.caught_up(self._index, self._replayed, self._replay_s)
+        self._replay_s = None
 
     async def info(self) -> dict[str, Any]:
         self._start_folder()
@@ -138,6 +155,7 @@ class Shard:
 
     async def commit(self, epoch_id: int, op: str) -> int:
         await self._admin(self._core.commit, epoch_id, op=op)
+        self._report_epoch()
         if self._core.state.current.pending and (
             len(self._core.state.current.pending) >= self._fold_threshold
         ):
@@ -152,7 +170,10 @@ class Shard:
         that died mid-publication left behind); returns `{"applied", "identity"}`."""
         if self._log is None:
             return {"applied": 0, "identity": self._core.identity.digest}
+        started = time.monotonic()
         applied = await self._admin(self._core.catch_up, self._log)
+        self._replayed, self._replay_s = applied, time.monotonic() - started
+        self._report_epoch()
         if applied:
             log.info("shard %d caught up %d log entries: now %s", self._index, applied,
                      self._core.identity)
@@ -174,6 +195,7 @@ class Shard:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._fold_wakeup.wait(), self._fold_interval)
             self._fold_wakeup.clear()
+            self._report_epoch()
             if not self._core.state.current.pending:
                 continue
             try:
@@ -184,6 +206,7 @@ class Shard:
                 continue
             if folded:
                 self._folds += 1
+                self._report_epoch()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,6 +220,7 @@ class Shard:
             raise RuntimeError(f"{self._failures} consecutive scans failed")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._probe_pool, self._core.self_test)
+        self._report_epoch()  # gauges stay current between publications
 
     def __del__(self) -> None:
         folder = getattr(self, "_folder", None)

@@ -196,10 +196,26 @@ class Version:
         return pages, diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
 
     def scan(self, batch: KeyBatch) -> np.ndarray:
+        return self.scan_timed(batch)[0]
+
+    def scan_timed(self, batch: KeyBatch) -> tuple[np.ndarray, dict[str, float]]:
+        """The answers and seconds by phase: `h2d`, `kernel`, `d2h` from an engine that
+        times its device phases, `scan` for the rest, `pending` for the pending updates."""
         acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
+        phases: dict[str, float] = {}
         for seg in self.segments:
-            acc ^= seg.scanner.scan(batch)
+            timed = getattr(seg.scanner, "scan_timed", None)
+            if timed is not None:
+                part, t = timed(batch)
+                for name in ("h2d", "kernel", "d2h"):
+                    phases[name] = phases.get(name, 0.0) + getattr(t, f"{name}_ms") / 1000
+            else:
+                start = time.perf_counter()
+                part = seg.scanner.scan(batch)
+                phases["scan"] = phases.get("scan", 0.0) + time.perf_counter() - start
+            acc ^= part
         if self.pending:
+            start = time.perf_counter()
             # the same work for every key whatever its target: all pending pages, every key
             pages, diffs = self._pending_arrays
             masks = eval_points(batch, pages)  # (K, U, 16)
@@ -209,7 +225,8 @@ class Version:
                 j1 = min(len(pages), j0 + step)
                 part = diffs[None, j0:j1] & masks[:, j0:j1, None, :]  # (K, u, 256, 16)
                 acc ^= np.bitwise_xor.reduce(part, axis=1).reshape(k, PAGE_SIZE)
-        return acc
+            phases["pending"] = time.perf_counter() - start
+        return acc, phases
 
 
 class ShardState:
@@ -265,6 +282,13 @@ class ShardState:
     def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
         """`(identity, partials)`: every key over this shard's pages, all on the version that
         was current when the scan started (held by a lease until it ends)."""
+        identity, acc, _ = self.scan_timed(keys)
+        return identity, acc
+
+    def scan_timed(
+        self, keys: Sequence[DpfKey] | KeyBatch
+    ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
+        """`scan` plus its seconds by phase (Version.scan_timed)."""
         batch = as_batch(keys)
         with self.lease() as version:
             if batch.domain_bits != version.snapshot.domain_bits:
@@ -276,7 +300,8 @@ class ShardState:
                     f"{version.snapshot.domain_bits}"
                 )
             check_domain(batch, version.first_page, version.stop_page - version.first_page)
-            return version.identity, version.scan(batch)
+            acc, phases = version.scan_timed(batch)
+            return version.identity, acc, phases
 
     @contextlib.contextmanager
     def lease(self) -> Iterator[Version]:

@@ -28,6 +28,7 @@ from morphogen.dpf import DomainError, DpfKey, KeyBatch
 from morphogen.epoch import ChangeBatch
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
+from morphogen.observe import NullObserver, Observer
 from morphogen.publication import Publisher
 from morphogen.redact import reason
 
@@ -92,12 +93,13 @@ class Party:
     """The party's logic over `shards` (index order = shard order)."""
 
     def __init__(self, cfg: PartyConfig, shards: list[ShardLink],
-                 epoch_log: EpochLog | None = None) -> None:
+                 epoch_log: EpochLog | None = None, observer: Observer | None = None) -> None:
         if not shards:
             raise ValueError("a party needs at least one shard")
         self.cfg = cfg
         self.shards = list(shards)
         self.epoch_log = epoch_log
+        self.observer: Observer = observer or NullObserver()
         self._layout: Layout | None = None
         self._layout_lock = asyncio.Lock()
         self._refresh: asyncio.Task[None] | None = None
@@ -202,6 +204,7 @@ class Party:
         except DomainError:
             # requests validated on both sides of a domain-changing rotation met in one group
             raise self.unavailable("the snapshot is changing, retry") from None
+        self.observer.coalesced(len(keys))
         calls = [lambda s=s: self._call_shard(s, batch) for s in self.shards]
         try:
             identity, acc = await scan_all(

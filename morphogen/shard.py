@@ -134,8 +134,13 @@ class ShardCore:
     def scan(self, batch: KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
         """`(identity, (K, 4096) partial accumulators)` of every key over this shard's pages,
         all of one epoch (the version current when the scan started)."""
-        identity, acc = self.state.scan(owned(batch))
-        return identity, np.asarray(acc, dtype=np.uint8)
+        identity, acc, _ = self.scan_timed(batch)
+        return identity, acc
+
+    def scan_timed(self, batch: KeyBatch) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
+        """`scan` plus its seconds by phase (device phases from a GPU engine)."""
+        identity, acc, phases = self.state.scan_timed(owned(batch))
+        return identity, np.asarray(acc, dtype=np.uint8), phases
 
     # -- epochs (two-phase; see morphogen.epoch)
     def prepare_updates(

@@ -25,6 +25,8 @@ from cluster.local import fast_ingress_env  # noqa: E402 - no Ray import behind 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# metrics reach the node's Prometheus endpoint within a second (test_metrics.py)
+os.environ.setdefault("RAY_metrics_report_interval_ms", "1000")
 # The same Serve settings as the clusters `morphogen` starts (MORPHOGEN_FAST_INGRESS=0 tests
 # Serve's default Python proxy instead, the path of a plain `serve run`).
 FAST_INGRESS = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"

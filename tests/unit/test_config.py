@@ -85,3 +85,17 @@ def test_admin_settings() -> None:
     with pytest.raises(ValidationError, match="shard_replicas == 1"):
         PartyConfig(admin_token_file="/run/secrets/t", shard_replicas=2)
     assert not PartyConfig(shard_replicas=2, admin_token_env=None).admin_supported
+
+
+def test_grafana_dashboard_charts_every_emitted_metric() -> None:
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    board = json.loads((root / "deployments" / "grafana_dashboard.json").read_text())
+    exprs = " ".join(t["expr"] for p in board["panels"] for t in p["targets"])
+    emitted = set(re.findall(r'"(morphogen_[a-z_]+)"', (root / "deployments" /
+                                                          "metrics.py").read_text()))
+    charted = {m for m in emitted if f"ray_{m}" in exprs}
+    assert emitted and charted == emitted, emitted - charted

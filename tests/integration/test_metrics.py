@@ -1,0 +1,55 @@
+"""The metrics a party emits reach the node's Prometheus endpoint, and carry no request data."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from morphogen.client import PirClient
+
+pytestmark = [pytest.mark.ray]
+
+EXPECTED = (
+    "morphogen_queries", "morphogen_keys", "morphogen_errors", "morphogen_request_seconds",
+    "morphogen_coalesced_keys", "morphogen_scan_seconds", "morphogen_scanned_bytes",
+    "morphogen_epoch", "morphogen_pending_updates", "morphogen_catch_up_entries",
+)
+
+
+def _scrape() -> str:
+    import ray
+
+    texts = []
+    for node in ray.nodes():
+        port = node.get("MetricsExportPort")
+        if node.get("Alive") and port:
+            texts.append(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text)
+    return "\n".join(texts)
+
+
+def test_party_metrics_are_exported_without_request_data(parties, pages) -> None:
+    url_a, url_b = parties.app_url("a"), parties.app_url("b")
+    with PirClient(url_a, url_b) as c:
+        assert c.get([1, 2, 600]) == [pages[p].tobytes() for p in (1, 2, 600)]
+    r = httpx.post(url_a + "/query/page/gpu", json={"keys": ["0x00"]}, timeout=30)
+    assert r.status_code == 400
+    deadline = time.monotonic() + 60
+    while True:
+        text = _scrape()
+        ours = [line for line in text.splitlines()
+                if line.startswith("ray_morphogen_") and 'application="a"' in line]
+        missing = [m for m in EXPECTED if not any(f"ray_{m}" in line for line in ours)]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert not missing, missing
+    queries = [line for line in ours if line.startswith("ray_morphogen_queries")]
+    assert any('route="/query/page/gpu' in line for line in queries), queries
+    assert any('status="400"' in line for line in ours if "morphogen_errors" in line)
+    assert any('phase="scan"' in line for line in ours if "morphogen_scan_seconds" in line)
+    # labels hold routes, statuses, shard numbers and phases: never keys or pages
+    for line in ours:
+        labels = line.split("{", 1)[1].rsplit("}", 1)[0]
+        assert "0x" not in labels and len(labels) < 2000, line
