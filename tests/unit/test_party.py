@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from morphogen import dpf
-from morphogen.codec import WireError
+from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
+from morphogen.dpf import DomainError
 from morphogen.epoch import ChangeBatch, PageUpdate, PageWrite
 from morphogen.epoch_log import EpochLog, EpochLogError
 from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
@@ -33,7 +34,10 @@ class CoreLink:
         self.log = epoch_log
 
     async def scan(self, batch):
-        return await asyncio.to_thread(self.core.scan, batch)
+        try:
+            return await asyncio.to_thread(self.core.scan, batch)
+        except DomainError as exc:  # as deployments/shard.py answers it
+            raise WireError(400, ErrorCode.BAD_DOMAIN, str(exc)) from None
 
     async def info(self) -> dict[str, Any]:
         out = self.core.info()
@@ -230,3 +234,29 @@ def test_a_log_of_other_data_or_a_corrupt_log_refuses_the_start(world):
     log_file.write_bytes(bytes(raw))
     with pytest.raises(EpochLogError):
         _start_shard(snaps / "base", 0, EpochLog(root / "log"))
+
+
+def test_keys_of_a_domain_the_shards_left_are_refused_and_the_layout_refreshed(world):
+    """Another router rotated the shards to a bigger domain: this party's cached layout still
+    validates the old keys; the shards refuse them (400, never a 500) and the layout moves."""
+    _, snaps = world
+    party, links = _party(snaps, None)
+
+    async def scenario():
+        layout = await party.layout()
+        assert layout.domain_bits == 7
+        build_synthetic(snaps / "bigger", 200, seed=9, epoch_id=5, progress=False)
+        for link in links:
+            link.core.prepare_snapshot(5, snaps / "bigger", op="other router")
+            link.core.commit(5, op="other router")
+        keys = [dpf.generate_keys(7, 3)[0].to_bytes()] * 3
+        with pytest.raises(WireError) as err:
+            await party.query(keys)
+        assert (err.value.status, err.value.code) == (400, ErrorCode.BAD_DOMAIN)
+        for _ in range(100):  # the refresh runs in the background
+            if (await party.layout()).domain_bits == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert (await party.layout()).num_pages == 200
+
+    asyncio.run(scenario())
