@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
 from morphogen import dpf, engine  # noqa: E402
-from morphogen.epoch import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
+from morphogen.changes import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
 from morphogen.epoch_log import EpochLog  # noqa: E402
 from morphogen.matrix import Snapshot, build_synthetic, synthetic_pages  # noqa: E402
 from morphogen.shard import ShardCore  # noqa: E402

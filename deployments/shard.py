@@ -24,10 +24,10 @@ import ray
 from ray import serve
 
 from deployments.metrics import ServeMetrics
+from morphogen.changes import ChangeBatch
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
 from morphogen.dpf import DomainError, KeyBatch
-from morphogen.epoch import ChangeBatch
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.redact import reason

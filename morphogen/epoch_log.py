@@ -34,8 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from morphogen.changes import ChangeBatch
 from morphogen.engine.base import PAGE_SIZE
-from morphogen.epoch import ChangeBatch
 from morphogen.identity import EpochIdentity, batch_digest
 
 log = logging.getLogger(__name__)

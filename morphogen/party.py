@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from morphogen import admin, wire
+from morphogen.changes import ChangeBatch
 from morphogen.coalesce import Coalescer
 from morphogen.codec import KEYS_PER_QUERY, PAGE_SIZE, ErrorCode, WireError, unavailable
 from morphogen.combine import EpochMismatch, ShardFailure, scan_all
 from morphogen.config import PartyConfig
 from morphogen.dpf import DomainError, DpfKey, KeyBatch
-from morphogen.epoch import ChangeBatch
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.observe import NullObserver, Observer

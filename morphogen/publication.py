@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from morphogen import admin
+from morphogen.changes import ChangeBatch
 from morphogen.codec import ErrorCode, WireError
 from morphogen.combine import ShardFailure
-from morphogen.epoch import ChangeBatch
 from morphogen.epoch_log import EpochLogConflict, EpochLogError
 from morphogen.identity import EpochIdentity
 from morphogen.redact import reason

@@ -18,6 +18,7 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, ValidationError
 
+from morphogen.changes import ChangeBatch
 from morphogen.codec import (
     JSON_TYPE,
     KEYS_PER_QUERY,
@@ -34,7 +35,6 @@ from morphogen.codec import (
     media_type,
 )
 from morphogen.dpf import DpfKey, KeyFormatError
-from morphogen.epoch import ChangeBatch
 
 JSON = "json"
 MSGPACK = "msgpack"

@@ -4,15 +4,9 @@ import numpy as np
 import pytest
 
 from morphogen import dpf, engine
+from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.dpf import DomainError
-from morphogen.epoch import (
-    ChangeBatch,
-    EpochError,
-    PageUpdate,
-    PageWrite,
-    ShardState,
-    StagingConflict,
-)
+from morphogen.epoch import EpochError, ShardState, StagingConflict
 from morphogen.matrix import (
     Snapshot,
     SnapshotError,

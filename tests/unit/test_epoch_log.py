@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from morphogen.epoch import ChangeBatch
+from morphogen.changes import ChangeBatch
 from morphogen.epoch_log import EpochLog, EpochLogConflict, EpochLogError, LogEntry
 from morphogen.identity import EMPTY_CHAIN, EpochIdentity
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from morphogen import dpf
+from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
 from morphogen.dpf import DomainError
-from morphogen.epoch import ChangeBatch, PageUpdate, PageWrite
 from morphogen.epoch_log import EpochLog, EpochLogError
 from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
 from morphogen.party import Party

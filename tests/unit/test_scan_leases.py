@@ -11,7 +11,8 @@ import pytest
 from _gpu_fakes import FakeBackend, make_engine
 
 from morphogen import dpf, engine
-from morphogen.epoch import PageUpdate, ShardState
+from morphogen.changes import PageUpdate
+from morphogen.epoch import ShardState
 from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
 
 NUM_PAGES = 200
