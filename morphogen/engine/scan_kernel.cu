@@ -125,6 +125,29 @@ __device__ __forceinline__ void dpf_children(const uint4 s, const u32 t,
     tr ^= (__ldg(key + 10) >> level) & t;
 }
 
+// One key's cached root-to-subtree path (path_s / path_t: PATH_SLOTS nodes, the root at 0)
+// moved to subtree `index` at depth `root_depth`. Consecutive subtrees share the path above the
+// highest bit in which their indices differ, so only the levels below it are recomputed (all of
+// them when `whole`: the first subtree a block visits). Node root_depth is then the subtree's
+// root.
+__device__ __forceinline__ void advance_path(uint4* path_s, u8* path_t,
+                                             const u32* __restrict__ key, const u32 root_depth,
+                                             const u32 index, const bool whole) {
+    u32 from = 0;
+    if (!whole && root_depth > 0) {
+        const u32 diff = index ^ (index - 1u);
+        from = root_depth - (32u - __clz(diff));
+    }
+    for (u32 i = from; i < root_depth; ++i) {
+        uint4 sl, sr;
+        u32 tl, tr;
+        dpf_children(path_s[i], path_t[i], key, i, sl, tl, sr, tr);
+        const bool right = (index >> (root_depth - 1u - i)) & 1u;
+        path_s[i + 1] = right ? sr : sl;
+        path_t[i + 1] = (u8)(right ? tr : tl);
+    }
+}
+
 __device__ __forceinline__ uint4 load_key_words(const u32* __restrict__ p) {
     return make_uint4(__ldg(p), __ldg(p + 1), __ldg(p + 2), __ldg(p + 3));
 }
@@ -211,20 +234,8 @@ __device__ __forceinline__ void scan_body(const uint4* __restrict__ pages, const
         for (u32 tile = first_tile;; ++tile) {
             // 1. Root-to-tile path: recompute only below the highest bit that changed.
             if (tid < KG) {
-                u32 from = 0;
-                if (tile != first_tile && root_depth > 0) {
-                    const u32 diff = tile ^ (tile - 1u);
-                    from = root_depth - (32u - __clz(diff));
-                }
-                for (u32 i = from; i < root_depth; ++i) {
-                    uint4 sl, sr;
-                    u32 tl, tr;
-                    dpf_children(path_s[tid * PATH_SLOTS + i], path_t[tid * PATH_SLOTS + i],
-                                 wkey, i, sl, tl, sr, tr);
-                    const bool right = (tile >> (root_depth - 1u - i)) & 1u;
-                    path_s[tid * PATH_SLOTS + i + 1] = right ? sr : sl;
-                    path_t[tid * PATH_SLOTS + i + 1] = (u8)(right ? tr : tl);
-                }
+                advance_path(path_s + tid * PATH_SLOTS, path_t + tid * PATH_SLOTS, wkey,
+                             root_depth, tile, tile == first_tile);
                 masks[tid] = path_s[tid * PATH_SLOTS + root_depth];
                 node_t[tid] = path_t[tid * PATH_SLOTS + root_depth];
             }

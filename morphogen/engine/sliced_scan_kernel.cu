@@ -172,20 +172,8 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
         // 1. Root-to-chunk path: recompute only below the highest bit that changed.
         if (tid < nkeys) {
             const u32* wkey = gkeys + tid * key_words;
-            u32 from = 0;
-            if (c != lo && root_depth > 0) {
-                const u32 diff = chunk ^ (chunk - 1u);
-                from = root_depth - (32u - __clz(diff));
-            }
-            for (u32 i = from; i < root_depth; ++i) {
-                uint4 sl, sr;
-                u32 tl, tr;
-                dpf_children(path_s[tid * PATH_SLOTS + i], path_t[tid * PATH_SLOTS + i], wkey, i,
-                             sl, tl, sr, tr);
-                const bool right = (chunk >> (root_depth - 1u - i)) & 1u;
-                path_s[tid * PATH_SLOTS + i + 1] = right ? sr : sl;
-                path_t[tid * PATH_SLOTS + i + 1] = (u8)(right ? tr : tl);
-            }
+            advance_path(path_s + tid * PATH_SLOTS, path_t + tid * PATH_SLOTS, wkey, root_depth,
+                         chunk, c == lo);
             tree[tid] = path_s[tid * PATH_SLOTS + root_depth];
             tree_t[tid] = path_t[tid * PATH_SLOTS + root_depth];
         }
