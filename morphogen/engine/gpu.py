@@ -213,7 +213,13 @@ class LaunchPlan:
 
     @property
     def reduce_grid(self) -> int:
-        return -(-self.num_keys * LANES_PER_PAGE // REDUCE_LANES)
+        return reduce_grid(self.num_keys)
+
+
+def reduce_grid(num_keys: int) -> int:
+    """Blocks of the reduce launch that folds the partial rows of `num_keys` keys (either scan
+    layout writes the same partial rows)."""
+    return -(-num_keys * LANES_PER_PAGE // REDUCE_LANES)
 
 
 def plan_launch(
@@ -874,7 +880,7 @@ class GpuShard:
             b.launch(kernels[plan.kernel], plan.grid, threads, args, plan.smem_bytes, ws.stream)
             b.launch(
                 kernels[REDUCE_KERNEL],
-                plan.reduce_grid,
+                reduce_grid(num_keys),
                 REDUCE_LANES * REDUCE_SLICES,
                 reduce_args,
                 0,

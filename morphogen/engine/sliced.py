@@ -110,7 +110,8 @@ def sliced_smem_bytes(n_tiles: int) -> int:
 
 @dataclass(frozen=True)
 class SlicedPlan:
-    """One sliced launch: `grid` blocks of SLICED_THREADS, then one reduce launch."""
+    """One sliced launch: `grid` blocks of SLICED_THREADS, then the reduce launch
+    (gpu.reduce_grid)."""
 
     kernel: str
     num_keys: int
@@ -126,10 +127,6 @@ class SlicedPlan:
     @property
     def partial_bytes(self) -> int:
         return self.page_blocks * self.num_keys * PAGE_SIZE
-
-    @property
-    def reduce_grid(self) -> int:
-        return -(-self.num_keys * (PAGE_SIZE // 16) // 16)
 
 
 def plan_sliced_launch(
