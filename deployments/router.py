@@ -179,27 +179,26 @@ class Router:
         start = time.perf_counter()
         path = _relative_path(request)
         route = path if path in _ROUTES else "other"  # never an arbitrary path as a label
-        response = await self._respond(request)
+        response = await self._respond(request, path)
         answered = getattr(request.state, "queries", 0) if response.status_code == 200 else 0
         self._metrics.request(route, response.status_code, time.perf_counter() - start,
                               answered)
         return response
 
-    async def _respond(self, request: Request) -> Response:
+    async def _respond(self, request: Request, path: str) -> Response:
         try:
-            return await self._http(request)
+            return await self._http(request, path)
         except WireError as err:
             return _error_response(err)
         except ClientDisconnect:
             return Response(status_code=499)
         except Exception as exc:  # noqa: BLE001 - never a traceback over the wire
             # The whole stack, but no message of a lower layer: those may quote request data.
-            log.error("internal error answering %s:\n%s", _relative_path(request),
+            log.error("internal error answering %s:\n%s", path,
                       redacted_traceback(exc))
             return _error_response(WireError(500, ErrorCode.INTERNAL, "internal error"))
 
-    async def _http(self, request: Request) -> Response:
-        path = _relative_path(request)
+    async def _http(self, request: Request, path: str) -> Response:
         method = _ROUTES.get(path)
         if method is None:
             raise WireError(404, ErrorCode.NOT_FOUND, f"no route {path}")

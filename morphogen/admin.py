@@ -81,7 +81,7 @@ class PartyEpoch:
     """What the shards of a party report together."""
 
     epoch_id: int  # the epoch every shard serves (the highest one when they disagree)
-    consistent: bool  # every shard serves the same epoch
+    consistent: bool  # every shard serves the same data (one epoch identity)
     num_pages: int
     domain_bits: int
     pending_updates: int
@@ -99,12 +99,17 @@ class PartyEpoch:
         }
 
 
+def same_data(infos: Sequence[dict[str, Any]]) -> bool:
+    """Whether the shards' infos all name one epoch identity (equal epoch ids are not enough)."""
+    return len({i["identity"] for i in infos}) == 1
+
+
 def party_epoch(infos: Sequence[dict[str, Any]]) -> PartyEpoch:
     epochs = {int(i["epoch_id"]) for i in infos}
     first = infos[0]
     return PartyEpoch(
         epoch_id=max(epochs),
-        consistent=len(epochs) == 1,
+        consistent=same_data(infos),
         num_pages=int(first["num_pages"]),
         domain_bits=int(first["domain_bits"]),
         pending_updates=sum(int(i.get("pending_updates", 0)) for i in infos),

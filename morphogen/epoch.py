@@ -39,7 +39,7 @@ from morphogen.changes import Change, ChangeBatch, PageUpdate, PageWrite
 from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch, eval_points
 from morphogen.engine.base import PAGE_SIZE, Engine, ShardScanner, check_domain
 from morphogen.identity import EpochIdentity
-from morphogen.matrix import Snapshot, snapshot_fingerprint
+from morphogen.matrix import Snapshot
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
 # A staged version left by an admin operation that never committed nor aborted (its router
@@ -226,11 +226,6 @@ class ShardState:
             yield version
         finally:
             self._release(version)
-
-    def leased_scans(self) -> int:
-        """Scans holding a lease on any segment right now (tests and status)."""
-        with self._lease_lock:
-            return max((s.lease.scans for s in self._current.segments), default=0)
 
     @property
     def rotation_in_progress(self) -> bool:
@@ -458,7 +453,7 @@ class ShardState:
             raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
         pages = snapshot.pages(first_page, stop_page)
         seg = _Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
-        identity = EpochIdentity.of_snapshot(epoch_id, snapshot_fingerprint(snapshot))
+        identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
         return Version(identity, snapshot, first_page, stop_page, (seg,))
 
     def _fold(self, base: Version) -> Version:

@@ -77,13 +77,5 @@ class EpochIdentity:
         h.update(bytes.fromhex(self.chain))
         return "0x" + h.hexdigest()
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "epoch_id": self.epoch_id,
-            "identity": self.digest,
-            "snapshot_checksum": self.snapshot_checksum,
-            "update_chain": "0x" + self.chain,
-        }
-
     def __str__(self) -> str:
         return f"epoch {self.epoch_id} ({self.digest[:14]})"

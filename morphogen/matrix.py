@@ -594,16 +594,15 @@ def sample_digest(snap: Snapshot) -> str:
     """blake2b-128 of the page count and SAMPLE_PAGES pages spread evenly over the snapshot
     (first and last included): a cheap check, at every open, that the data file is the one its
     manifest was written for. Not a substitute for the checksum (`verify=True`)."""
-    n = snap.num_pages
+    return _sample_digest(snap.num_pages, lambda p: snap.pages(p, p + 1))
+
+
+def _sample_digest(num_pages: int, page: Callable[[int], np.ndarray]) -> str:
     h = hashlib.blake2b(digest_size=16)
-    h.update(n.to_bytes(8, "little"))
-    for p in sampled_pages(n):
-        h.update(_as_bytes(snap.pages(p, p + 1)))
+    h.update(num_pages.to_bytes(8, "little"))
+    for p in sampled_pages(num_pages):
+        h.update(_as_bytes(page(p)))
     return h.hexdigest()
-
-
-def snapshot_fingerprint(snap: Snapshot) -> str:
-    return snap.fingerprint()
 
 
 def _fsync_dir(path: Path) -> None:
@@ -696,16 +695,9 @@ def write_snapshot(
                 f"page source produced {pages_written} pages, expected {expected_pages}"
             )
         with open(tmp_data, "rb") as fh:
-            probe = Snapshot(
-                Manifest(FORMAT_VERSION, 0, pages_written, PAGE_SIZE,
-                         domain_bits_for(pages_written), DATA_FILE, pages_written * PAGE_SIZE,
-                         None, "", ""),
-                tmp_data, tmp_data,
-                np.memmap(fh, dtype=np.uint8, mode="r", shape=(pages_written, PAGE_SIZE)),
-                None,
-            )
-            sample = sample_digest(probe)
-            probe.close()
+            written_pages = np.memmap(fh, dtype=np.uint8, mode="r",
+                                      shape=(pages_written, PAGE_SIZE))
+            sample = _sample_digest(pages_written, lambda p: written_pages[p : p + 1])
         manifest = Manifest(
             sample=sample,
             format=FORMAT_VERSION,

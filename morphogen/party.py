@@ -84,10 +84,6 @@ class Layout:
         self.identities = {i["identity"] for i in infos}
         self.epoch_id: int = max(int(i["epoch_id"]) for i in infos)
 
-    @property
-    def consistent(self) -> bool:
-        return len(self.identities) == 1
-
 
 class Party:
     """The party's logic over `shards` (index order = shard order)."""
@@ -261,7 +257,7 @@ class Party:
             if attempt:
                 await asyncio.sleep(backoff * (2 ** (attempt - 1)))
             infos = await self.infos()
-            if len({i["identity"] for i in infos}) == 1:
+            if admin.same_data(infos):
                 return infos
         raise self.unavailable("shards are between epochs, retry")
 

@@ -58,11 +58,11 @@ class Publisher:
         if self.party.epoch_log is not None:
             head = await asyncio.to_thread(self.party.epoch_log.head)
             behind = head is not None and any(i["identity"] != head.identity for i in infos)
-            if behind or len({i["identity"] for i in infos}) != 1:
+            if behind or not admin.same_data(infos):
                 # the log is the party's truth: what it holds was meant to be published
                 await self.catch_up()
                 infos = await self.party.infos()
-        if len({i["identity"] for i in infos}) != 1:
+        if not admin.same_data(infos):
             raise self.party.unavailable(
                 "shards serve different epochs (a failed commit or a restarted shard); page "
                 "updates are refused until a snapshot rotation brings them together"
@@ -234,7 +234,7 @@ class Publisher:
                                                "identity": entry.identity}
         return {
             **state.as_dict(),
-            "consistent": len({i["identity"] for i in infos}) == 1,
+            "consistent": state.consistent,
             "num_pages": state.num_pages,
             "domain_bits": state.domain_bits,
             "rotation_in_progress": state.rotation_in_progress or self.rotating,

@@ -107,10 +107,12 @@ def test_rotation_epoch_never_goes_back() -> None:
 
 def test_party_epoch() -> None:
     infos = [
-        {"epoch_id": 4, "num_pages": 10, "domain_bits": 4, "pending_updates": 2,
-         "rotation_in_progress": False, "snapshot_epoch_id": 1, "snapshot_checksum": "c"},
-        {"epoch_id": 5, "num_pages": 10, "domain_bits": 4, "pending_updates": 1,
-         "rotation_in_progress": True, "snapshot_epoch_id": 1, "snapshot_checksum": "c"},
+        {"epoch_id": 4, "identity": "0x04", "num_pages": 10, "domain_bits": 4,
+         "pending_updates": 2, "rotation_in_progress": False, "snapshot_epoch_id": 1,
+         "snapshot_checksum": "c"},
+        {"epoch_id": 5, "identity": "0x05", "num_pages": 10, "domain_bits": 4,
+         "pending_updates": 1, "rotation_in_progress": True, "snapshot_epoch_id": 1,
+         "snapshot_checksum": "c"},
     ]
     state = admin.party_epoch(infos)
     assert (state.epoch_id, state.consistent, state.pending_updates) == (5, False, 3)
