@@ -16,7 +16,14 @@ from ray.serve import Application
 
 from deployments.router import Router
 from deployments.shard import Shard
-from morphogen.config import PartyConfig, resolved_engine, shard_actor_options
+from morphogen.config import (
+    ADMIN_NEEDS_LOG,
+    PartyConfig,
+    resolved_engine,
+    router_scaling,
+    shard_actor_options,
+    shard_scaling,
+)
 from morphogen.matrix import Snapshot, shard_ranges
 from morphogen.shard import warm_up
 from morphogen.snapshots import open_snapshot
@@ -43,12 +50,8 @@ def _warm_up(snap: Snapshot, engine: str, cfg: PartyConfig) -> None:
 def build_app(args: PartyConfig) -> Application:
     """Build one party's application from `args` (a dict or a PartyConfig)."""
     cfg = args if isinstance(args, PartyConfig) else PartyConfig.model_validate(args or {})
-    if cfg.shard_replicas > 1 and cfg.admin_token_env and os.environ.get(cfg.admin_token_env):
-        raise ValueError(
-            f"{cfg.admin_token_env} is set but shard_replicas > 1: the admin routes need one "
-            "replica per shard (an update must reach every copy); unset it or set "
-            "admin_token_env: null to serve without admin"
-        )
+    if not cfg.admin_supported and cfg.admin_token_env and os.environ.get(cfg.admin_token_env):
+        raise ValueError(f"{cfg.admin_token_env} is set: {ADMIN_NEEDS_LOG}")
     gpus = _cluster_gpus()
     placed_on_gpu = cfg.wants_gpu(gpus)
     if placed_on_gpu and ray.is_initialized() and gpus < 1:
@@ -72,7 +75,7 @@ def build_app(args: PartyConfig) -> Application:
     shards = [
         Shard.options(
             name=f"shard_{i}",
-            num_replicas=cfg.shard_replicas,
+            **shard_scaling(cfg),
             ray_actor_options=shard_actor_options(cfg, gpus),
             max_ongoing_requests=cfg.shard_max_ongoing_requests,
             **common,
@@ -81,7 +84,7 @@ def build_app(args: PartyConfig) -> Application:
     ]
     return Router.options(
         name="router",
-        num_replicas=cfg.router_replicas,
+        **router_scaling(cfg),
         ray_actor_options={"num_cpus": cfg.router_num_cpus},
         max_ongoing_requests=cfg.router_max_ongoing_requests,
         max_queued_requests=cfg.router_max_queued_requests,

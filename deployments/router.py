@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from ray import serve
+from ray.exceptions import RayActorError
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -20,6 +21,7 @@ from starlette.responses import Response
 from deployments.metrics import ServeMetrics
 from morphogen import wire
 from morphogen.admin_auth import AdminAccess, AdminGuard
+from morphogen.autoscaling import HELD_QUERIES
 from morphogen.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
@@ -33,7 +35,8 @@ from morphogen.codec import (
     ErrorCode,
     WireError,
 )
-from morphogen.config import PartyConfig
+from morphogen.combine import ShardFailure
+from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.matrix import MAX_PAGES
@@ -55,33 +58,55 @@ _ADMIN_PATHS = frozenset({ADMIN_UPDATES_PATH, ADMIN_SNAPSHOT_PATH, ADMIN_STATUS_
 
 
 class _HandleLink:
-    """A shard deployment handle as the party's `ShardLink`."""
+    """A shard deployment handle as the party's `ShardLink`: scans and metadata go to one
+    replica (Serve picks it); publication steps go to every running replica (`broadcast`)."""
 
     def __init__(self, handle: DeploymentHandle) -> None:
         self._h = handle
 
-    async def scan(self, batch: Any) -> tuple[EpochIdentity, Any]:
-        return await self._h.scan.remote(batch)
+    async def scan(self, batch: Any, want: EpochIdentity | None) -> tuple[EpochIdentity, Any]:
+        return await self._h.scan.remote(batch, want)
 
     async def info(self) -> dict[str, Any]:
         return await self._h.info.remote()
 
-    async def prepare_updates(self, epoch_id: int, changes: Any, base_epoch: int,
-                              op: str) -> int:
-        return await self._h.prepare_updates.remote(epoch_id, changes, base_epoch, op)
+    async def _everywhere(self, method: str, *args: Any) -> list[Any]:
+        """`method` on every replica running now. A replica that died meanwhile is skipped
+        (it replays the epoch log when it comes back); any other failure is raised."""
+        results = await self._h.broadcast(method, *args).results_async(return_exceptions=True)
+        done = []
+        for r in results:
+            if isinstance(r, RayActorError):
+                log.warning("a shard replica died during %s; it replays the epoch log", method)
+                continue
+            if isinstance(r, BaseException):
+                raise r
+            done.append(r)
+        if not done:
+            raise ShardFailure(f"no shard replica answered {method}")
+        return done
 
-    async def prepare_snapshot(self, epoch_id: int, path: str, checksum: str | None,
-                               op: str) -> dict[str, int]:
-        return await self._h.prepare_snapshot.remote(epoch_id, path, checksum, op)
+    async def replicas(self) -> list[dict[str, Any]]:
+        return await self._everywhere("info")
 
-    async def commit(self, epoch_id: int, op: str) -> int:
-        return await self._h.commit.remote(epoch_id, op)
+    async def prepare_updates(self, epoch_id: int, changes: Any, base_epoch: int, op: str,
+                              target: str) -> int:
+        return (await self._everywhere("prepare_updates", epoch_id, changes, base_epoch, op,
+                                       target))[0]
+
+    async def prepare_snapshot(self, epoch_id: int, path: str, checksum: str | None, op: str,
+                               target: str) -> dict[str, int]:
+        return (await self._everywhere("prepare_snapshot", epoch_id, path, checksum, op,
+                                       target))[0]
+
+    async def commit(self, epoch_id: int, op: str, target: str) -> int:
+        return (await self._everywhere("commit", epoch_id, op, target))[0]
 
     async def abort(self, epoch_id: int, op: str) -> None:
-        return await self._h.abort.remote(epoch_id, op)
+        await self._everywhere("abort", epoch_id, op)
 
     async def catch_up(self) -> dict[str, Any]:
-        return await self._h.catch_up.remote()
+        return (await self._everywhere("catch_up"))[0]
 
 
 @serve.deployment
@@ -94,7 +119,7 @@ class Router:
         # Admin: the token is read once, here; it never reaches a log line or an error.
         self._guard = AdminGuard.from_sources(cfg.admin_token_file, cfg.admin_token_env)
         if self._guard.enabled and not cfg.admin_supported:
-            log.warning("admin token configured but shard_replicas > 1: admin routes refused")
+            log.warning("admin token configured, admin routes refused: %s", ADMIN_NEEDS_LOG)
         if self._guard.enabled and epoch_log is None:
             log.warning("admin enabled without epoch_log_dir: published updates and rotations "
                         "are lost when a shard replica restarts")
@@ -142,6 +167,10 @@ class Router:
         """Coalescing counters of this replica (benchmarks and tests)."""
         return self._party.stats()
 
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metric (morphogen.autoscaling.router_policy)."""
+        return {HELD_QUERIES: float(self._party.held_queries)}
+
     # ------------------------------------------------------------------ HTTP
 
     def _authorize(self, request: Request) -> None:
@@ -152,11 +181,7 @@ class Router:
         if access is AdminAccess.DENIED:
             raise WireError(401, ErrorCode.UNAUTHORIZED, "missing or wrong admin bearer token")
         if not self._cfg.admin_supported:
-            raise WireError(
-                403, ErrorCode.FORBIDDEN,
-                "admin routes need shard_replicas == 1 (an update must reach every copy of a "
-                "shard)",
-            )
+            raise WireError(403, ErrorCode.FORBIDDEN, ADMIN_NEEDS_LOG)
 
     async def _http_admin(self, path: str, request: Request) -> Response:
         self._authorize(request)  # before reading anything of the body

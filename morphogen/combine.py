@@ -30,6 +30,10 @@ class ShardFailure(RuntimeError):
 class EpochMismatch(RuntimeError):
     """Partials of one request came from different epochs (or different data)."""
 
+    def __init__(self, message: str, identities: frozenset[Any] = frozenset()) -> None:
+        super().__init__(message)
+        self.identities = identities
+
 
 Ident = TypeVar("Ident", bound=Hashable)
 
@@ -49,7 +53,7 @@ def xor_partials(
     epochs = {e for e, _ in partials}
     if len(epochs) != 1:
         raise EpochMismatch(f"shards answered from {len(epochs)} different epochs: "
-                            + ", ".join(sorted(str(e) for e in epochs)))
+                            + ", ".join(sorted(str(e) for e in epochs)), frozenset(epochs))
     want = num_keys * PAGE_SIZE
     acc: np.ndarray | None = None
     for i, (_, data) in enumerate(partials):
@@ -81,6 +85,7 @@ async def scan_all(
     attempts: int = 3,
     backoff_s: float = 0.05,
     timeout_s: float | None = None,
+    on_mismatch: Callable[[frozenset[Any]], None] | None = None,
 ) -> tuple[Any, np.ndarray]:
     """Call every shard concurrently and XOR the partials; retry the whole fan-out on a shard
     failure or an epoch mismatch, at most `attempts` times, then raise the last error.
@@ -88,7 +93,8 @@ async def scan_all(
     A retry re-runs every shard (not only the failed one) so that all partials of the answer
     come from one round and can be checked against one epoch. A shard that refuses the request
     itself (a `WireError` with a 4xx status, e.g. keys of a domain a rotation replaced) ends
-    the fan-out at once: retrying the same keys cannot succeed.
+    the fan-out at once: retrying the same keys cannot succeed. `on_mismatch` sees the
+    identities of a round that disagreed, before the retry (the caller may ask for another).
     """
     last: Exception | None = None
     for attempt in range(max(1, attempts)):
@@ -116,5 +122,7 @@ async def scan_all(
         except (EpochMismatch, ShardFailure) as exc:
             last = exc
             log.warning("scan attempt %d: %s", attempt + 1, exc)
+            if isinstance(exc, EpochMismatch) and on_mismatch is not None:
+                on_mismatch(exc.identities)
     assert last is not None
     raise last

@@ -26,6 +26,8 @@ from morphogen.codec import (
 DEFAULT_ADMIN_TOKEN_ENV = "MORPHOGEN_ADMIN_TOKEN"
 
 EngineName = Literal["auto", "reference", "cpu", "gpu"]
+# Serve's custom policy for the router: replicas from the queries its coalescers hold.
+ROUTER_AUTOSCALING_POLICY = "morphogen.autoscaling:router_policy"
 Placement = Literal["auto", "cpu", "gpu"]
 
 
@@ -36,6 +38,39 @@ def default_cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "morphogen"
+
+
+class Autoscaling(BaseModel):
+    """Serve autoscaling of one deployment (the router, or every shard deployment).
+
+    `target`: for the shards, merged scans in flight per replica (Serve's ongoing requests;
+    default `coalesce_max_in_flight`, what one router replica keeps in flight); for the router,
+    queries held per replica (queued in its coalescer or being scanned; default
+    `coalesce_max_queries`). The router scales on the offered load it holds, and shards follow
+    the scans the added routers send.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=1, le=1024)
+    max_replicas: int = Field(1, ge=1, le=1024)
+    initial_replicas: int | None = Field(None, ge=1, le=1024)
+    target: float | None = Field(None, gt=0, description="load per replica Serve aims for")
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(60.0, ge=0)
+    # Serve averages the load over this window; it must exceed its 10 s metrics interval
+    look_back_period_s: float = Field(15.0, gt=10)
+
+    @model_validator(mode="after")
+    def _check(self) -> Autoscaling:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas {self.max_replicas} < min_replicas "
+                             f"{self.min_replicas}")
+        if self.initial_replicas is not None and not (
+            self.min_replicas <= self.initial_replicas <= self.max_replicas
+        ):
+            raise ValueError("initial_replicas must lie in [min_replicas, max_replicas]")
+        return self
 
 
 class PartyConfig(BaseModel):
@@ -56,6 +91,9 @@ class PartyConfig(BaseModel):
     # -- shards
     num_shards: int = Field(2, ge=1, le=4096)
     shard_replicas: int = Field(1, ge=1, le=1024, description="copies of each shard")
+    shard_autoscaling: Autoscaling | None = Field(
+        None, description="scale each shard's replicas (shard_replicas then unused)"
+    )
     engine: EngineName = "auto"
     placement: Placement = Field(
         "auto", description="gpu: one GPU per shard replica; auto: gpu when the engine is gpu"
@@ -68,6 +106,9 @@ class PartyConfig(BaseModel):
 
     # -- router
     router_replicas: int = Field(1, ge=1, le=1024)
+    router_autoscaling: Autoscaling | None = Field(
+        None, description="scale router replicas (router_replicas then unused)"
+    )
     router_num_cpus: float = Field(0.25, ge=0)
     router_max_ongoing_requests: int = Field(256, ge=1)
     router_max_queued_requests: int = Field(
@@ -87,9 +128,10 @@ class PartyConfig(BaseModel):
 
     # -- admin: live page updates and snapshot rotation (POST /admin/updates, /admin/snapshot).
     # Off unless a token is configured: a secret file, else the environment variable named here
-    # (read on the router's node). Two-phase publication reaches every copy of a shard only
-    # with shard_replicas == 1, so a token file with more replicas is refused here and the
-    # router refuses admin requests in that case whatever the token source.
+    # (read on the router's node). With more than one replica per shard, admin needs the epoch
+    # log: a replica that missed a publication (started later, or unreachable) catches up from
+    # it, so a token file without one is refused here and the router refuses admin requests in
+    # that case whatever the token source.
     admin_token_file: str | None = Field(None, description="file holding the admin token")
     admin_token_env: str | None = Field(
         DEFAULT_ADMIN_TOKEN_ENV, description="variable holding the admin token (no file)"
@@ -108,6 +150,9 @@ class PartyConfig(BaseModel):
         description="this party's durable epoch log (one directory per party, on a path every "
         "shard node sees): published updates and rotations survive a shard restart; None: a "
         "restarted shard comes back at the configured snapshot",
+    )
+    catch_up_wait_s: float = Field(
+        10.0, ge=0, description="a scan waits this long for its replica to catch up, then 503"
     )
     fold_interval_s: float = Field(
         1.0, ge=0, description="background fold of pending updates into pages (0: off)"
@@ -133,18 +178,21 @@ class PartyConfig(BaseModel):
                 f"{self.num_shards} shards for {self.synthetic_pages} pages: "
                 "every shard needs at least one page"
             )
-        if self.admin_token_file is not None and self.shard_replicas > 1:
-            raise ValueError(
-                "the admin routes need shard_replicas == 1: an update or rotation must reach "
-                "every copy of a shard and a Serve handle reaches only some replica; run one "
-                "replica per shard (more shards instead) or drop admin_token_file"
-            )
+        if self.admin_token_file is not None and not self.admin_supported:
+            raise ValueError(ADMIN_NEEDS_LOG)
         return self
 
     @property
+    def max_shard_replicas(self) -> int:
+        if self.shard_autoscaling is not None:
+            return self.shard_autoscaling.max_replicas
+        return self.shard_replicas
+
+    @property
     def admin_supported(self) -> bool:
-        """Whether two-phase publication can reach every copy of every shard."""
-        return self.shard_replicas == 1
+        """Whether every copy of every shard can reach each published epoch: one replica per
+        shard, or an epoch log that replicas catch up from."""
+        return self.max_shard_replicas == 1 or self.epoch_log_dir is not None
 
     def admin_body_limit(self) -> int:
         if self.admin_max_body_bytes is not None:
@@ -178,6 +226,47 @@ class PartyConfig(BaseModel):
         if self.engine == "gpu":
             return True
         return self.engine == "auto" and cluster_gpus >= 1
+
+
+ADMIN_NEEDS_LOG = (
+    "the admin routes with more than one replica per shard need epoch_log_dir: a replica "
+    "that misses a publication (started later, or unreachable meanwhile) catches up from the "
+    "log; set epoch_log_dir (a directory every shard node sees) or drop the admin token"
+)
+
+
+def autoscaling_config(spec: Autoscaling, default_target: float,
+                       policy: str | None = None) -> dict[str, Any]:
+    """Serve's `autoscaling_config` for `spec`."""
+    out: dict[str, Any] = {
+        "min_replicas": spec.min_replicas,
+        "max_replicas": spec.max_replicas,
+        "target_ongoing_requests": spec.target or default_target,
+        "upscale_delay_s": spec.upscale_delay_s,
+        "downscale_delay_s": spec.downscale_delay_s,
+        "look_back_period_s": spec.look_back_period_s,
+    }
+    if spec.initial_replicas is not None:
+        out["initial_replicas"] = spec.initial_replicas
+    if policy is not None:
+        out["policy"] = {"policy_function": policy}
+    return out
+
+
+def shard_scaling(cfg: PartyConfig) -> dict[str, Any]:
+    """Serve options that size a shard deployment: a fixed count or an autoscaling config."""
+    if cfg.shard_autoscaling is None:
+        return {"num_replicas": cfg.shard_replicas}
+    return {"autoscaling_config": autoscaling_config(
+        cfg.shard_autoscaling, float(cfg.coalesce_max_in_flight))}
+
+
+def router_scaling(cfg: PartyConfig) -> dict[str, Any]:
+    """Serve options that size the router deployment."""
+    if cfg.router_autoscaling is None:
+        return {"num_replicas": cfg.router_replicas}
+    return {"autoscaling_config": autoscaling_config(
+        cfg.router_autoscaling, float(cfg.coalesce_max_queries), ROUTER_AUTOSCALING_POLICY)}
 
 
 def shard_actor_options(cfg: PartyConfig, cluster_gpus: float = 0.0) -> dict[str, Any]:

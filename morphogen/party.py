@@ -8,6 +8,10 @@ tested with in-process shards:
   names an epoch the cached layout does not know;
 * every query validated completely against that layout before any scan, then coalesced with
   concurrent ones into one fan-out whose partials are XORed only under one `EpochIdentity`;
+* with an epoch log, the identity scans ask for (`want`): the log's head at start, what this
+  party published, or the newest identity a scan met. A shard replica behind it catches up
+  from the log before it answers, so replicas of a shard that started or were reached at
+  different times converge instead of being XORed apart;
 * admin publication (`morphogen.publication.Publisher`, the party's `admin`).
 """
 
@@ -47,15 +51,19 @@ _REVALIDATE_S = 0.5
 class ShardLink(Protocol):
     """One shard deployment as the party calls it (deployments/shard.py's methods)."""
 
-    def scan(self, batch: KeyBatch) -> Awaitable[tuple[EpochIdentity, Any]]: ...
+    def scan(
+        self, batch: KeyBatch, want: EpochIdentity | None
+    ) -> Awaitable[tuple[EpochIdentity, Any]]: ...
     def info(self) -> Awaitable[dict[str, Any]]: ...
+    # the publication steps reach every replica of the shard
+    def replicas(self) -> Awaitable[list[dict[str, Any]]]: ...
     def prepare_updates(
-        self, epoch_id: int, changes: ChangeBatch, base_epoch: int, op: str
+        self, epoch_id: int, changes: ChangeBatch, base_epoch: int, op: str, target: str
     ) -> Awaitable[int]: ...
     def prepare_snapshot(
-        self, epoch_id: int, path: str, checksum: str | None, op: str
+        self, epoch_id: int, path: str, checksum: str | None, op: str, target: str
     ) -> Awaitable[dict[str, int]]: ...
-    def commit(self, epoch_id: int, op: str) -> Awaitable[int]: ...
+    def commit(self, epoch_id: int, op: str, target: str) -> Awaitable[int]: ...
     def abort(self, epoch_id: int, op: str) -> Awaitable[None]: ...
     def catch_up(self) -> Awaitable[dict[str, Any]]: ...
 
@@ -100,6 +108,10 @@ class Party:
         self._layout_lock = asyncio.Lock()
         self._refresh: asyncio.Task[None] | None = None
         self._revalidated = 0.0
+        self.want: EpochIdentity | None = None
+        self._want_read = False
+        self._want_task: asyncio.Task[None] | None = None
+        self.held_queries = 0  # queries in this party's hands now (the autoscaling signal)
         self.coalescer: Coalescer[DpfKey] = Coalescer(
             self._scan_keys,
             window_s=cfg.coalesce_window_s,
@@ -127,6 +139,8 @@ class Party:
         if self._layout is not None:
             return self._layout
         async with self._layout_lock:
+            if not self._want_read:
+                await self.read_want()
             if self._layout is None:
                 try:
                     self._layout = Layout(await self.infos())
@@ -142,6 +156,34 @@ class Party:
             return None  # between epochs of different shapes: keep the last whole one
         self._layout = layout
         return layout
+
+    # ------------------------------------------------------------------ the wanted identity
+
+    async def read_want(self) -> None:
+        """Want the epoch log's head (what was last published, by any router replica)."""
+        self._want_read = True
+        if self.epoch_log is None:
+            return
+        try:
+            head = await asyncio.to_thread(self.epoch_log.head)
+        except Exception as exc:  # noqa: BLE001 - scans then take what the shards agree on
+            log.warning("epoch log unreadable (%s)", reason(exc))
+            return
+        target = head.epoch_identity() if head is not None else None
+        if target is not None:
+            self.want = target
+
+    def advance_want(self, identities: frozenset[Any] | set[Any]) -> None:
+        """Want the newest of `identities` when it is newer than what is wanted now: it was
+        published (it is in the log), so the replicas behind it can catch up to it."""
+        if self.epoch_log is None:
+            return  # replicas could not catch up: take whatever the shards agree on
+        known = [i for i in identities if isinstance(i, EpochIdentity)]
+        if not known:
+            return
+        newest = max(known, key=lambda i: i.epoch_id)
+        if self.want is None or newest.epoch_id > self.want.epoch_id:
+            self.want = newest
 
     def _note_identity(self, identity: EpochIdentity | None) -> None:
         """A scan answered from data the cached layout does not know (None: a shard refused
@@ -185,7 +227,7 @@ class Party:
 
     async def _call_shard(self, shard: ShardLink, batch: KeyBatch) -> tuple[EpochIdentity, Any]:
         try:
-            return await shard.scan(batch)
+            return await shard.scan(batch, self.want)
         except Exception as exc:
             cause = admin.unwrap(exc)
             if isinstance(cause, WireError) and cause.status < 500:
@@ -209,10 +251,14 @@ class Party:
                 attempts=self.cfg.scan_attempts,
                 backoff_s=self.cfg.retry_backoff_ms / 1000.0,
                 timeout_s=self.cfg.shard_timeout_s,
+                on_mismatch=self.advance_want,
             )
         except EpochMismatch:
             raise self.unavailable("no consistent epoch across shards, retry") from None
         except ShardFailure as exc:
+            if self.want is not None and (self._want_task is None or self._want_task.done()):
+                # perhaps a want no replica can reach: the log's head is what was published
+                self._want_task = asyncio.get_running_loop().create_task(self.read_want())
             raise self.unavailable(f"scan failed: {exc}") from None
         except WireError as err:
             if err.code == ErrorCode.BAD_DOMAIN:
@@ -220,12 +266,17 @@ class Party:
             raise
         if not isinstance(identity, EpochIdentity):
             raise ShardFailure("a shard answered without an epoch identity")
+        self.advance_want({identity})
         self._note_identity(identity)
         return identity, acc
 
     async def answer(self, queries: list[list[DpfKey]]) -> tuple[EpochIdentity, Any]:
         flat = [k for q in queries for k in q]
-        identity, acc = await self.coalescer.submit(flat)
+        self.held_queries += len(queries)
+        try:
+            identity, acc = await self.coalescer.submit(flat)
+        finally:
+            self.held_queries -= len(queries)
         if acc.shape != (len(flat), PAGE_SIZE):  # never answer with a wrong-sized XOR
             raise WireError(500, ErrorCode.INTERNAL, "internal error")
         return identity, acc

@@ -1,11 +1,14 @@
 """Admin publication of one party, without Ray: page updates and rotations, logged first.
 
 A publication is appended to the party's durable epoch log (morphogen.epoch_log) before any
-shard sees it, then prepared and committed on every shard (morphogen.admin.publish). The log is
-the party's truth: a shard replica that restarts replays it before it serves, and shards that a
-failed commit or a router that died mid-publication left behind are caught up from it before the
-next publication. A publication that changed nothing (a prepare failed) is cancelled in the log
-by an abort entry.
+shard sees it, then prepared and committed on every replica of every shard
+(morphogen.admin.publish); each step names the identity it leads to, so a replica that is there
+already (it replayed the entry) takes it as done. Scans want the new identity only once every
+reachable replica has committed it. The log is the party's truth: a shard replica that restarts
+or starts later replays it before it serves, one that missed a publication catches up from it
+when a scan wants more, and replicas that a failed commit or a router that died mid-publication
+left behind are caught up from it before the next publication. A publication that changed
+nothing (a prepare failed) is cancelled in the log by an abort entry.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ def identity_of(info: dict[str, Any]) -> EpochIdentity:
     return ident
 
 
+# What admin status shows of each replica of a shard.
+_REPLICA_KEYS = ("replica", "node_id", "epoch_id", "identity", "pending_updates", "scans")
+
+
 class Publisher:
     """The admin side of a `Party` (its `admin` attribute); one publication at a time."""
 
@@ -51,17 +58,31 @@ class Publisher:
         self._base: EpochIdentity | None = None  # what this party last published
         self.rotating = False
 
+    async def replica_infos(self) -> list[list[dict[str, Any]]]:
+        """Every running replica's info, by shard."""
+        try:
+            return list(await asyncio.wait_for(
+                asyncio.gather(*(s.replicas() for s in self.party.shards)),
+                self.party.cfg.admin_timeout_s))
+        except Exception as exc:  # noqa: BLE001 - any shard failure means unavailable
+            log.warning("shard replicas unavailable (%s)", reason(admin.unwrap(exc)))
+            raise self.party.unavailable(
+                f"shard replicas unavailable ({type(admin.unwrap(exc)).__name__})") from None
+
+    async def _every_replica(self) -> list[dict[str, Any]]:
+        return [i for infos in await self.replica_infos() for i in infos]
+
     async def _current_identity(self) -> EpochIdentity:
-        """The identity every shard serves, after catching lagging shards up from the log; 503
-        when they still disagree."""
-        infos = await self.party.infos()
+        """The identity every replica of every shard serves, after catching lagging ones up
+        from the log; 503 when they still disagree."""
+        infos = await self._every_replica()
         if self.party.epoch_log is not None:
             head = await asyncio.to_thread(self.party.epoch_log.head)
             behind = head is not None and any(i["identity"] != head.identity for i in infos)
             if behind or not admin.same_data(infos):
                 # the log is the party's truth: what it holds was meant to be published
                 await self.catch_up()
-                infos = await self.party.infos()
+                infos = await self._every_replica()
         if not admin.same_data(infos):
             raise self.party.unavailable(
                 "shards serve different epochs (a failed commit or a restarted shard); page "
@@ -105,15 +126,18 @@ class Publisher:
                       epoch_id, reason(exc))
 
     async def _publish(self, epoch_id: int, prepare: list[Callable[[], Awaitable[Any]]],
-                       op: str) -> list[Any]:
-        return await admin.publish(
+                       op: str, target: EpochIdentity) -> list[Any]:
+        out = await admin.publish(
             epoch_id,
             prepare,
-            [functools.partial(s.commit, epoch_id, op) for s in self.party.shards],
+            [functools.partial(s.commit, epoch_id, op, target.digest) for s in self.party.shards],
             [functools.partial(s.abort, epoch_id, op) for s in self.party.shards],
             timeout_s=self.party.cfg.admin_timeout_s,
             retry_after=self.party.cfg.retry_after_s,
         )
+        # every reachable replica has it now: scans may ask for it
+        self.party.advance_want({target})
+        return out
 
     async def updates(self, changes: ChangeBatch) -> dict[str, Any]:
         """Publish `current + 1` = current + `changes` on every shard as one step, logged
@@ -143,8 +167,9 @@ class Publisher:
                     await self._publish(
                         epoch_id,
                         [functools.partial(s.prepare_updates, epoch_id, changes, base.epoch_id,
-                                           op) for s in self.party.shards],
+                                           op, target.digest) for s in self.party.shards],
                         op,
+                        target,
                     )
                 except WireError as err:
                     self._base = None
@@ -193,8 +218,10 @@ class Publisher:
                     await self._publish(
                         epoch_id,
                         [functools.partial(s.prepare_snapshot, epoch_id, str(path),
-                                           manifest.checksum, op) for s in self.party.shards],
+                                           manifest.checksum, op, target.digest)
+                         for s in self.party.shards],
                         op,
+                        target,
                     )
                 except WireError as err:
                     if err.status != 500:
@@ -222,8 +249,9 @@ class Publisher:
 
     async def status(self) -> dict[str, Any]:
         epoch_log = self.party.epoch_log
-        infos = await self.party.infos()
-        state = admin.party_epoch(infos)
+        by_shard = await self.replica_infos()
+        infos = [replicas[0] for replicas in by_shard]
+        state = admin.party_epoch([i for replicas in by_shard for i in replicas])
         keep = ("shard", "epoch_id", "identity", "first_page", "stop_page", "pending_updates",
                 "folded_chunks", "segments", "rotation_in_progress", "staged_epoch_id",
                 "snapshot_epoch_id", "snapshot_checksum", "engine", "scans", "folds")
@@ -241,6 +269,11 @@ class Publisher:
             "admin_busy": self.lock.locked(),
             "epoch_log": None if epoch_log is None else str(epoch_log.directory),
             "epoch_log_head": head,
-            "shards": [{k: i.get(k) for k in keep} for i in infos],
+            "wanted_identity": None if self.party.want is None else self.party.want.digest,
+            "shards": [
+                {**{k: i.get(k) for k in keep},
+                 "replicas": [{k: r.get(k) for k in _REPLICA_KEYS} for r in replicas]}
+                for i, replicas in zip(infos, by_shard, strict=True)
+            ],
         }
 

@@ -81,10 +81,61 @@ def test_admin_settings() -> None:
     assert cfg.admin_snapshot_dir is None and cfg.admin_supported
     assert cfg.admin_body_limit() == admin_body_bytes(1024)
     assert PartyConfig(admin_max_body_bytes=4096).admin_body_limit() == 4096
-    # two-phase publication cannot reach every copy of a shard through a handle
-    with pytest.raises(ValidationError, match="shard_replicas == 1"):
+    # more than one replica per shard: a replica that missed a publication catches up from
+    # the epoch log, so admin needs one
+    with pytest.raises(ValidationError, match="need epoch_log_dir"):
         PartyConfig(admin_token_file="/run/secrets/t", shard_replicas=2)
     assert not PartyConfig(shard_replicas=2, admin_token_env=None).admin_supported
+    assert PartyConfig(admin_token_file="/run/secrets/t", shard_replicas=2,
+                       epoch_log_dir="/shared/log-a").admin_supported
+    scaled = {"min_replicas": 1, "max_replicas": 4}
+    with pytest.raises(ValidationError, match="need epoch_log_dir"):
+        PartyConfig(admin_token_file="/run/secrets/t", shard_autoscaling=scaled)
+    assert PartyConfig(shard_autoscaling={"max_replicas": 1}).admin_supported
+
+
+def test_autoscaling_options() -> None:
+    from morphogen.config import ROUTER_AUTOSCALING_POLICY, router_scaling, shard_scaling
+
+    cfg = PartyConfig()
+    assert shard_scaling(cfg) == {"num_replicas": 1} and router_scaling(cfg) == {
+        "num_replicas": 1}
+    cfg = PartyConfig(
+        coalesce_max_in_flight=3, coalesce_max_queries=16,
+        shard_autoscaling={"min_replicas": 1, "max_replicas": 4, "upscale_delay_s": 2},
+        router_autoscaling={"max_replicas": 3, "target": 8, "initial_replicas": 2},
+    )
+    shard = shard_scaling(cfg)["autoscaling_config"]
+    assert shard["max_replicas"] == 4 and shard["upscale_delay_s"] == 2
+    assert shard["target_ongoing_requests"] == 3.0  # one router replica's scans in flight
+    assert "policy" not in shard  # Serve's default: ongoing requests
+    router = router_scaling(cfg)["autoscaling_config"]
+    assert router["target_ongoing_requests"] == 8 and router["initial_replicas"] == 2
+    assert router["policy"] == {"policy_function": ROUTER_AUTOSCALING_POLICY}
+    with pytest.raises(ValidationError, match="max_replicas 1 < min_replicas 2"):
+        PartyConfig(shard_autoscaling={"min_replicas": 2, "max_replicas": 1})
+    with pytest.raises(ValidationError, match="initial_replicas"):
+        PartyConfig(router_autoscaling={"max_replicas": 2, "initial_replicas": 3})
+    # Serve accepts what we build, and imports the policy by its path
+    from ray.serve.config import AutoscalingConfig
+
+    parsed = AutoscalingConfig(**router)
+    assert parsed.policy.get_policy() is not None
+
+
+def test_router_policy_sizes_routers_by_the_queries_they_hold() -> None:
+    from types import SimpleNamespace
+
+    from morphogen.autoscaling import HELD_QUERIES, router_policy
+
+    def ctx(held: dict, current: int = 2) -> SimpleNamespace:
+        config = SimpleNamespace(get_target_ongoing_requests=lambda: 32.0)
+        return SimpleNamespace(current_num_replicas=current, target_num_replicas=current,
+                               aggregated_metrics={HELD_QUERIES: held}, config=config)
+
+    assert router_policy(ctx({"r1": 64.0, "r2": 96.0}))[0] == 5.0  # 160 queries / 32
+    assert router_policy(ctx({"r1": 0.0, "r2": 0.0}))[0] == 0.0  # Serve clamps to min
+    assert router_policy(ctx({}))[0] == 2.0  # nothing reported yet: stay
 
 
 def test_grafana_dashboard_charts_every_emitted_metric() -> None:

@@ -17,52 +17,64 @@ from morphogen import dpf
 from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
-from morphogen.dpf import DomainError
 from morphogen.epoch_log import EpochLog, EpochLogError
 from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
 from morphogen.party import Party
+from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
 
 NUM_PAGES = 96
 
 
-class CoreLink:
-    """A ShardCore as the party calls a shard deployment (threads, like the deployment)."""
+class ReplicaSet:
+    """Replicas of one shard as the party calls a Serve deployment: a scan or an info reaches
+    one replica (round robin), a publication step every reachable one (broadcast)."""
 
-    def __init__(self, core: ShardCore, epoch_log: EpochLog | None) -> None:
-        self.core = core
-        self.log = epoch_log
+    def __init__(self, members: list[ShardReplica]) -> None:
+        self.members = list(members)
+        self.unreachable: set[int] = set()  # indices a broadcast misses
+        self._next = 0
 
-    async def scan(self, batch):
-        try:
-            return await asyncio.to_thread(self.core.scan, batch)
-        except DomainError as exc:  # as deployments/shard.py answers it
-            raise WireError(400, ErrorCode.BAD_DOMAIN, str(exc)) from None
+    @property
+    def core(self) -> ShardCore:
+        return self.members[0].core
+
+    @core.setter
+    def core(self, core: ShardCore) -> None:  # replica 0 restarted
+        self.members[0] = ShardReplica(core, self.members[0].log)
+
+    def _pick(self) -> ShardReplica:
+        member = self.members[self._next % len(self.members)]
+        self._next += 1
+        return member
+
+    async def scan(self, batch, want):
+        return await self._pick().scan(batch, want)
 
     async def info(self) -> dict[str, Any]:
-        out = self.core.info()
-        out["checksum"] = out["snapshot_checksum"]
-        return out
+        return await self._pick().info()
 
-    async def prepare_updates(self, epoch_id, changes, base_epoch, op):
-        return await asyncio.to_thread(self.core.prepare_updates, epoch_id, changes,
-                                       base_epoch=base_epoch, op=op)
+    async def _everywhere(self, method: str, *args) -> list[Any]:
+        reached = [m for i, m in enumerate(self.members) if i not in self.unreachable]
+        return list(await asyncio.gather(*(getattr(m, method)(*args) for m in reached)))
 
-    async def prepare_snapshot(self, epoch_id, path, checksum, op):
-        first, stop = await asyncio.to_thread(self.core.prepare_snapshot, epoch_id, path,
-                                              checksum=checksum, op=op)
-        return {"first_page": first, "stop_page": stop}
+    async def replicas(self):
+        return await self._everywhere("info")
 
-    async def commit(self, epoch_id, op):
-        self.core.commit(epoch_id, op=op)
-        return self.core.epoch_id
+    async def prepare_updates(self, *args):
+        return (await self._everywhere("prepare_updates", *args))[0]
 
-    async def abort(self, epoch_id, op):
-        self.core.abort(epoch_id, op=op)
+    async def prepare_snapshot(self, *args):
+        return (await self._everywhere("prepare_snapshot", *args))[0]
+
+    async def commit(self, *args):
+        return (await self._everywhere("commit", *args))[0]
+
+    async def abort(self, *args):
+        await self._everywhere("abort", *args)
 
     async def catch_up(self):
-        applied = await asyncio.to_thread(self.core.catch_up, self.log) if self.log else 0
-        return {"applied": applied, "identity": self.core.identity.digest}
+        return (await self._everywhere("catch_up"))[0]
 
 
 @pytest.fixture
@@ -80,15 +92,21 @@ def _cfg(snaps: Path, log_dir: Path | None) -> PartyConfig:
 
 
 def _start_shard(snap_dir: Path, index: int, epoch_log: EpochLog | None) -> ShardCore:
-    core = ShardCore.open(Snapshot.open(snap_dir), index, 2, "cpu")
-    if epoch_log is not None:
-        core.catch_up(epoch_log)  # what the deployment does before it reports ready
-    return core
+    return _start_replica(snap_dir, index, epoch_log).core
 
 
-def _party(snaps: Path, log_dir: Path | None) -> tuple[Party, list[CoreLink]]:
+def _start_replica(snap_dir: Path, index: int, epoch_log: EpochLog | None,
+                   **kwargs: Any) -> ShardReplica:
+    """What the deployment does before it reports ready: open, then replay the log."""
+    return ShardReplica.start(ShardCore.open(Snapshot.open(snap_dir), index, 2, "cpu"),
+                              epoch_log, **kwargs)
+
+
+def _party(snaps: Path, log_dir: Path | None,
+           replicas: int = 1) -> tuple[Party, list[ReplicaSet]]:
     epoch_log = EpochLog(log_dir) if log_dir is not None else None
-    links = [CoreLink(_start_shard(snaps / "base", i, epoch_log), epoch_log) for i in range(2)]
+    links = [ReplicaSet([_start_replica(snaps / "base", i, epoch_log) for _ in range(replicas)])
+             for i in range(2)]
     return Party(_cfg(snaps, log_dir), links, epoch_log), links
 
 
@@ -260,3 +278,100 @@ def test_keys_of_a_domain_the_shards_left_are_refused_and_the_layout_refreshed(w
         assert (await party.layout()).num_pages == 200
 
     asyncio.run(scenario())
+
+
+# ---------------------------------------------------------------- several replicas per shard
+
+
+def test_replicas_a_publication_missed_catch_up_when_a_scan_wants_more(world):
+    """Three replicas per shard; one of each shard misses six update batches, a rotation and
+    four more batches (a broadcast did not reach it). Scans ask for the party's identity, so
+    each lagging replica replays the log before it answers: every page right, one identity."""
+    root, snaps = world
+    party, links = _party(snaps, root / "log", replicas=3)
+    links[0].unreachable, links[1].unreachable = {1}, {2}
+    rng = np.random.default_rng(11)
+    model = synthetic_pages(3, 0, NUM_PAGES)
+    for _ in range(6):
+        batch = _random_batch(rng, 2, model.shape[0])
+        asyncio.run(party.admin.updates(batch))
+        model = _apply(model, batch)
+    asyncio.run(party.admin.snapshot("next"))
+    model = synthetic_pages(4, 0, 70)
+    for _ in range(4):
+        batch = _random_batch(rng, 2, model.shape[0])
+        out = asyncio.run(party.admin.updates(batch))
+        model = _apply(model, batch)
+    assert links[0].members[1].core.epoch_id == 1 and links[1].members[2].core.epoch_id == 1
+    assert party.want is not None and party.want.digest == out["identity"]
+    links[0].unreachable = links[1].unreachable = set()
+    for round_ in range(3):  # round robin: every replica of both shards answers once
+        targets = [int(t) for t in rng.integers(0, 70, 4)]
+        answer, pages = _ask(party, model, targets)
+        assert answer["identity"] == out["identity"], round_
+        assert pages == [model[t].tobytes() for t in targets]
+    assert {m.core.identity.digest for link in links for m in link.members} == {out["identity"]}
+
+
+def test_a_replica_started_after_the_append_takes_the_publication_as_done(world):
+    """The log entry is written before the broadcast: a replica that started in between has
+    replayed it, so its prepare and commit must be no-ops, not a conflict."""
+    root, snaps = world
+    epoch_log = EpochLog(root / "log")
+    old = _start_replica(snaps / "base", 0, epoch_log)
+    batch = _random_batch(np.random.default_rng(4), 3, NUM_PAGES)
+    target = old.core.identity.after_updates(2, batch.digest)
+    epoch_log.append_updates(2, 1, batch, target)
+    new = _start_replica(snaps / "base", 0, epoch_log)
+    assert new.core.identity == target and new.replayed == 1
+
+    async def publish():
+        for r in (old, new):
+            await r.prepare_updates(2, batch, 1, "op-1", target.digest)
+        for r in (old, new):
+            await r.commit(2, "op-1", target.digest)
+
+    asyncio.run(publish())
+    assert old.core.identity == new.core.identity == target
+    assert old.core.state.info()["staged_epoch_id"] is None
+    assert new.core.state.info()["staged_epoch_id"] is None
+
+
+def test_a_replica_that_cannot_catch_up_answers_503_and_another_one_answers(world):
+    root, snaps = world
+    party, links = _party(snaps, root / "log", replicas=2)
+    stuck = ShardReplica(links[0].members[1].core, None, catch_up_wait_s=0)  # no log to read
+    links[0].members[1] = stuck
+    links[0].unreachable = {1}
+    batch = _random_batch(np.random.default_rng(6), 3, NUM_PAGES)
+    out = asyncio.run(party.admin.updates(batch))
+    model = _apply(synthetic_pages(3, 0, NUM_PAGES), batch)
+    for _ in range(4):  # the stuck replica is asked every other round: the retry goes on
+        answer, pages = _ask(party, model, [1, 50, 90])
+        assert answer["identity"] == out["identity"]
+        assert pages == [model[t].tobytes() for t in (1, 50, 90)]
+    keys = dpf.generate_keys(7, 3)[0]
+    with pytest.raises(WireError) as err:
+        asyncio.run(stuck.scan(dpf.KeyBatch.from_keys([keys]), party.want))
+    assert err.value.status == 503 and "catching up" in err.value.message
+    assert stuck.core.epoch_id == 1
+
+
+def test_a_router_that_did_not_publish_moves_to_what_another_published(world):
+    """Two router replicas over the same shards: B learns A's publication from the answers
+    and from then on asks for it (so replicas behind it catch up)."""
+    root, snaps = world
+    party_a, links = _party(snaps, root / "log", replicas=2)
+    party_b = Party(_cfg(snaps, root / "log"), links, EpochLog(root / "log"))
+    model = synthetic_pages(3, 0, NUM_PAGES)
+    first, _ = _ask(party_b, model, [7])
+    assert party_b.want.digest == first["identity"]  # the configured snapshot's
+    batch = _random_batch(np.random.default_rng(9), 2, NUM_PAGES)
+    out = asyncio.run(party_a.admin.updates(batch))
+    model = _apply(model, batch)
+    answer, pages = _ask(party_b, model, [int(batch.pages[0]), 7])
+    assert answer["identity"] == out["identity"] == party_b.want.digest
+    assert pages == [model[int(batch.pages[0])].tobytes(), model[7].tobytes()]
+    status = asyncio.run(party_a.admin.status())
+    assert [len(s["replicas"]) for s in status["shards"]] == [2, 2]
+    assert status["wanted_identity"] == out["identity"]
