@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def scenario(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("autoscale") / "result.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    # none of this session's Ray settings (another Ray may run in this process: its address,
+    # temp dir and Serve flags must not leak into the fake cluster)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "autoscale.py"), "--quick", "--json", str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
