@@ -125,15 +125,21 @@ class Party:
     def unavailable(self, message: str) -> WireError:
         return unavailable(message, self.cfg.retry_after_s)
 
-    async def infos(self) -> list[dict[str, Any]]:
-        calls = [s.info() for s in self.shards]
+    async def from_every_shard(self, calls: list[Awaitable[T]], what: str,
+                               timeout_s: float) -> list[T]:
+        """Every shard's answer to `calls` (one per shard), or 503 naming `what` when any
+        shard fails or the whole takes longer than `timeout_s`."""
         try:
-            return list(await asyncio.wait_for(asyncio.gather(*calls), _INFO_TIMEOUT_S))
+            return list(await asyncio.wait_for(asyncio.gather(*calls), timeout_s))
         except Exception as exc:  # noqa: BLE001 - any shard failure means unavailable
-            log.warning("shard metadata unavailable (%s)", reason(exc))
-            raise self.unavailable(
-                f"shard metadata unavailable ({type(exc).__name__})"
-            ) from None
+            cause = admin.unwrap(exc)
+            log.warning("%s unavailable (%s)", what, reason(cause))
+            raise self.unavailable(f"{what} unavailable ({type(cause).__name__})") from None
+
+    async def infos(self) -> list[dict[str, Any]]:
+        """One replica's info per shard."""
+        return await self.from_every_shard([s.info() for s in self.shards], "shard metadata",
+                                           _INFO_TIMEOUT_S)
 
     async def layout(self) -> Layout:
         if self._layout is not None:

@@ -60,14 +60,9 @@ class Publisher:
 
     async def replica_infos(self) -> list[list[dict[str, Any]]]:
         """Every running replica's info, by shard."""
-        try:
-            return list(await asyncio.wait_for(
-                asyncio.gather(*(s.replicas() for s in self.party.shards)),
-                self.party.cfg.admin_timeout_s))
-        except Exception as exc:  # noqa: BLE001 - any shard failure means unavailable
-            log.warning("shard replicas unavailable (%s)", reason(admin.unwrap(exc)))
-            raise self.party.unavailable(
-                f"shard replicas unavailable ({type(admin.unwrap(exc)).__name__})") from None
+        return await self.party.from_every_shard(
+            [s.replicas() for s in self.party.shards], "shard replicas",
+            self.party.cfg.admin_timeout_s)
 
     async def _every_replica(self) -> list[dict[str, Any]]:
         return [i for infos in await self.replica_infos() for i in infos]

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 from morphogen.admin_client import AdminClient
@@ -23,7 +22,7 @@ from morphogen.client import PirClient, PirError
 from morphogen.dpf import generate_keys
 from morphogen.matrix import build_synthetic, synthetic_pages
 
-from .conftest import deploy, wait_until
+from .conftest import apply_changes, deploy, random_changes, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -74,26 +73,6 @@ def test_rebuilt_snapshot_under_the_same_epoch_is_refused_not_served(parties, tm
     serve.delete("same")
 
 
-def _changes(rng: random.Random, num_pages: int) -> list[tuple[int, str, bytes]]:
-    out = []
-    for _ in range(rng.randint(1, 4)):
-        page = rng.randrange(num_pages)
-        if rng.random() < 0.6:
-            out.append((page, "diff", rng.randbytes(4096)))
-        else:
-            out.append((page, "data", rng.randbytes(rng.choice([1, 100, 4096]))))
-    return out
-
-
-def _apply(model: np.ndarray, changes: list[tuple[int, str, bytes]]) -> np.ndarray:
-    model = model.copy()
-    for page, kind, raw in changes:
-        data = np.zeros(4096, np.uint8)
-        data[: len(raw)] = np.frombuffer(raw, np.uint8)
-        model[page] = model[page] ^ data if kind == "diff" else data
-    return model
-
-
 def test_restarted_shard_replays_50_updates_and_a_rotation(parties, tmp_path: Path) -> None:
     from ray import serve
 
@@ -112,10 +91,10 @@ def test_restarted_shard_replays_50_updates_and_a_rotation(parties, tmp_path: Pa
     model = synthetic_pages(7, 0, PAGES)
     with AdminClient(url_a, TOKEN) as adm_a, AdminClient(url_b, TOKEN) as adm_b:
         for i in range(50):
-            changes = _changes(rng, model.shape[0])
+            changes = random_changes(rng, model.shape[0])
             out = [adm.updates(changes) for adm in (adm_a, adm_b)]
             assert out[0]["identity"] == out[1]["identity"]  # same operations, same data
-            model = _apply(model, changes)
+            model = apply_changes(model, changes)
             if i == 29:
                 rot = [adm.snapshot("next") for adm in (adm_a, adm_b)]
                 assert rot[0]["identity"] == rot[1]["identity"]

@@ -22,27 +22,12 @@ from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
 from morphogen.matrix import build_synthetic, synthetic_pages
 
-from .conftest import deploy, wait_until
+from .conftest import apply_changes, deploy, random_changes, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TOKEN = "replicas-test-admin-token-0123456789abcdef"
 PAGES = 200
-
-
-def _changes(rng: random.Random, num_pages: int) -> list[tuple[int, str, bytes]]:
-    out = []
-    for _ in range(rng.randint(1, 3)):
-        page = rng.randrange(num_pages)
-        out.append((page, "data", rng.randbytes(4096)))
-    return out
-
-
-def _apply(model: np.ndarray, changes: list[tuple[int, str, bytes]]) -> np.ndarray:
-    model = model.copy()
-    for page, _, data in changes:
-        model[page] = np.frombuffer(data, np.uint8)
-    return model
 
 
 class Readers:
@@ -109,8 +94,8 @@ def test_two_replicas_per_shard_stay_on_one_epoch_through_updates_a_rotation_and
     with AdminClient(url_a, TOKEN) as adm_a, AdminClient(url_b, TOKEN) as adm_b, \
             Readers(url_a, url_b, models) as readers:
         for i in range(12):
-            changes = _changes(rng, model.shape[0])
-            model = _apply(model, changes)
+            changes = random_changes(rng, model.shape[0])
+            model = apply_changes(model, changes)
             out = [adm.updates(changes) for adm in (adm_a, adm_b)]
             assert out[0]["identity"] == out[1]["identity"]
             models[out[0]["epoch_id"]] = model
