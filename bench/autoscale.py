@@ -6,8 +6,10 @@ gpu`, CPU engine), so added replicas need worker nodes that the Ray autoscaler a
 `{"CPU": 1, "GPU": 4}`, 0..2 of them; the head has no GPU). Party B, on fixed replicas, is the
 second server. Client threads read random pages through both parties (real HTTP, real DPF keys)
 and check every page against the matrix of the epoch the answer names; the number of threads
-follows `--steps`. With `--publish`, both parties take update batches and a rotation while the
-load is high: they must reach every replica, including those started meanwhile.
+follows `--steps`; the high step is held (up to `--hold-s` longer) until an added shard replica
+has served and the publications have returned, however slow the machine. With `--publish`,
+both parties take update batches and a rotation while the load is high: they must reach every
+replica, including those started meanwhile.
 
 Every second: replicas of each deployment of A, alive worker nodes, queries/s, p50/p99 latency.
 
@@ -42,6 +44,8 @@ from morphogen.matrix import build_synthetic, synthetic_pages  # noqa: E402
 
 TOKEN = "autoscale-bench-admin-token-0123456789"
 MIN_SHARD_REPLICAS = 2
+# the high step goes on this long after the first added shard replica serves (its q/s)
+SEEN_SCALED_S = 8.0
 # Serve reports replica and handle load every second instead of every ten (set on every node).
 FAST_METRICS = {
     "RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S": "1",
@@ -256,7 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     publisher.start()
             if i > 0 and threads < steps[i - 1][0]:
                 marks.setdefault("fall", step_start - t0)
-            while time.monotonic() - step_start < seconds:
+            while not step_done(threads == high, time.monotonic() - step_start, seconds,
+                                args.hold_s, marks, publisher, time.monotonic() - t0):
                 time.sleep(1.0)
                 now = time.monotonic()
                 qps, p50, p99 = load.window(now - 1.0, now)
@@ -312,6 +317,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                       for r in rows),
             "seconds_to_new_shard_replica": (round(marks["serving"] - marks["rise"], 1)
                                              if "serving" in marks else None),
+            "high_step_s": (round(marks["fall"] - marks["rise"], 1)
+                            if "fall" in marks and "rise" in marks else None),
             "qps_high_first_5s": _mean([r["queries_per_s"] for r in high_rows[:5]]),
             "qps_high_last_5s": _mean([r["queries_per_s"] for r in high_rows[-5:]]),
             "seconds_to_scale_down": (round(marks["scaled_down"] - marks["fall"], 1)
@@ -331,6 +338,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"rows": rows, "summary": summary}
 
 
+def step_done(is_high: bool, elapsed: float, seconds: float, hold_s: float,
+              marks: dict[str, float], publisher: threading.Thread | None, now: float) -> bool:
+    """A step ends after its seconds; the high step is held longer (up to `hold_s` more) until
+    a new shard replica has served for a while and the publications have returned, so that how
+    long the scale-up takes on a given machine decides when the load falls, not a guess."""
+    if elapsed < seconds:
+        return False
+    if not is_high or elapsed >= seconds + hold_s:
+        return True
+    scaled = "serving" in marks and now - marks["serving"] >= SEEN_SCALED_S
+    return scaled and (publisher is None or not publisher.is_alive())
+
+
 def _mean(xs: list[float]) -> float:
     return round(sum(xs) / len(xs), 1) if xs else 0.0
 
@@ -343,13 +363,15 @@ def main() -> int:
     p.add_argument("--no-publish", dest="publish", action="store_false",
                    help="no updates or rotation during the load")
     p.add_argument("--batches", type=int, default=8, help="update batches during the load")
+    p.add_argument("--hold-s", type=float, default=60.0,
+                   help="hold the high step up to this much longer, until shards scaled up")
     p.add_argument("--settle-s", type=float, default=120.0, help="wait for the scale-down")
     p.add_argument("--json", default=None, help="also write the summary here")
     p.add_argument("--verbose", action="store_true", help="print every sample")
     p.add_argument("--out", default=str(RESULTS / "autoscale"), help="CSV/PNG path stem")
     args = p.parse_args()
     if args.quick:
-        args.steps = "2:8,14:45,0:1"
+        args.steps, args.hold_s = "2:8,14:30,0:1", 180.0
     result = run(args)
     summary = result["summary"]
     print(json.dumps(summary, indent=2))

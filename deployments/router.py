@@ -37,9 +37,9 @@ from morphogen.codec import (
 )
 from morphogen.combine import ShardFailure
 from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
+from morphogen.constants import MAX_PAGES
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
-from morphogen.matrix import MAX_PAGES
 from morphogen.party import Party
 from morphogen.redact import redacted_traceback
 

@@ -13,7 +13,7 @@ from functools import cached_property
 
 import numpy as np
 
-from morphogen.engine.base import PAGE_SIZE
+from morphogen.constants import PAGE_SIZE
 from morphogen.identity import batch_digest
 
 

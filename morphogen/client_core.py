@@ -43,7 +43,7 @@ from morphogen.client_wire import (
     plan_targets,
     xor_pages,
 )
-from morphogen.codec import KEYS_PER_QUERY, MAX_BATCH_QUERIES
+from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
 
 T = TypeVar("T")
 

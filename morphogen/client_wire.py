@@ -19,16 +19,13 @@ import numpy as np
 from morphogen.codec import (
     BATCH_PATH,
     JSON_TYPE,
-    KEYS_PER_QUERY,
-    MAX_BATCH_QUERIES,
-    MAX_DOMAIN_BITS,
     MSGPACK_TYPE,
-    PAGE_SIZE,
     QUERY_PATH,
     from_hex,
     is_msgpack,
     to_hex,
 )
+from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES, MAX_DOMAIN_BITS, PAGE_SIZE
 from morphogen.dpf import generate_keys
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})

@@ -11,11 +11,7 @@ import binascii
 from enum import StrEnum
 from typing import Any
 
-PAGE_SIZE = 4096
-KEYS_PER_QUERY = 3
-MAX_BATCH_QUERIES = 32
-MIN_DOMAIN_BITS = 1
-MAX_DOMAIN_BITS = 32
+from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES, PAGE_SIZE, key_length
 
 JSON_TYPE = "application/json"
 MSGPACK_TYPE = "application/msgpack"
@@ -31,11 +27,6 @@ ADMIN_UPDATES_PATH = "/admin/updates"
 ADMIN_SNAPSHOT_PATH = "/admin/snapshot"
 ADMIN_STATUS_PATH = "/admin/status"
 MAX_ADMIN_UPDATES = 1024  # default cap of updates per admin request
-
-
-def key_length(domain_bits: int) -> int:
-    """Bytes of one serialized DPF key (PROTOCOL.md section 4): 35 + 18 d."""
-    return 35 + 18 * domain_bits
 
 
 class ErrorCode(StrEnum):

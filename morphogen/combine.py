@@ -17,7 +17,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from morphogen.codec import PAGE_SIZE, WireError
+from morphogen.codec import WireError
+from morphogen.constants import PAGE_SIZE
 from morphogen.redact import reason
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from morphogen import prg
+from morphogen.constants import (
+    KEY_HEADER_BYTES,
+    KEY_LEVEL_BYTES,
+    MASK_BYTES,
+    MAX_DOMAIN_BITS,
+    MIN_DOMAIN_BITS,
+    SEED_BYTES,
+    key_length,
+)
 
-SEED_BYTES = prg.SEED_BYTES
-MASK_BYTES = 16
-MIN_DOMAIN_BITS = 1
-MAX_DOMAIN_BITS = 32
-_HEADER = 19  # root_seed(16) root_t(1) party(1) d(1)
-_LEVEL = 18  # cw(16) tcw_left(1) tcw_right(1)
+_HEADER = KEY_HEADER_BYTES
+_LEVEL = KEY_LEVEL_BYTES
 
 if sys.byteorder != "little":  # pragma: no cover - the u32 views below assume it
     raise ImportError("morphogen needs a little-endian host")
@@ -32,11 +37,6 @@ class KeyFormatError(ValueError):
 
 class DomainError(ValueError):
     """A target, page or key domain outside what the caller or server allows."""
-
-
-def key_length(domain_bits: int) -> int:
-    """Bytes of a serialized key for a 2**domain_bits domain (d=25 gives 485)."""
-    return 35 + _LEVEL * domain_bits
 
 
 def _xor(a: bytes, b: bytes) -> bytes:

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from morphogen.changes import Change, ChangeBatch, PageUpdate, PageWrite
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch, eval_points
-from morphogen.engine.base import PAGE_SIZE, Engine, ShardScanner, check_domain
+from morphogen.engine.base import Engine, ShardScanner, check_domain
 from morphogen.identity import EpochIdentity
 from morphogen.matrix import Snapshot
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from morphogen.changes import ChangeBatch
-from morphogen.engine.base import PAGE_SIZE
+from morphogen.constants import PAGE_SIZE
 from morphogen.identity import EpochIdentity, batch_digest
 
 log = logging.getLogger(__name__)

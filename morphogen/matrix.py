@@ -32,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-PAGE_SIZE = 4096
+from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
+
 FORMAT_VERSION = 1
-MAX_DOMAIN_BITS = 32
-MAX_PAGES = 1 << MAX_DOMAIN_BITS
 DATA_FILE = "pages.bin"
 MANIFEST_FILE = "manifest.json"
 CHECKSUM_PREFIX = "blake2b-256:"

@@ -26,9 +26,10 @@ from typing import Any, Protocol, TypeVar
 from morphogen import admin, wire
 from morphogen.changes import ChangeBatch
 from morphogen.coalesce import Coalescer
-from morphogen.codec import KEYS_PER_QUERY, PAGE_SIZE, ErrorCode, WireError, unavailable
+from morphogen.codec import ErrorCode, WireError, unavailable
 from morphogen.combine import EpochMismatch, ShardFailure, scan_all
 from morphogen.config import PartyConfig
+from morphogen.constants import KEYS_PER_QUERY, PAGE_SIZE
 from morphogen.dpf import DomainError, DpfKey, KeyBatch
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity

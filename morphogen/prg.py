@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import struct
 
-SEED_BYTES = 16
+from morphogen.constants import SEED_BYTES
+
 _MASK32 = 0xFFFFFFFF
 SIGMA = (0x61707865, 0x3320646E, 0x79622D32, 0x6B206574)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from morphogen import engine as engines
 from morphogen.changes import Change, ChangeBatch
-from morphogen.codec import PAGE_SIZE
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
 from morphogen.epoch_log import EpochLog, EpochLogError, LogEntry

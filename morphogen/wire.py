@@ -21,18 +21,20 @@ from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, V
 from morphogen.changes import ChangeBatch
 from morphogen.codec import (
     JSON_TYPE,
-    KEYS_PER_QUERY,
-    MAX_DOMAIN_BITS,
-    MIN_DOMAIN_BITS,
     MSGPACK_TYPE,
-    PAGE_SIZE,
     ErrorCode,
     WireError,
     from_hex,
     is_json,
     is_msgpack,
-    key_length,
     media_type,
+)
+from morphogen.constants import (
+    KEYS_PER_QUERY,
+    MAX_DOMAIN_BITS,
+    MIN_DOMAIN_BITS,
+    PAGE_SIZE,
+    key_length,
 )
 from morphogen.dpf import DpfKey, KeyFormatError
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from morphogen.engine.base import (
-    MAX_KEYS_PER_SCAN,
-    PAGE_SIZE,
-    Engine,
-    EngineUnavailable,
-    ShardScanner,
-)
+from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
+from morphogen.engine.base import Engine, EngineUnavailable, ShardScanner
 
 ENGINE_NAMES = ("reference", "cpu", "gpu", "auto")
 # About the longest reason `auto` logs when it falls back (an NVRTC log can run to pages).

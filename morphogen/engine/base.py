@@ -13,11 +13,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DomainError, DpfKey, KeyBatch
-
-PAGE_SIZE = 4096
-# 32 queries of 3 keys: the batch cap of the protocol. Scanners accept more and chunk.
-MAX_KEYS_PER_SCAN = 96
 
 
 class EngineUnavailable(RuntimeError):

@@ -9,9 +9,10 @@ import numba
 import numpy as np
 
 from morphogen import _dpf_jit
+from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
 from morphogen.dpf import DpfKey, KeyBatch, as_batch
 from morphogen.engine import _cpu_kernel
-from morphogen.engine.base import MAX_KEYS_PER_SCAN, PAGE_SIZE, check_domain, check_pages
+from morphogen.engine.base import check_domain, check_pages
 
 DEFAULT_TILE_PAGES = 512
 

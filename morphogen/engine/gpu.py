@@ -39,14 +39,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from morphogen.dpf import MAX_DOMAIN_BITS, DpfKey, KeyBatch, as_batch
-from morphogen.engine.base import (
-    MAX_KEYS_PER_SCAN,
-    PAGE_SIZE,
-    EngineUnavailable,
-    check_domain,
-    check_pages,
-)
+from morphogen.constants import MAX_DOMAIN_BITS, MAX_KEYS_PER_SCAN, PAGE_SIZE
+from morphogen.dpf import DpfKey, KeyBatch, as_batch
+from morphogen.engine.base import EngineUnavailable, check_domain, check_pages
 from morphogen.engine.sliced import (
     N_TILES,
     SLICE_BYTES,

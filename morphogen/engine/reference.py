@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DpfKey, KeyBatch, eval_range
-from morphogen.engine.base import PAGE_SIZE, check_domain, check_pages
+from morphogen.engine.base import check_domain, check_pages
 
 
 class ReferenceShard:

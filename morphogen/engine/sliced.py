@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from morphogen.dpf import MAX_DOMAIN_BITS
-from morphogen.engine.base import PAGE_SIZE
+from morphogen.constants import MAX_DOMAIN_BITS, PAGE_SIZE
 
 SLICE_PAGES = 256
 SLICE_BYTES = SLICE_PAGES * PAGE_SIZE

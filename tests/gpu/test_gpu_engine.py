@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from morphogen import dpf, engine
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DomainError
 from morphogen.engine import gpu_available, sliced
-from morphogen.engine.base import PAGE_SIZE
 from morphogen.engine.reference import ReferenceEngine
 
 pytestmark = [

@@ -41,7 +41,8 @@ def scenario(tmp_path_factory) -> dict:
 def test_load_adds_nodes_and_replicas_that_land_on_them(scenario) -> None:
     s = scenario["summary"]
     assert s["worker_nodes_max"] > s["worker_nodes_start"] >= 1
-    assert s["router_replicas_max"] >= 2 and s["shard_replicas_max"] >= 3  # from 1 and 2
+    # from 1 and 2; the high step was held until a shard scaled (or for at most 3 minutes)
+    assert s["router_replicas_max"] >= 2 and s["shard_replicas_max"] >= 3, s
     assert s["seconds_to_new_shard_replica"] is not None
     assert s["replicas_on_head_node"] == 0  # the head has no GPU: shards only on workers
     assert s["replica_nodes"]

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DpfKey, eval_range
 from morphogen.engine import gpu, sliced
-from morphogen.engine.base import PAGE_SIZE
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"

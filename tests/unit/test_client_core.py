@@ -24,7 +24,7 @@ from morphogen.client_wire import (
     answer_from_obj,
     info_from_epoch,
 )
-from morphogen.codec import key_length
+from morphogen.constants import key_length
 
 FAST = RetryPolicy(attempts=3, backoff_s=0.01, max_backoff_s=0.5)
 IDENT_1 = "0x" + "11" * 16

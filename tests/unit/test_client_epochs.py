@@ -26,7 +26,8 @@ from morphogen.client import (
     PirUnavailable,
     RetryPolicy,
 )
-from morphogen.codec import WireError, from_hex, key_length, to_hex
+from morphogen.codec import WireError, from_hex, to_hex
+from morphogen.constants import key_length
 from morphogen.dpf import DpfKey, eval_range
 from morphogen.matrix import domain_bits_for, synthetic_pages
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from morphogen import dpf
+from morphogen.constants import key_length
 from morphogen.dpf import DomainError, DpfKey, KeyFormatError, eval_points, eval_range
 
 S0 = bytes(range(16))
@@ -26,7 +27,7 @@ def worked_example():
 def test_worked_example_key_bytes():
     k0, k1 = worked_example()
     b0 = k0.to_bytes()
-    assert len(b0) == 107 == dpf.key_length(4)
+    assert len(b0) == 107 == key_length(4)
     assert b0.hex() == K0_HEX
     b1 = k1.to_bytes()
     assert b1[:16] == S1 and b1[16:18] == b"\x01\x01" and b1[18:] == b0[18:]

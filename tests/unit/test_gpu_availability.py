@@ -15,8 +15,8 @@ from _gpu_fakes import FakeBackend, FakeCudaError, make_engine
 
 import morphogen.engine as engines
 from morphogen import dpf
+from morphogen.constants import PAGE_SIZE
 from morphogen.engine import gpu
-from morphogen.engine.base import PAGE_SIZE
 from morphogen.engine.cpu import CpuEngine
 from morphogen.engine.reference import ReferenceEngine
 

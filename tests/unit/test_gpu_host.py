@@ -16,9 +16,10 @@ import pytest
 from _gpu_fakes import FakeBackend, FakeCudaError, make_engine, unpack_key
 
 from morphogen import dpf
+from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
 from morphogen.dpf import DomainError, KeyBatch
 from morphogen.engine import gpu
-from morphogen.engine.base import MAX_KEYS_PER_SCAN, PAGE_SIZE, EngineUnavailable
+from morphogen.engine.base import EngineUnavailable
 from morphogen.engine.reference import ReferenceEngine
 
 

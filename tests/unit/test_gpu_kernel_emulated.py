@@ -22,9 +22,9 @@ from _gpu_fakes import (
 )
 
 from morphogen import dpf, prg
+from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import KeyBatch
 from morphogen.engine import gpu
-from morphogen.engine.base import PAGE_SIZE
 from morphogen.engine.reference import ReferenceEngine
 
 pytestmark = pytest.mark.skipif(

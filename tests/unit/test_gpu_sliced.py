@@ -14,8 +14,8 @@ import pytest
 from _gpu_fakes import FakeBackend, make_engine, unslice_chunk
 
 from morphogen import dpf
+from morphogen.constants import PAGE_SIZE
 from morphogen.engine import sliced
-from morphogen.engine.base import PAGE_SIZE
 from morphogen.engine.reference import ReferenceEngine
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from morphogen import matrix
+from morphogen.constants import PAGE_SIZE
 from morphogen.matrix import (
-    PAGE_SIZE,
     Manifest,
     Snapshot,
     SnapshotError,

@@ -9,14 +9,8 @@ import numpy as np
 import pytest
 
 from morphogen import wire
-from morphogen.codec import (
-    ErrorCode,
-    WireError,
-    from_hex,
-    key_length,
-    max_body_bytes,
-    to_hex,
-)
+from morphogen.codec import ErrorCode, WireError, from_hex, max_body_bytes, to_hex
+from morphogen.constants import key_length
 from morphogen.dpf import generate_keys
 
 D = 9
