@@ -253,8 +253,8 @@ class Router:
             ),
             layout,
         )
-        identity, acc = await self._party.answer(parsed.queries)
-        request.state.queries = len(parsed.queries)
+        identity, acc = await self._party.answer(parsed.keys)
+        request.state.queries = parsed.num_queries
         enc_out = wire.response_encoding(request.headers.get("accept"), enc_in)
         content = wire.encode_answer(identity.epoch_id, acc, batch=batch, encoding=enc_out,
                                      identity=identity.digest)

@@ -3,16 +3,18 @@
 A scan costs one pass over the pages whatever the number of keys it carries (up to the engine's
 batch), so merging concurrent requests into one shard call multiplies throughput. The coalescer
 collects submissions for a short window (or until a maximum number of items), runs them as ONE
-call, and hands each caller its own slice of the result, in order.
+call, and hands each caller its own slice of the result, in order. It is the one place where
+requests merge: the engines below it run each call as they receive it.
 
 Two limits shape the batches:
 - `window_s`: how long the first request of a batch waits for company. 0 turns coalescing off:
   every submission is its own call.
-- `max_in_flight`: how many merged calls may run at once. While the limit is reached, new
-  submissions keep accumulating, so under load batches grow by themselves (natural batching)
-  instead of queueing one small call per request.
+- `max_in_flight`: how many calls run at once, whatever their size (the bound a shard sees from
+  this router). While it is reached, new submissions keep accumulating, so under load batches
+  grow by themselves (natural batching) instead of queueing one small call per request.
 
-A submission of `max_items` or more goes straight to its own call: it cannot share one.
+A submission of `max_items` or more is a call of its own: it cannot share one, and it waits for a
+slot but never for a window.
 
 With `eager` (the default) a submission that finds the coalescer idle (nothing running,
 nothing waiting) is dispatched at once: a lone client pays no window, and the window only
@@ -22,19 +24,22 @@ applies once there is traffic to merge with.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sized
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Sized)
 
-# run(items) -> (meta, results) where results[i] belongs to items[i] and supports slicing.
+# run(parts) -> (meta, results): results has one row per item of the parts, in order, and
+# supports slicing.
 RunFn = Callable[[list[T]], Awaitable[tuple[Any, Any]]]
 
 
 @dataclass
 class _Waiter(Generic[T]):
-    items: Sequence[T]
+    part: T
+    size: int
+    alone: bool  # a call of its own (coalescing off, or a full call by itself)
     future: asyncio.Future[tuple[Any, Any]]
 
 
@@ -51,16 +56,13 @@ class CoalescerStats:
         self.items += items
         self.largest = max(self.largest, items)
 
-    @property
-    def mean_items_per_call(self) -> float:
-        return self.items / self.calls if self.calls else 0.0
-
 
 class Coalescer(Generic[T]):
-    """Merge concurrent `submit(items)` calls into batched `run(all_items)` calls.
+    """Merge concurrent `submit(part)` calls into batched `run(parts)` calls.
 
-    `submit` returns `(meta, results[offset:offset + len(items)])`; an exception from `run`
-    reaches every submission of that batch. Must be used from one event loop.
+    A part is anything with a length (its items: keys). `submit` returns
+    `(meta, results[offset:offset + len(part)])`; an exception from `run` reaches every
+    submission of that call. Must be used from one event loop.
     """
 
     def __init__(
@@ -93,31 +95,26 @@ class Coalescer(Generic[T]):
     def enabled(self) -> bool:
         return self.window_s > 0
 
-    @property
-    def in_flight(self) -> int:
-        return self._in_flight
-
-    async def submit(self, items: Sequence[T]) -> tuple[Any, Any]:
-        if not items:
+    async def submit(self, part: T) -> tuple[Any, Any]:
+        size = len(part)
+        if not size:
             raise ValueError("nothing to submit")
-        if not self.enabled or len(items) >= self.max_items:
-            # Nothing to merge with: coalescing is off, or the submission fills a whole call by
-            # itself, and waiting in line for a slot would only add latency.
-            self.stats.record(1, len(items))
-            return await self._run(list(items))
-        if self.eager and not self._pending and self._in_flight == 0:
-            # Idle: run it right here, no task hop; later arrivals queue behind this call.
+        alone = not self.enabled or size >= self.max_items
+        idle = not self._pending and self._in_flight < self.max_in_flight and (
+            alone or (self.eager and self._in_flight == 0))
+        if idle:
+            # run it right here, no task hop; later arrivals queue behind this call
             self._in_flight += 1
-            self.stats.record(1, len(items))
+            self.stats.record(1, size)
             try:
-                return await self._run(list(items))
+                return await self._run([part])
             finally:
                 self._slot_freed()
         loop = asyncio.get_running_loop()
-        waiter: _Waiter[T] = _Waiter(items, loop.create_future())
+        waiter: _Waiter[T] = _Waiter(part, size, alone, loop.create_future())
         self._pending.append(waiter)
-        self._pending_items += len(items)
-        if self._pending_items >= self.max_items:
+        self._pending_items += size
+        if alone or self._pending_items >= self.max_items:
             self._due = True
         elif self._timer is None and not self._due:
             self._timer = loop.call_later(self.window_s, self._on_timer)
@@ -135,31 +132,25 @@ class Coalescer(Generic[T]):
         count = 0
         while self._pending:
             w = self._pending[0]
-            if batch and count + len(w.items) > self.max_items:
+            if batch and (w.alone or batch[0].alone or count + w.size > self.max_items):
                 break
             self._pending.pop(0)
+            self._pending_items -= w.size
             if w.future.done():  # the caller went away (cancelled): skip its keys
-                self._pending_items -= len(w.items)
                 continue
             batch.append(w)
-            count += len(w.items)
-        self._pending_items -= count
+            count += w.size
         return batch
 
     def _dispatch(self) -> None:
         loop = asyncio.get_running_loop()
         while self._due and self._pending and self._in_flight < self.max_in_flight:
             batch = self._take_batch()
-            if self._pending_items >= self.max_items:
-                self._due = True
-            elif self._pending:
-                # Leftovers were already waiting: they are due as soon as a slot frees up.
-                self._due = True
-            else:
-                self._due = False
-                if self._timer is not None:
-                    self._timer.cancel()
-                    self._timer = None
+            # leftovers were already waiting: they are due as soon as a slot frees up
+            self._due = bool(self._pending)
+            if not self._due and self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             if not batch:
                 continue
             self._in_flight += 1
@@ -168,10 +159,9 @@ class Coalescer(Generic[T]):
             task.add_done_callback(self._tasks.discard)
 
     async def _execute(self, batch: list[_Waiter[T]]) -> None:
-        flat: list[T] = [item for w in batch for item in w.items]
-        self.stats.record(len(batch), len(flat))
+        self.stats.record(len(batch), sum(w.size for w in batch))
         try:
-            meta, results = await self._run(flat)
+            meta, results = await self._run([w.part for w in batch])
         except asyncio.CancelledError:
             for w in batch:
                 w.future.cancel()
@@ -183,10 +173,9 @@ class Coalescer(Generic[T]):
         else:
             offset = 0
             for w in batch:
-                n = len(w.items)
                 if not w.future.done():
-                    w.future.set_result((meta, results[offset : offset + n]))
-                offset += n
+                    w.future.set_result((meta, results[offset : offset + w.size]))
+                offset += w.size
         finally:
             self._slot_freed()
 
@@ -197,17 +186,3 @@ class Coalescer(Generic[T]):
             # at once rather than after the rest of a window.
             self._due = True
         self._dispatch()
-
-    async def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        for w in self._pending:
-            if not w.future.done():
-                w.future.cancel()
-        self._pending.clear()
-        self._pending_items = 0
-        for t in list(self._tasks):
-            t.cancel()
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -32,7 +32,12 @@ if sys.byteorder != "little":  # pragma: no cover - the u32 views below assume i
 
 
 class KeyFormatError(ValueError):
-    """Key bytes that are not a well-formed DPF key."""
+    """Key bytes that are not a well-formed DPF key; `index` is the key's row in a batch."""
+
+    def __init__(self, reason: str, index: int = 0) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.index = index
 
 
 class DomainError(ValueError):
@@ -56,6 +61,28 @@ def _check_page(page: int, domain_bits: int) -> None:
 
 
 _ALL_ONES = b"\xff" * MASK_BYTES
+
+
+def malformed_key(rows: np.ndarray) -> tuple[int, str] | None:
+    """The first of `rows` that breaks a byte rule of PROTOCOL.md section 4, and why (None when
+    none does). `rows` is `(K, key_length(d))` uint8 with one domain `d`, lengths already
+    checked: the rules are the flag bytes, checked for the whole batch at once."""
+    d = int(rows[0, 18])
+    root_t, party = rows[:, 16], rows[:, 17]
+    flags = rows[:, _HEADER : _HEADER + _LEVEL * d].reshape(len(rows), d, _LEVEL)[:, :, 16:]
+    bad_level = (flags > 1).any(axis=2)  # (K, d)
+    rules = (
+        (party > 1, lambda i: f"party byte must be 0 or 1, got {party[i]}"),
+        (root_t > 1, lambda i: f"root control bit must be 0 or 1, got {root_t[i]}"),
+        (root_t != party, lambda i: "root control bit does not match the party"),
+        (bad_level.any(axis=1), lambda i: (
+            f"control-bit correction at level {int(np.argmax(bad_level[i]))} is not 0 or 1")),
+    )
+    bad = np.logical_or.reduce([mask for mask, _ in rules])
+    if not bad.any():
+        return None
+    i = int(np.argmax(bad))
+    return i, next(why(i) for mask, why in rules if mask[i])
 
 
 @dataclass(frozen=True, repr=False)
@@ -88,21 +115,14 @@ class DpfKey:
             raise KeyFormatError(
                 f"a key of domain bits {d} is {key_length(d)} bytes, got {len(data)}"
             )
-        root_t, party = data[16], data[17]
-        if party not in (0, 1):
-            raise KeyFormatError(f"party byte must be 0 or 1, got {party}")
-        if root_t not in (0, 1):
-            raise KeyFormatError(f"root control bit must be 0 or 1, got {root_t}")
-        if root_t != party:
-            raise KeyFormatError("root control bit does not match the party")
+        problem = malformed_key(np.frombuffer(data, np.uint8).reshape(1, -1))
+        if problem is not None:
+            raise KeyFormatError(problem[1])
         levels = [data[_HEADER + _LEVEL * i : _HEADER + _LEVEL * (i + 1)] for i in range(d)]
-        for i, lv in enumerate(levels):
-            if lv[16] not in (0, 1) or lv[17] not in (0, 1):
-                raise KeyFormatError(f"control-bit correction at level {i} is not 0 or 1")
         return cls(
             root_seed=data[0:16],
-            root_t=root_t,
-            party=party,
+            root_t=data[16],
+            party=data[17],
             domain_bits=d,
             cw=tuple(lv[:16] for lv in levels),
             tcw_left=tuple(lv[16] for lv in levels),
@@ -224,9 +244,18 @@ def generate_keys_reference(
     return _key_pair(roots, cws, tls, trs, _xor(_xor(s[0], s[1]), _ALL_ONES))
 
 
+_KEY_FIELDS = ("root_seed", "root_t", "cw", "tcw", "final_cw")
+
+
 @dataclass(frozen=True, repr=False)
 class KeyBatch:
-    """Keys of one domain stacked for the engines (all arrays C-contiguous)."""
+    """Keys of one domain stacked for the engines: the one form keys take from the server's
+    parser to the kernels.
+
+    Its arrays are C-contiguous and read-only, always (the batch owns them: they cross Ray's
+    object store and are shared by concurrent scans, and one read-only flag means one jitted
+    signature), so a shard scans what it receives without copying it.
+    """
 
     domain_bits: int
     root_seed: np.ndarray  # (K, 4) uint32: the seed bytes as little-endian words
@@ -235,11 +264,44 @@ class KeyBatch:
     tcw: np.ndarray  # (K, d, 2) uint8: [..., 0] left, [..., 1] right
     final_cw: np.ndarray  # (K, 4) uint32
 
+    def __post_init__(self) -> None:
+        for name in _KEY_FIELDS:
+            getattr(self, name).flags.writeable = False
+
+    def __reduce__(self) -> tuple[type[KeyBatch], tuple[object, ...]]:
+        # through __init__, so that an unpickled batch is read-only like any other
+        return KeyBatch, (self.domain_bits, *(getattr(self, f) for f in _KEY_FIELDS))
+
     def __len__(self) -> int:
         return int(self.root_seed.shape[0])
 
     def __repr__(self) -> str:
         return f"KeyBatch(keys={len(self)}, domain_bits={self.domain_bits})"
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray) -> KeyBatch:
+        """Serialized keys, one per row of a `(K, key_length(d))` uint8 array, fully validated
+        (KeyFormatError names the first bad row in `index`; DomainError for mixed domains)."""
+        if rows.ndim != 2 or rows.dtype != np.uint8 or not len(rows):
+            raise ValueError("key rows are a non-empty (K, key length) uint8 array")
+        d = int(rows[0, 18]) if rows.shape[1] > 18 else 0
+        if not MIN_DOMAIN_BITS <= d <= MAX_DOMAIN_BITS or rows.shape[1] != key_length(d):
+            raise KeyFormatError(f"rows of {rows.shape[1]} bytes are not keys of domain {d}")
+        if (rows[:, 18] != d).any():
+            raise DomainError("all keys of one batch must share one domain")
+        problem = malformed_key(rows)
+        if problem is not None:
+            raise KeyFormatError(problem[1], problem[0])
+        k = len(rows)
+        levels = rows[:, _HEADER : _HEADER + _LEVEL * d].reshape(k, d, _LEVEL)
+        return cls(
+            domain_bits=d,
+            root_seed=rows[:, 0:16].copy().view("<u4"),
+            root_t=rows[:, 16].copy(),
+            cw=levels[:, :, :16].copy().view("<u4"),
+            tcw=levels[:, :, 16:18].copy(),
+            final_cw=rows[:, _HEADER + _LEVEL * d :].copy().view("<u4"),
+        )
 
     @classmethod
     def from_keys(cls, keys: Sequence[DpfKey]) -> KeyBatch:
@@ -248,18 +310,18 @@ class KeyBatch:
         d = keys[0].domain_bits
         if any(k.domain_bits != d for k in keys):
             raise DomainError("all keys of one batch must share one domain")
-        # a private, writable copy: read-only arrays would make jitted engines compile a
-        # second signature
-        raw = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(len(keys), -1)
-        levels = raw[:, _HEADER : _HEADER + _LEVEL * d].reshape(len(keys), d, _LEVEL)
-        return cls(
-            domain_bits=d,
-            root_seed=raw[:, 0:16].copy().view("<u4"),
-            root_t=raw[:, 16].copy(),
-            cw=levels[:, :, :16].copy().view("<u4"),
-            tcw=levels[:, :, 16:18].copy(),
-            final_cw=raw[:, _HEADER + _LEVEL * d :].copy().view("<u4"),
-        )
+        raw = b"".join(k.to_bytes() for k in keys)
+        return cls.from_rows(np.frombuffer(raw, np.uint8).reshape(len(keys), -1))
+
+    @classmethod
+    def concat(cls, batches: Sequence[KeyBatch]) -> KeyBatch:
+        """One batch of the keys of `batches`, in order (a coalesced group)."""
+        if len(batches) == 1:
+            return batches[0]
+        d = batches[0].domain_bits
+        if any(b.domain_bits != d for b in batches):
+            raise DomainError("all keys of one batch must share one domain")
+        return cls(d, *(np.concatenate([getattr(b, f) for b in batches]) for f in _KEY_FIELDS))
 
     def keys(self) -> list[DpfKey]:
         """The batch back as key objects (the reference engine walks them one by one)."""
@@ -278,14 +340,7 @@ class KeyBatch:
 
     def select(self, start: int, stop: int) -> KeyBatch:
         """Keys [start, stop) as a batch of their own (for chunked scans)."""
-        return KeyBatch(
-            domain_bits=self.domain_bits,
-            root_seed=self.root_seed[start:stop],
-            root_t=self.root_t[start:stop],
-            cw=self.cw[start:stop],
-            tcw=self.tcw[start:stop],
-            final_cw=self.final_cw[start:stop],
-        )
+        return KeyBatch(self.domain_bits, *(getattr(self, f)[start:stop] for f in _KEY_FIELDS))
 
 
 def as_batch(keys: Sequence[DpfKey] | KeyBatch) -> KeyBatch:

@@ -30,7 +30,7 @@ from morphogen.codec import ErrorCode, WireError, unavailable
 from morphogen.combine import EpochMismatch, ShardFailure, scan_all
 from morphogen.config import PartyConfig
 from morphogen.constants import KEYS_PER_QUERY, PAGE_SIZE
-from morphogen.dpf import DomainError, DpfKey, KeyBatch
+from morphogen.dpf import DomainError, KeyBatch
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.observe import NullObserver, Observer
@@ -113,7 +113,7 @@ class Party:
         self._want_read = False
         self._want_task: asyncio.Task[None] | None = None
         self.held_queries = 0  # queries in this party's hands now (the autoscaling signal)
-        self.coalescer: Coalescer[DpfKey] = Coalescer(
+        self.coalescer: Coalescer[KeyBatch] = Coalescer(
             self._scan_keys,
             window_s=cfg.coalesce_window_s,
             max_items=cfg.coalesce_max_keys,
@@ -241,20 +241,20 @@ class Party:
                 raise cause from None  # the request's own fault (stale domain): no retry
             raise
 
-    async def _scan_keys(self, keys: list[DpfKey]) -> tuple[EpochIdentity, Any]:
-        """One pass of every shard over all `keys` (a coalesced group), XORed under one
-        identity."""
+    async def _scan_keys(self, requests: list[KeyBatch]) -> tuple[EpochIdentity, Any]:
+        """One pass of every shard over the keys of `requests` (a coalesced group), XORed
+        under one identity."""
         try:
-            batch = KeyBatch.from_keys(keys)
+            batch = KeyBatch.concat(requests)
         except DomainError:
             # requests validated on both sides of a domain-changing rotation met in one group
             raise self.unavailable("the snapshot is changing, retry") from None
-        self.observer.coalesced(len(keys))
+        self.observer.coalesced(len(batch))
         calls = [lambda s=s: self._call_shard(s, batch) for s in self.shards]
         try:
             identity, acc = await scan_all(
                 calls,
-                len(keys),
+                len(batch),
                 attempts=self.cfg.scan_attempts,
                 backoff_s=self.cfg.retry_backoff_ms / 1000.0,
                 timeout_s=self.cfg.shard_timeout_s,
@@ -277,14 +277,15 @@ class Party:
         self._note_identity(identity)
         return identity, acc
 
-    async def answer(self, queries: list[list[DpfKey]]) -> tuple[EpochIdentity, Any]:
-        flat = [k for q in queries for k in q]
-        self.held_queries += len(queries)
+    async def answer(self, keys: KeyBatch) -> tuple[EpochIdentity, Any]:
+        """The accumulators of one request's validated keys (`wire.validate_queries`)."""
+        queries = len(keys) // KEYS_PER_QUERY
+        self.held_queries += queries
         try:
-            identity, acc = await self.coalescer.submit(flat)
+            identity, acc = await self.coalescer.submit(keys)
         finally:
-            self.held_queries -= len(queries)
-        if acc.shape != (len(flat), PAGE_SIZE):  # never answer with a wrong-sized XOR
+            self.held_queries -= queries
+        if acc.shape != (len(keys), PAGE_SIZE):  # never answer with a wrong-sized XOR
             raise WireError(500, ErrorCode.INTERNAL, "internal error")
         return identity, acc
 

@@ -7,7 +7,6 @@ before a fleet of shard processes would each compile them at the same time.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -25,21 +24,6 @@ from morphogen.identity import EpochIdentity
 from morphogen.matrix import Snapshot, SnapshotError, shard_ranges
 
 log = logging.getLogger(__name__)
-
-_KEY_FIELDS = ("root_seed", "root_t", "cw", "tcw", "final_cw")
-
-
-def owned(batch: KeyBatch) -> KeyBatch:
-    """The batch with writable, C-contiguous arrays of its own.
-
-    Keys reach a shard as read-only views (Ray's object store, or `np.frombuffer` for a
-    one-key batch); a jitted engine compiles a separate signature per read-only flag, so every
-    scan goes through this one normalised form.
-    """
-    if all(getattr(batch, f).flags.writeable for f in _KEY_FIELDS):
-        return batch
-    return dataclasses.replace(batch, **{f: np.array(getattr(batch, f)) for f in _KEY_FIELDS})
-
 
 class ShardCore:
     """Pages `[first_page, stop_page)` of a snapshot under one engine, as a versioned
@@ -79,7 +63,7 @@ class ShardCore:
         page.flags.writeable = False  # the jitted kernel's signature for mapped pages
         key, _ = generate_keys(int(snapshot.domain_bits), first_page)
         mask = np.frombuffer(key.eval(first_page), dtype=np.uint8)
-        self._probe_batch = owned(KeyBatch.from_keys([key]))
+        self._probe_batch = KeyBatch.from_keys([key])
         self._probe_expected = np.bitwise_and(page.reshape(-1), np.tile(mask, PAGE_SIZE // 16))
         self._probe = self.engine.load(page, first_page=first_page)
 
@@ -134,7 +118,7 @@ class ShardCore:
 
     def scan_timed(self, batch: KeyBatch) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
         """`scan` plus its seconds by phase (device phases from a GPU engine)."""
-        identity, acc, phases = self.state.scan_timed(owned(batch))
+        identity, acc, phases = self.state.scan_timed(batch)
         return identity, np.asarray(acc, dtype=np.uint8), phases
 
     # -- epochs (two-phase; see morphogen.epoch)
@@ -248,14 +232,14 @@ class ShardCore:
 def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any] | None = None,
             pages: int = 64) -> str:
     """Compile the engine's kernels for exactly the shards' call signatures (read-only mapped
-    pages, normalised keys) on a few pages; returns the engine's name."""
+    pages, read-only key batches) on a few pages; returns the engine's name."""
     core = ShardCore(snapshot, 0, min(pages, snapshot.num_pages), engine_name, engine_options)
     try:
         core.self_test()
         keys = [generate_keys(core.domain_bits, i % core.stop_page)[0] for i in range(3)]
         batch = KeyBatch.from_keys(keys)
         core.scan(batch)
-        eval_points(owned(batch), np.zeros(1, np.int64))  # the pending-update path's kernel
+        eval_points(batch, np.zeros(1, np.int64))  # the pending-update path's kernel
         return core.engine_name
     finally:
         core.close()

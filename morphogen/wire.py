@@ -36,7 +36,7 @@ from morphogen.constants import (
     PAGE_SIZE,
     key_length,
 )
-from morphogen.dpf import DpfKey, KeyFormatError
+from morphogen.dpf import KeyBatch, KeyFormatError
 
 JSON = "json"
 MSGPACK = "msgpack"
@@ -69,17 +69,14 @@ class _BinBatch(BaseModel):
 
 @dataclass(frozen=True)
 class ParsedQueries:
-    """Validated queries of one request, each exactly KEYS_PER_QUERY parsed keys."""
+    """The validated keys of one request, query after query (KEYS_PER_QUERY each)."""
 
-    queries: list[list[DpfKey]]
+    keys: KeyBatch
     encoding: str  # JSON or MSGPACK: how the request came
 
     @property
-    def num_keys(self) -> int:
-        return len(self.queries) * KEYS_PER_QUERY
-
-    def flat_keys(self) -> list[DpfKey]:
-        return [k for q in self.queries for k in q]
+    def num_queries(self) -> int:
+        return len(self.keys) // KEYS_PER_QUERY
 
 
 def request_encoding(content_type: str | None) -> str:
@@ -128,8 +125,9 @@ def _decode_body(body: bytes, encoding: str) -> Any:
         raise WireError(400, ErrorCode.BAD_REQUEST, f"request body is not valid {what}") from None
 
 
-def check_key(raw: bytes, domain_bits: int, where: str) -> DpfKey:
-    """Every rule of PROTOCOL.md section 4 plus `d == advertised domain`; 400 on any failure."""
+def _check_key_size(raw: bytes, domain_bits: int, where: str) -> None:
+    """Length and domain byte of one key (PROTOCOL.md section 4, `d == advertised domain`);
+    the flag bytes are checked for the whole request at once (`KeyBatch.from_rows`)."""
     if len(raw) < 19:
         raise WireError(400, ErrorCode.BAD_KEY, f"{where}: key is {len(raw)} bytes, too short")
     d = raw[18]
@@ -148,11 +146,6 @@ def check_key(raw: bytes, domain_bits: int, where: str) -> DpfKey:
             ErrorCode.BAD_KEY,
             f"{where}: key is {len(raw)} bytes, a key of domain {d} is {key_length(d)}",
         )
-    try:
-        return DpfKey.from_bytes(raw)
-    except KeyFormatError as exc:
-        # The parser's messages name fields and small flag values, never seeds.
-        raise WireError(400, ErrorCode.BAD_KEY, f"{where}: {exc}") from None
 
 
 def _key_bytes(item: str | bytes, encoding: str, where: str) -> bytes:
@@ -201,8 +194,9 @@ def validate_queries(
     domain_bits: int,
     max_queries: int,
     batch: bool = True,
-) -> list[list[DpfKey]]:
-    """Counts first (cheap), then every key; nothing is scanned unless all of them pass."""
+) -> KeyBatch:
+    """Counts first (cheap), then every key, into one buffer that becomes the request's
+    `KeyBatch`; nothing is scanned unless all of them pass."""
     n = len(raw_queries)
     if batch and not 1 <= n <= max_queries:
         raise WireError(
@@ -210,25 +204,37 @@ def validate_queries(
         )
     for qi, keys in enumerate(raw_queries):
         if len(keys) != KEYS_PER_QUERY:
-            where = f"query {qi}" if batch else "query"
             raise WireError(
                 400,
                 ErrorCode.BAD_KEY_COUNT,
-                f"{where}: a query holds exactly {KEYS_PER_QUERY} keys, got {len(keys)}",
+                f"{_where(qi, None, batch)}: a query holds exactly {KEYS_PER_QUERY} keys, "
+                f"got {len(keys)}",
             )
-    out: list[list[DpfKey]] = []
+    rows = np.empty((n * KEYS_PER_QUERY, key_length(domain_bits)), np.uint8)
     for qi, keys in enumerate(raw_queries):
-        parsed = []
         for ki, item in enumerate(keys):
-            where = f"query {qi} key {ki}" if batch else f"key {ki}"
-            parsed.append(check_key(_key_bytes(item, encoding, where), domain_bits, where))
-        out.append(parsed)
-    return out
+            where = _where(qi, ki, batch)
+            raw = _key_bytes(item, encoding, where)
+            _check_key_size(raw, domain_bits, where)
+            rows[qi * KEYS_PER_QUERY + ki] = np.frombuffer(raw, np.uint8)
+    try:
+        return KeyBatch.from_rows(rows)
+    except KeyFormatError as exc:
+        # the parser's reasons name fields and small flag values, never seeds
+        qi, ki = divmod(exc.index, KEYS_PER_QUERY)
+        raise WireError(400, ErrorCode.BAD_KEY, f"{_where(qi, ki, batch)}: {exc.reason}") from None
+
+
+def _where(query: int, key: int | None, batch: bool) -> str:
+    q = f"query {query}" if batch else "query"
+    if key is None:
+        return q
+    return f"query {query} key {key}" if batch else f"key {key}"
 
 
 def handle_queries(
     queries: Sequence[Sequence[bytes]], *, domain_bits: int, max_queries: int, batch: bool
-) -> list[list[DpfKey]]:
+) -> KeyBatch:
     """Validation for the handle API (raw key bytes from Python drivers)."""
     if not isinstance(queries, Sequence) or isinstance(queries, bytes | str):
         raise WireError(422, ErrorCode.INVALID_FIELD, "queries must be a list of key lists")

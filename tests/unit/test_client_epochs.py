@@ -89,11 +89,11 @@ class Party:
         self.sent.append(raw)
         w = self.lagging.pop(0) if self.lagging else self.world
         if self.check_domain:
-            queries = wire.validate_queries(raw, wire.MSGPACK, domain_bits=w.domain_bits,
-                                            max_queries=4)
+            keys = wire.validate_queries(raw, wire.MSGPACK, domain_bits=w.domain_bits,
+                                         max_queries=4).keys()
         else:
-            queries = [[DpfKey.from_bytes(k) for k in q] for q in raw]
-        acc = w.scan([k for q in queries for k in q])
+            keys = [DpfKey.from_bytes(k) for q in raw for k in q]
+        acc = w.scan(keys)
         rows = [to_hex(r) if hex_pages else r.tobytes() for r in acc]
         out: dict[str, Any] = {"epoch_id": w.epoch}
         if w.digest:

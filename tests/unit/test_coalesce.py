@@ -18,8 +18,9 @@ class _Recorder:
         self.running = 0
         self.max_running = 0
 
-    async def __call__(self, items: list[int]):
-        self.calls.append(list(items))
+    async def __call__(self, parts: list[list[int]]):
+        items = [x for part in parts for x in part]
+        self.calls.append(items)
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         try:
@@ -123,7 +124,6 @@ def test_cancelled_waiter_does_not_break_the_others() -> None:
         res = await b
         with pytest.raises(asyncio.CancelledError):
             await a
-        await c.close()
         return res
 
     meta, res = asyncio.run(main())
@@ -165,7 +165,7 @@ def test_bad_arguments() -> None:
     asyncio.run(main())
 
 
-def test_a_submission_that_fills_a_call_goes_straight_through() -> None:
+def test_a_submission_that_fills_a_call_waits_for_a_slot_not_for_the_window() -> None:
     rec = _Recorder(delay=0.05)
 
     async def main():
@@ -179,5 +179,22 @@ def test_a_submission_that_fills_a_call_goes_straight_through() -> None:
 
     big = asyncio.run(main())
     assert big == [50, 60, 70, 80, 90]
-    assert rec.calls == [[1], [5, 6, 7, 8, 9]]  # not merged, and not queued behind [1]
+    assert rec.calls == [[1], [5, 6, 7, 8, 9]]  # not merged with [1]
+    assert rec.max_running == 1  # and not beside it: max_in_flight is a bound
+
+
+@pytest.mark.parametrize("window_s", [0.0, 0.001])
+def test_no_more_calls_than_max_in_flight_whatever_the_submissions(window_s: float) -> None:
+    rec = _Recorder(delay=0.01)
+
+    async def main():
+        c = Coalescer(rec, window_s=window_s, max_items=4, max_in_flight=2)
+        sizes = [1, 6, 2, 4, 1, 9, 3, 1] * 3  # small, full and oversized, concurrently
+        got = await asyncio.gather(*(c.submit([i] * n) for i, n in enumerate(sizes)))
+        return sizes, got
+
+    sizes, got = asyncio.run(main())
     assert rec.max_running == 2
+    assert [r for _, r in got] == [[i * 10] * n for i, n in enumerate(sizes)]
+    if window_s == 0:
+        assert len(rec.calls) == len(sizes)  # off: one call per submission

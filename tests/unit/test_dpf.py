@@ -187,10 +187,44 @@ def test_key_batch_gives_the_keys_back():
     assert [k.to_bytes() for k in back] == [k.to_bytes() for k in keys]
 
 
-def test_key_batch_arrays_are_writable_copies():
-    b = dpf.KeyBatch.from_keys([dpf.generate_keys(6, 1)[0]])
+def test_key_batch_arrays_are_read_only_copies_of_the_rows():
+    keys = [dpf.generate_keys(6, t)[0] for t in (1, 2)]
+    rows = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(2, -1).copy()
+    b = dpf.KeyBatch.from_rows(rows)
+    rows[:] = 0  # the batch owns its arrays: the request buffer may be reused
+    assert [k.to_bytes() for k in b.keys()] == [k.to_bytes() for k in keys]
     for arr in (b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw):
-        assert arr.flags.writeable and arr.flags.c_contiguous
+        assert not arr.flags.writeable and arr.flags.c_contiguous
+
+
+def test_key_rows_are_validated_at_once_and_name_the_first_bad_row():
+    keys = [dpf.generate_keys(5, t)[t % 2] for t in range(4)]
+    rows = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(4, -1).copy()
+    rows[2, dpf._HEADER + 18 * 3 + 17] = 2  # level 3's right control bit
+    rows[3, 17] = 5  # party byte
+    with pytest.raises(KeyFormatError) as err:
+        dpf.KeyBatch.from_rows(rows)
+    assert err.value.index == 2 and "level 3" in err.value.reason
+    rows[2, dpf._HEADER + 18 * 3 + 17] = 0
+    with pytest.raises(KeyFormatError) as err:
+        dpf.KeyBatch.from_rows(rows)
+    assert err.value.index == 3 and "party byte" in err.value.reason
+    other = np.frombuffer(dpf.generate_keys(5, 1)[0].to_bytes(), np.uint8).copy()
+    other[18] = 4  # another domain, right length for neither
+    with pytest.raises(KeyFormatError):
+        dpf.KeyBatch.from_rows(np.stack([other]))
+
+
+def test_key_batches_concatenate_and_select_in_order():
+    keys = [dpf.generate_keys(7, t)[t % 2] for t in range(5)]
+    a, b = dpf.KeyBatch.from_keys(keys[:2]), dpf.KeyBatch.from_keys(keys[2:])
+    merged = dpf.KeyBatch.concat([a, b])
+    assert [k.to_bytes() for k in merged.keys()] == [k.to_bytes() for k in keys]
+    assert [k.to_bytes() for k in merged.select(1, 4).keys()] == [
+        k.to_bytes() for k in keys[1:4]]
+    assert dpf.KeyBatch.concat([a]) is a
+    with pytest.raises(DomainError):
+        dpf.KeyBatch.concat([a, dpf.KeyBatch.from_keys([dpf.generate_keys(8, 1)[0]])])
 
 
 def test_jitted_key_generation_equals_the_plain_construction():

@@ -1,4 +1,4 @@
-"""The Ray-free shard core: ranges, self-test, normalised keys, partials that XOR to pages."""
+"""The Ray-free shard core: ranges, self-test, read-only key batches, partials that XOR to pages."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from morphogen.dpf import KeyBatch, generate_keys
+from morphogen.engine import _cpu_kernel
 from morphogen.matrix import Snapshot, build_synthetic, synthetic_pages
-from morphogen.shard import ShardCore, owned, warm_up
+from morphogen.shard import ShardCore, warm_up
 
 
 @pytest.fixture(scope="module")
@@ -20,17 +21,25 @@ def snapshot(tmp_path_factory) -> Snapshot:
         yield snap
 
 
-def test_owned_makes_keys_writable() -> None:
-    one = KeyBatch.from_keys([generate_keys(6, 1)[0]])
-    back = pickle.loads(pickle.dumps(KeyBatch.from_keys([generate_keys(6, 2)[0]] * 2)))
-    for batch in (one, back):
-        fixed = owned(batch)
-        for f in ("root_seed", "root_t", "cw", "tcw", "final_cw"):
-            arr = getattr(fixed, f)
-            assert arr.flags.writeable and arr.flags.c_contiguous
-            assert np.array_equal(arr, getattr(batch, f))
-    fresh = owned(back)
-    assert owned(fresh) is fresh
+def test_a_shard_scans_key_batches_as_received_in_one_jitted_signature(snapshot) -> None:
+    """However a batch was made (parsed, unpickled from Ray, sliced, merged), its arrays are
+    read-only and C-contiguous: the shard scans them without a copy, and the CPU kernel is
+    compiled for that one form."""
+    made = KeyBatch.from_keys([generate_keys(6, t)[0] for t in (1, 2, 3)])
+    forms = [made, pickle.loads(pickle.dumps(made)), made.select(1, 3),
+             KeyBatch.concat([made, made.select(0, 1)])]
+    core = ShardCore.open(snapshot, 0, 1, "cpu")
+    try:
+        for batch in forms:
+            for f in ("root_seed", "root_t", "cw", "tcw", "final_cw"):
+                arr = getattr(batch, f)
+                assert not arr.flags.writeable and arr.flags.c_contiguous, f
+            core.scan(batch)
+    finally:
+        core.close()
+    key_args = [sig[3:8] for sig in _cpu_kernel.scan_pages.signatures]
+    assert key_args and not any(t.mutable for args in key_args for t in args)
+    assert len(set(key_args)) == 1
 
 
 @pytest.mark.parametrize("engine", ["reference", "cpu"])

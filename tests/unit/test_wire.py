@@ -57,7 +57,7 @@ def test_single_query_parses() -> None:
     keys = _keys()
     parsed = _parse(_json({"keys": [to_hex(k) for k in keys]}), batch=False)
     assert parsed.encoding == wire.JSON
-    assert [[k.to_bytes() for k in q] for q in parsed.queries] == [keys]
+    assert [k.to_bytes() for k in parsed.keys.keys()] == keys and parsed.num_queries == 1
 
 
 def test_batch_msgpack_parses() -> None:
@@ -65,7 +65,7 @@ def test_batch_msgpack_parses() -> None:
     body = msgpack.packb({"queries": [{"keys": keys[:3]}, {"keys": keys[3:]}]})
     parsed = _parse(body, batch=True, ct="application/msgpack")
     assert parsed.encoding == wire.MSGPACK
-    assert [k.to_bytes() for k in parsed.flat_keys()] == keys
+    assert [k.to_bytes() for k in parsed.keys.keys()] == keys
 
 
 @pytest.mark.parametrize(
@@ -119,6 +119,17 @@ def test_every_key_rule(mutation, code) -> None:
     assert keys[2].hex()[:16] not in exc.value.message  # never echo key bytes
 
 
+def test_a_bad_key_deep_in_a_batch_is_named_by_its_query_and_key() -> None:
+    queries = [_keys() for _ in range(5)]
+    queries[3][1] = _mutate(queries[3][1], 36 + 18 * 2, 3)  # tcw_right at level 2
+    queries[4][0] = _mutate(queries[4][0], 17, 9)  # later: not the one reported
+    body = msgpack.packb({"queries": [{"keys": q} for q in queries]}, use_bin_type=True)
+    with pytest.raises(WireError) as exc:
+        _parse(body, batch=True, ct="application/msgpack")
+    assert _status(exc) == (400, ErrorCode.BAD_KEY)
+    assert exc.value.message == "query 3 key 1: control-bit correction at level 2 is not 0 or 1"
+
+
 def test_key_of_another_domain_is_refused_even_if_well_formed() -> None:
     other = generate_keys(D + 3, 5)[0].to_bytes()
     keys = _keys()[:2] + [other]
@@ -135,7 +146,7 @@ def test_batch_size_limits() -> None:
     with pytest.raises(WireError) as exc:
         _parse(_json({"queries": [q] * 5}), batch=True, max_queries=4)
     assert _status(exc) == (400, ErrorCode.BAD_BATCH)
-    assert len(_parse(_json({"queries": [q] * 4}), batch=True, max_queries=4).queries) == 4
+    assert _parse(_json({"queries": [q] * 4}), batch=True, max_queries=4).num_queries == 4
 
 
 def test_batch_error_names_the_query() -> None:
@@ -212,7 +223,7 @@ def test_answers_carry_the_identity_in_every_encoding() -> None:
 def test_handle_queries_validation() -> None:
     keys = _keys()
     out = wire.handle_queries([keys], domain_bits=D, max_queries=1, batch=False)
-    assert [k.to_bytes() for k in out[0]] == keys
+    assert [k.to_bytes() for k in out.keys()] == keys
     with pytest.raises(WireError) as exc:
         wire.handle_queries([[to_hex(k) for k in keys]], domain_bits=D, max_queries=1,
                             batch=False)
