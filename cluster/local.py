@@ -18,6 +18,7 @@ from typing import Any
 
 
 def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` right now (the OS picks it; nothing holds it afterwards)."""
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
@@ -54,14 +55,8 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
         # clusters on one machine (a test session and a server it starts, a demo beside a
         # benchmark) would collide, so each cluster takes free ones unless told otherwise.
         for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-            env[name] = os.environ.get(name) or str(_free_port())
+            env[name] = os.environ.get(name) or str(free_port())
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def quiet_ray_logs() -> None:

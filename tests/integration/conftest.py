@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import socket
 import tempfile
 import time
 import warnings
@@ -22,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.local import fast_ingress_env  # noqa: E402 - no Ray import behind it
+from cluster.local import fast_ingress_env, free_port  # noqa: E402 - no Ray import behind it
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -38,12 +37,6 @@ if FAST_INGRESS:
 
 NUM_PAGES = 640  # d = 10 with 384 unused domain points: aliasing would show
 LOGICAL_GPUS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def party_args(cache_dir: str, **overrides: Any) -> dict[str, Any]:
@@ -93,7 +86,7 @@ def serve_instance() -> Iterator[ServeInstance]:
         log_to_driver=False,
         configure_logging=True,
     )
-    port = _free_port()
+    port = free_port()
     serve.start(
         http_options={"host": "127.0.0.1", "port": port},
         logging_config={"enable_access_log": False, "log_level": "WARNING"},

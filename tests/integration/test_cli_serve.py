@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from cluster.local import free_port
 
 from . import spec_client
 from .conftest import wait_until
@@ -27,12 +28,6 @@ def test_spec_client_known_answers() -> None:
     assert spec_client.prg(bytes(range(16)))[2:] == (0, 1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
     rng = os.urandom
     raw = tmp_path / "matrix.bin"
@@ -41,7 +36,7 @@ def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
     padded = data + bytes(4096 - 123)
     page = [padded[i * 4096 : (i + 1) * 4096] for i in range(71)]
 
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ, MORPHOGEN_CACHE_DIR=str(tmp_path / "cache"), RAY_AUTH_MODE="disabled")
     env.pop("RAY_ADDRESS", None)
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--matrix", str(raw), "--shards", "2",
