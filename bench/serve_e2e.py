@@ -32,6 +32,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import _cpu_by_process as cpu_by_process  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -192,7 +196,7 @@ def _raw_requests(url: str, path: str, bodies: list[bytes]) -> tuple[str, int, l
 
 
 async def _http_load(url: str, bodies: list[bytes], batch: int, c: int,
-                     duration: float) -> tuple[list[float], float, int]:
+                     duration: float) -> tuple[list[float], float, int, dict[str, float]]:
     path = "/query/page/gpu" if batch == 1 else "/query/page/gpu/batch"
     host, port, raws = _raw_requests(url, path, bodies)
     conns = [_Conn(host, port) for _ in range(c)]
@@ -218,16 +222,21 @@ async def _http_load(url: str, bodies: list[bytes], batch: int, c: int,
     await asyncio.gather(*(run(w, warm, time.monotonic() + min(1.0, duration / 4))
                            for w in range(c)))
     lat: list[float] = []
+    before = cpu_by_process.snapshot()
     t0 = time.monotonic()
     await asyncio.gather(*(run(w, lat, t0 + duration) for w in range(c)))
     seconds = time.monotonic() - t0
+    cpu = cpu_by_process.spent(before)
     for conn in conns:
         await conn.close()
-    return lat, seconds, errors
+    return lat, seconds, errors, cpu
 
 
 def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[int],
-              batches: list[int], duration: float) -> list[Point]:
+              batches: list[int], duration: float,
+              cpu_ms: dict[str, dict[str, float]]) -> list[Point]:
+    """HTTP load per (mode, c, b); `cpu_ms` gets each point's CPU milliseconds per query by
+    process group (where the time went)."""
     from ray import serve
 
     from deployments.app import build_app
@@ -248,11 +257,17 @@ def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[in
                     obj = ({"keys": [to_hex(k) for k in qs[0]]} if b == 1 else
                            {"queries": [{"keys": [to_hex(k) for k in q]} for q in qs]})
                     bodies.append(json.dumps(obj).encode())
-                lat, seconds, errors = asyncio.run(_http_load(url, bodies, b, c, duration))
+                lat, seconds, errors, cpu = asyncio.run(_http_load(url, bodies, b, c, duration))
                 p = _point(mode, c, b, lat, seconds)
                 points.append(p)
                 _log(f"  {mode:<13} c={c:<3} b={b:<3} {p.qps:9.1f} q/s  p50 {p.p50_ms:7.1f} ms"
                      f"  p99 {p.p99_ms:7.1f} ms" + (f"  ({errors} errors)" if errors else ""))
+                if p.queries:
+                    per_query = {g: round(1e3 * v / p.queries, 3) for g, v in cpu.items()
+                                 if v * 1e3 / p.queries >= 0.01}
+                    cpu_ms[f"{mode} c={c} b={b}"] = per_query
+                    _log("      CPU ms/query: " + ", ".join(
+                        f"{g} {v:.2f}" for g, v in list(per_query.items())[:6]))
         serve.delete("bench")
     return points
 
@@ -371,12 +386,15 @@ def main(argv: list[str] | None = None) -> int:
                           concurrencies, batches, args.duration)
     _log("[bench] end to end over HTTP")
     with local.running(num_cpus=max(2, cores), disable_auth=True) as cluster:
-        points += bench_e2e(cluster, cfg_args, pool, concurrencies, batches, args.duration)
+        cpu_ms: dict[str, dict[str, float]] = {}
+        points += bench_e2e(cluster, cfg_args, pool, concurrencies, batches, args.duration,
+                            cpu_ms)
     snap.close()
 
     stem = "serve_e2e_quick" if args.quick else "serve_e2e"
     write_csv(points, out / f"{stem}.csv")
     s = summary(points)
+    s["cpu_ms_per_query"] = cpu_ms
     s.update(pages=args.pages, shards=args.shards, cores=cores, engine=args.engine,
              window_ms=args.window_ms, quick=args.quick)
     (out / f"{stem}_summary.json").write_text(json.dumps(s, indent=2) + "\n")

@@ -19,7 +19,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from deployments.metrics import ServeMetrics
-from morphogen import wire
+from morphogen import admin_wire, wire
 from morphogen.admin_auth import AdminAccess, AdminGuard
 from morphogen.autoscaling import HELD_QUERIES
 from morphogen.codec import (
@@ -191,11 +191,11 @@ class Router:
         wire.request_encoding(content_type)  # 415 before reading
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
-            requested = wire.parse_snapshot_request(body, content_type)
+            requested = admin_wire.parse_snapshot_request(body, content_type)
             return _json_response(await self._party.admin.snapshot(requested))
         # pages are checked against the page count of the epoch they apply to, under the
         # admin lock (admin_updates): a cached layout may predate a rotation
-        changes = wire.parse_updates(
+        changes = admin_wire.parse_updates(
             body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates
         )
         return _json_response(await self._party.admin.updates(changes))

@@ -111,7 +111,9 @@ class PartyConfig(BaseModel):
     )
     coalesce_window_ms: float = Field(2.0, ge=0, le=1000, description="0 turns coalescing off")
     coalesce_max_queries: int = Field(32, ge=1, le=4096, description="queries per merged scan")
-    coalesce_max_in_flight: int = Field(2, ge=1, le=256, description="merged scans at once")
+    coalesce_max_in_flight: int = Field(
+        2, ge=1, le=256, description="scans in flight per router replica (a bound)"
+    )
     max_batch_queries: int = Field(MAX_BATCH_QUERIES, ge=1, le=1024)
     max_body_bytes: int | None = Field(None, ge=1024, description="default: from the batch cap")
 

@@ -16,9 +16,8 @@ from typing import Any
 
 import msgpack
 import numpy as np
-from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBytes, StrictStr, ValidationError
 
-from morphogen.changes import ChangeBatch
 from morphogen.codec import (
     JSON_TYPE,
     MSGPACK_TYPE,
@@ -104,7 +103,7 @@ def response_encoding(accept: str | None, request_enc: str) -> str:
     return request_enc
 
 
-def _validation_message(exc: ValidationError) -> str:
+def validation_message(exc: ValidationError) -> str:
     # Locations and pydantic's short messages only: `input` would echo key material.
     parts = []
     for err in exc.errors(include_url=False, include_input=False)[:5]:
@@ -113,7 +112,7 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts) or "invalid request body"
 
 
-def _decode_body(body: bytes, encoding: str) -> Any:
+def decode_body(body: bytes, encoding: str) -> Any:
     try:
         if encoding == JSON:
             return json.loads(body)
@@ -169,7 +168,7 @@ def parse_queries(
 ) -> ParsedQueries:
     """Decode, type-check and validate a query or batch body; raises WireError."""
     encoding = request_encoding(content_type)
-    data = _decode_body(body, encoding)
+    data = decode_body(body, encoding)
     model: type[BaseModel]
     if batch:
         model = _HexBatch if encoding == JSON else _BinBatch
@@ -178,7 +177,7 @@ def parse_queries(
     try:
         parsed = model.model_validate(data)
     except ValidationError as exc:
-        raise WireError(422, ErrorCode.INVALID_FIELD, _validation_message(exc)) from None
+        raise WireError(422, ErrorCode.INVALID_FIELD, validation_message(exc)) from None
     raw_queries = [q.keys for q in parsed.queries] if batch else [parsed.keys]  # type: ignore[attr-defined]
     return ParsedQueries(
         validate_queries(raw_queries, encoding, domain_bits=domain_bits,
@@ -249,103 +248,6 @@ def handle_queries(
     raw = [[bytes(k) for k in keys] for keys in queries]
     return validate_queries(raw, MSGPACK, domain_bits=domain_bits, max_queries=max_queries,
                             batch=batch)
-
-
-# --------------------------------------------------------------------------- admin requests
-# POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}
-#   diff: exactly 4096 bytes XORed into the page; data: the page's new content (at most 4096
-#   bytes, zero-padded). msgpack: the same with raw bytes. Applied in order, as one epoch.
-# POST /admin/snapshot {"path": "relative/to/admin_snapshot_dir"}
-
-
-class _HexChange(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    page: StrictInt
-    diff: StrictStr | None = None
-    data: StrictStr | None = None
-
-
-class _HexUpdates(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-    updates: list[_HexChange]
-
-
-class _BinChange(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-    page: StrictInt
-    diff: StrictBytes | None = None
-    data: StrictBytes | None = None
-
-
-class _BinUpdates(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-    updates: list[_BinChange]
-
-
-class _SnapshotRequest(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
-    path: StrictStr
-
-
-def _bad_update(message: str) -> WireError:
-    return WireError(400, ErrorCode.BAD_UPDATE, message)
-
-
-def parse_updates(
-    body: bytes, content_type: str | None, *, num_pages: int, max_updates: int
-) -> ChangeBatch:
-    """Decode and check an updates body; raises WireError (messages name positions and page
-    numbers, never page contents)."""
-    encoding = request_encoding(content_type)
-    data = _decode_body(body, encoding)
-    model: type[BaseModel] = _HexUpdates if encoding == JSON else _BinUpdates
-    try:
-        parsed = model.model_validate(data)
-    except ValidationError as exc:
-        raise WireError(422, ErrorCode.INVALID_FIELD, _validation_message(exc)) from None
-    items = parsed.updates  # type: ignore[attr-defined]
-    n = len(items)
-    if not 1 <= n <= max_updates:
-        raise _bad_update(f"a request holds 1..{max_updates} updates, got {n}")
-    pages = np.empty(n, np.int64)
-    replace = np.zeros(n, bool)
-    blob = bytearray(n * PAGE_SIZE)
-    for i, item in enumerate(items):
-        if not 0 <= item.page < num_pages:
-            raise _bad_update(
-                f"update {i}: page {item.page} is outside the matrix of {num_pages} pages"
-            )
-        if (item.diff is None) == (item.data is None):
-            raise _bad_update(f"update {i}: give exactly one of 'diff' and 'data'")
-        raw: str | bytes = item.diff if item.diff is not None else item.data
-        if isinstance(raw, str):
-            try:
-                raw = from_hex(raw)
-            except ValueError:
-                raise WireError(
-                    422, ErrorCode.INVALID_FIELD, f"update {i}: not valid hex"
-                ) from None
-        if item.diff is not None and len(raw) != PAGE_SIZE:
-            raise _bad_update(f"update {i}: a diff is {PAGE_SIZE} bytes, got {len(raw)}")
-        if item.data is not None and len(raw) > PAGE_SIZE:
-            raise _bad_update(f"update {i}: a page is at most {PAGE_SIZE} bytes, got {len(raw)}")
-        pages[i] = item.page
-        replace[i] = item.data is not None
-        blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
-    return ChangeBatch(pages, replace, bytes(blob))
-
-
-def parse_snapshot_request(body: bytes, content_type: str | None) -> str:
-    """The requested snapshot path of a `POST /admin/snapshot` body."""
-    encoding = request_encoding(content_type)
-    data = _decode_body(body, encoding)
-    try:
-        parsed = _SnapshotRequest.model_validate(data)
-    except ValidationError as exc:
-        raise WireError(422, ErrorCode.INVALID_FIELD, _validation_message(exc)) from None
-    if not parsed.path or "\x00" in parsed.path:
-        raise WireError(400, ErrorCode.BAD_REQUEST, "path must be a non-empty string")
-    return parsed.path
 
 
 # --------------------------------------------------------------------------- responses

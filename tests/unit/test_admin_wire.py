@@ -9,7 +9,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import wire
+from morphogen import admin_wire
 from morphogen.admin_client import AdminClient
 from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.client import PirError, PirUnavailable, encode_updates
@@ -25,7 +25,7 @@ def _diff(seed: int) -> bytes:
 
 
 def _parse(body: bytes, ct: str = JSON, num_pages: int = 100, max_updates: int = 8):
-    return wire.parse_updates(body, ct, num_pages=num_pages, max_updates=max_updates)
+    return admin_wire.parse_updates(body, ct, num_pages=num_pages, max_updates=max_updates)
 
 
 @pytest.mark.parametrize("encoding", ["json", "msgpack"])
@@ -99,12 +99,12 @@ def test_admin_body_limit_fits_a_full_json_request() -> None:
 
 
 def test_snapshot_request() -> None:
-    assert wire.parse_snapshot_request(b'{"path": "rot/1"}', JSON) == "rot/1"
+    assert admin_wire.parse_snapshot_request(b'{"path": "rot/1"}', JSON) == "rot/1"
     body = msgpack.packb({"path": "x"}, use_bin_type=True)
-    assert wire.parse_snapshot_request(body, MSGPACK) == "x"
+    assert admin_wire.parse_snapshot_request(body, MSGPACK) == "x"
     for bad, status in ((b'{"path": 3}', 422), (b"{}", 422), (b'{"path": ""}', 400)):
         with pytest.raises(WireError) as exc:
-            wire.parse_snapshot_request(bad, JSON)
+            admin_wire.parse_snapshot_request(bad, JSON)
         assert exc.value.status == status
 
 
