@@ -257,7 +257,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from morphogen.matrix import SnapshotError, build_synthetic, import_raw
+    from morphogen.snapshot.manifest import SnapshotError
+    from morphogen.snapshot.synthetic import build_synthetic
+    from morphogen.snapshot.writer import import_raw
 
     try:
         if args.raw:

@@ -40,7 +40,7 @@ from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch, eval_points
 from morphogen.engine.base import Engine, ShardScanner, check_domain
 from morphogen.identity import EpochIdentity
-from morphogen.matrix import Snapshot
+from morphogen.snapshot.reader import Snapshot
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
 # A staged version left by an admin operation that never committed nor aborted (its router

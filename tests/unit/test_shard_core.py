@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from morphogen.dpf import KeyBatch, generate_keys
-from morphogen.matrix import Snapshot, build_synthetic, synthetic_pages
 from morphogen.shard import ShardCore, owned, warm_up
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 
 @pytest.fixture(scope="module")
