@@ -40,7 +40,7 @@ from bench._common import RESULTS, machine_label, plot, write_csv  # noqa: E402
 from cluster import fake_cluster, local  # noqa: E402
 from morphogen.admin_client import AdminClient  # noqa: E402
 from morphogen.client import PirClient, PirError  # noqa: E402
-from morphogen.matrix import build_synthetic, synthetic_pages  # noqa: E402
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 
 TOKEN = "autoscale-bench-admin-token-0123456789"
 MIN_SHARD_REPLICAS = 2

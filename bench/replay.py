@@ -36,8 +36,9 @@ from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
 from morphogen import dpf, engine  # noqa: E402
 from morphogen.changes import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
 from morphogen.epoch_log import EpochLog  # noqa: E402
-from morphogen.matrix import Snapshot, build_synthetic, synthetic_pages  # noqa: E402
 from morphogen.shard import ShardCore  # noqa: E402
+from morphogen.snapshot.reader import Snapshot  # noqa: E402
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 
 
 def _batches(rng: np.random.Generator, count: int, num_pages: int) -> list[ChangeBatch]:

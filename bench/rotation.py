@@ -53,7 +53,7 @@ class _Load:
                         for i in range(clients)]
 
     def _expected(self, epoch: int, page: int) -> bytes:
-        from morphogen.matrix import synthetic_pages
+        from morphogen.snapshot.synthetic import synthetic_pages
 
         return synthetic_pages(self.seeds[epoch], page, page + 1)[0].tobytes()
 
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     from cluster import local
     from morphogen.admin_client import AdminClient
     from morphogen.config import PartyConfig
-    from morphogen.matrix import MANIFEST_FILE, build_synthetic
+    from morphogen.snapshot.manifest import MANIFEST_FILE
+    from morphogen.snapshot.synthetic import build_synthetic
     from morphogen.snapshots import ensure_synthetic
 
     cores = os.cpu_count() or 2

@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, machine_label, median_seconds, plot, write_csv  # noqa: E402
 
 from morphogen import _dpf_jit, dpf, engine  # noqa: E402
-from morphogen.matrix import domain_bits_for, synthetic_pages  # noqa: E402
+from morphogen.constants import KEYS_PER_QUERY  # noqa: E402
+from morphogen.snapshot.layout import domain_bits_for  # noqa: E402
+from morphogen.snapshot.synthetic import synthetic_pages  # noqa: E402
 
 QUERIES = (1, 2, 4, 8, 16, 32)
-KEYS_PER_QUERY = 3
 
 
 @numba.njit(parallel=True, cache=True)

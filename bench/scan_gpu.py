@@ -40,7 +40,8 @@ KEYS_PER_QUERY = 3
 
 
 def open_matrix(args: argparse.Namespace):
-    from morphogen.matrix import Snapshot, build_synthetic
+    from morphogen.snapshot.reader import Snapshot
+    from morphogen.snapshot.synthetic import build_synthetic
 
     if args.matrix is not None:
         return Snapshot.open(args.matrix)

@@ -4,175 +4,25 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import signal
-import statistics
 import sys
-import tempfile
 import threading
-import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from cluster.report import eprint
+
 DEFAULT_CONFIG = "ray_config.yaml"
-
-
-def _eprint(*args: Any) -> None:
-    print(*args, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- demo
 
 
-def _latency_row(name: str, pages: int, latencies: list[float], queries: int,
-                 wall_s: float) -> list[str]:
-    ms = sorted(x * 1000 for x in latencies)
-    p50 = statistics.median(ms)
-    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
-    return [name, str(pages), str(len(latencies)), f"{p50:.1f}", f"{p99:.1f}",
-            f"{queries / wall_s:.1f}"]
-
-
-def _print_table(header: list[str], rows: list[list[str]]) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                         for i, (c, w) in enumerate(zip(r, widths, strict=True)))
-
-    print(line(header))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(line(r))
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
-    from cluster import local
+    from cluster.demo import run_demo
 
-    started = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="morphogen-demo-")
-    _eprint(f"[demo] starting a local Ray cluster ({os.cpu_count()} cores)")
-    cluster = local.start(
-        port=args.port, num_cpus=max(2, os.cpu_count() or 2), disable_auth=True,
-        temp_dir=None,
-    )
-    ok = False
-    try:
-        ok = _demo(args, cluster, workdir)
-    finally:
-        _eprint("[demo] shutting down")
-        local.stop(cluster)
-        import shutil
-
-        shutil.rmtree(workdir, ignore_errors=True)
-    _eprint(f"[demo] {'all pages verified' if ok else 'FAILED'} in "
-            f"{time.monotonic() - started:.1f}s")
-    return 0 if ok else 1
-
-
-def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
-    import numpy as np
-    from ray import serve
-
-    from deployments.app import build_app
-    from morphogen.client import HandlePirClient, PirClient
-    from morphogen.config import PartyConfig
-    from morphogen.snapshots import open_snapshot
-
-    shared = {
-        "synthetic_pages": args.pages,
-        "synthetic_seed": args.seed,
-        "cache_dir": workdir,
-        "engine": args.engine,
-        "shard_num_cpus": 0.25,
-        "router_num_cpus": 0.1,
-        "graceful_shutdown_timeout_s": 1.0,
-    }
-    cfg_a = PartyConfig(**shared, num_shards=args.shards_a)
-    cfg_b = PartyConfig(**shared, num_shards=args.shards_b)
-    _eprint(f"[demo] synthetic snapshot: {args.pages} pages "
-            f"({args.pages * 4096 / 2**20:.0f} MiB)")
-    snap = open_snapshot(cfg_a)
-    t = time.monotonic()
-    _eprint(f"[demo] deploying party A ({args.shards_a} shards) at /a and party B "
-            f"({args.shards_b} shards) at /b")
-    serve.run(build_app(cfg_a), name="a", route_prefix="/a", blocking=False)
-    serve.run(build_app(cfg_b), name="b", route_prefix="/b", blocking=False)
-    _eprint(f"[demo] both parties ready in {time.monotonic() - t:.1f}s; "
-            f"HTTP at {cluster.url}/a and {cluster.url}/b")
-
-    rng = random.Random(args.seed + 1)
-    n = snap.num_pages
-    rows: list[list[str]] = []
-    mismatches = 0
-    fetched = 0
-
-    def check(wanted: Sequence[int], got: Sequence[bytes]) -> None:
-        nonlocal mismatches, fetched
-        for p, page in zip(wanted, got, strict=True):
-            fetched += 1
-            if page != np.asarray(snap.pages(p, p + 1)[0]).tobytes():
-                mismatches += 1
-
-    def one_query_at_a_time(name: str, get: Any) -> None:
-        """`args.requests` sequential requests of one query (3 pages) each, as a table row."""
-        lat = []
-        t0 = time.monotonic()
-        for _ in range(args.requests):
-            wanted = [rng.randrange(n) for _ in range(3)]
-            t = time.monotonic()
-            got = get(wanted)
-            lat.append(time.monotonic() - t)
-            check(wanted, got)
-        rows.append(_latency_row(name, 3 * args.requests, lat, args.requests,
-                                 time.monotonic() - t0))
-
-    url_a, url_b = cluster.app_url("/a"), cluster.app_url("/b")
-    for encoding in ("json", "msgpack"):
-        with PirClient(url_a, url_b, encoding=encoding) as c:
-            c.info()
-            one_query_at_a_time(f"http {encoding}, 1 query/request", c.get)
-
-    # 16 clients at once: the routers merge their requests into shared scans.
-    with PirClient(url_a, url_b) as c:
-        c.info()
-        lat = []
-
-        def one(seed: int) -> None:
-            r = random.Random(seed)
-            wanted = [r.randrange(n) for _ in range(3)]
-            t = time.monotonic()
-            got = c.get(wanted)
-            lat.append(time.monotonic() - t)
-            check(wanted, got)
-
-        t0 = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(one, range(args.requests * 4)))
-        rows.append(_latency_row("http json, 16 concurrent", 3 * len(lat), lat, len(lat),
-                                 time.monotonic() - t0))
-
-    with PirClient(url_a, url_b) as c:
-        wanted = [rng.randrange(n) for _ in range(96)]
-        t = time.monotonic()
-        got = c.get(wanted)
-        dt = time.monotonic() - t
-        check(wanted, got)
-        rows.append(_latency_row("http json, batch of 32", 96, [dt], 32, dt))
-
-    hc = HandlePirClient(serve.get_app_handle("a"), serve.get_app_handle("b"))
-    hc.info()
-    one_query_at_a_time("handles, 1 query/request", hc.get)
-
-    print()
-    _print_table(["path", "pages", "requests", "p50 ms", "p99 ms", "queries/s"], rows)
-    print()
-    print(f"{fetched} pages fetched privately, {fetched - mismatches} byte-identical to the "
-          f"snapshot, {mismatches} wrong")
-    snap.close()
-    return mismatches == 0 and fetched > 0
+    return run_demo(args)
 
 
 # --------------------------------------------------------------------------- serve
@@ -225,7 +75,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop_event = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
-        _eprint(f"[serve] {signal.Signals(signum).name}: shutting down")
+        eprint(f"[serve] {signal.Signals(signum).name}: shutting down")
         stop_event.set()
 
     # After ray.init: Ray's core worker installs its own SIGTERM handler, which exits at once.
@@ -236,7 +86,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from deployments.app import build_app
 
-        _eprint(f"[serve] deploying {cfg.num_shards} shard(s): {summary}")
+        eprint(f"[serve] deploying {cfg.num_shards} shard(s): {summary}")
         serve.run(build_app(cfg), name=name, route_prefix=prefix, blocking=False)
         print(f"serving on {cluster.app_url(prefix)} (POST /query/page/gpu, "
               f"/query/page/gpu/batch; GET /epoch, /health); Ctrl-C to stop", flush=True)
@@ -249,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             local.stop(cluster)
         else:
             serve.delete(name)
-    _eprint("[serve] stopped")
+    eprint("[serve] stopped")
     return 0
 
 
@@ -257,7 +107,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from morphogen.matrix import SnapshotError, build_synthetic, import_raw
+    from morphogen.snapshot.manifest import SnapshotError
+    from morphogen.snapshot.synthetic import build_synthetic
+    from morphogen.snapshot.writer import import_raw
 
     try:
         if args.raw:
@@ -267,7 +119,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             m = build_synthetic(args.out, args.synthetic, seed=args.seed, epoch_id=args.epoch,
                                 progress=True, overwrite=args.force)
     except SnapshotError as exc:
-        _eprint(f"error: {exc} (--force overwrites)")
+        eprint(f"error: {exc} (--force overwrites)")
         return 1
     print(f"snapshot {args.out}: {m.num_pages} pages, domain {m.domain_bits} bits, "
           f"epoch {m.epoch_id}, {m.checksum}")
@@ -282,13 +134,13 @@ def cmd_get(args: argparse.Namespace) -> int:
                        timeout_s=args.timeout) as c:
             pages = c.get(args.pages)
     except (PirError, ValueError) as exc:
-        _eprint(f"error: {exc}")
+        eprint(f"error: {exc}")
         return 1
     if args.out:
         with open(args.out, "wb") as fh:
             for p in pages:
                 fh.write(p)
-        _eprint(f"wrote {len(pages)} page(s) to {args.out}")
+        eprint(f"wrote {len(pages)} page(s) to {args.out}")
     else:
         for n, p in zip(args.pages, pages, strict=True):
             print(f"{n}\t0x{p.hex()}")
@@ -331,12 +183,12 @@ def cmd_admin(args: argparse.Namespace) -> int:
 
     token = _admin_token(args)
     if not token:
-        _eprint(f"error: no admin token (--token-file, or ${args.token_env})")
+        eprint(f"error: no admin token (--token-file, or ${args.token_env})")
         return 2
     try:
         changes = _read_updates(args.file) if args.action == "updates" else []
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        _eprint(f"error: cannot read updates: {exc}")
+        eprint(f"error: cannot read updates: {exc}")
         return 2
     # Every server in order (party A, then B): both must receive the same operations.
     for url in args.server:
@@ -349,7 +201,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
                 else:
                     res = adm.updates(changes)
         except (PirError, OSError, httpx.HTTPError) as exc:
-            _eprint(f"error: {url}: {type(exc).__name__}: {exc}")
+            eprint(f"error: {url}: {type(exc).__name__}: {exc}")
             return 1
         print(json.dumps({"server": url, **res}), flush=True)
     return 0

@@ -24,8 +24,9 @@ from morphogen.config import (
     shard_actor_options,
     shard_scaling,
 )
-from morphogen.matrix import Snapshot, shard_ranges
 from morphogen.shard import warm_up
+from morphogen.snapshot.layout import shard_ranges
+from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshots import open_snapshot
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,8 @@ from typing import Any
 from morphogen.codec import ErrorCode, WireError, unavailable
 from morphogen.dpf import DomainError
 from morphogen.epoch import EpochError, StagingConflict
-from morphogen.matrix import Manifest, Snapshot, SnapshotError
+from morphogen.snapshot.manifest import Manifest, SnapshotError
+from morphogen.snapshot.reader import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,10 @@
 """One shard's versioned state: epochs, pending page updates, copy-on-write folding, rotation.
 
 An epoch is an immutable view of the matrix: a snapshot plus an ordered list of page updates
-(`PageUpdate`: XOR diffs). The answer of epoch e for a key is
-
-    scan(pages of e's snapshot, with folded updates) XOR  sum over pending updates u of
-    (u.diff AND tile(mask(u.page)))
-
-so an update becomes visible the moment its epoch is published, and the background fold that
-later writes it into the pages (copy-on-write, per touched chunk) changes no answer's bytes.
+(`PageUpdate`: XOR diffs), held on a shard as a `Version` (morphogen.version) whose answers
+apply the pending updates to the scan of the pages, so an update becomes visible the moment its
+epoch is published, and the background fold that later writes it into the pages (copy-on-write,
+per touched chunk) changes no answer's bytes.
 
 Publication is two-phase so that every shard of a party switches together: `prepare_*` builds
 the next version off to the side (the expensive part: loading a snapshot range, resolving page
@@ -18,9 +15,9 @@ Every version carries an `EpochIdentity` (morphogen.identity): the epoch id, the
 checksum and a running hash of the update batches applied since, so that a partial names the
 data it was computed from and never only a counter.
 
-Scan leases: a scan holds the segments of the version it read until it finishes. A commit, a
-rotation or a fold retires the segments the new version no longer uses; a retired segment is
-closed (device memory freed) when its last scan ends, never under one.
+Scan leases (morphogen.leases): a scan holds the segments of the version it read until it
+finishes; a commit, a rotation or a fold retires the segments the new version no longer uses,
+closed when their last scan ends, never under one.
 """
 
 from __future__ import annotations
@@ -28,26 +25,24 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from morphogen.changes import Change, ChangeBatch, PageUpdate, PageWrite
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch, eval_points
-from morphogen.engine.base import Engine, ShardScanner, check_domain
+from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch
+from morphogen.engine.base import Engine, check_domain
 from morphogen.identity import EpochIdentity
-from morphogen.matrix import Snapshot
+from morphogen.leases import ScanLeases
+from morphogen.snapshot.reader import Snapshot
+from morphogen.version import Segment, Version, page_with
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
 # A staged version left by an admin operation that never committed nor aborted (its router
 # died) may be replaced by another operation after this long.
 DEFAULT_STALE_STAGE_S = 300.0
-# Bytes of the (keys x updates x page) temporary when pending updates are applied to a scan.
-_PENDING_STEP_BYTES = 8 << 20
 
 
 class EpochError(RuntimeError):
@@ -56,92 +51,6 @@ class EpochError(RuntimeError):
 
 class StagingConflict(EpochError):
     """Another admin operation holds this shard's staging slot."""
-
-
-class _Lease:
-    """Scans in flight on one segment, and whether a newer version retired it."""
-
-    __slots__ = ("scans", "retired", "closed")
-
-    def __init__(self) -> None:
-        self.scans = 0
-        self.retired = False
-        self.closed = False
-
-
-@dataclass(frozen=True, eq=False)
-class _Segment:
-    first_page: int
-    pages: np.ndarray  # (n, 4096) uint8: a view of the snapshot or a private chunk copy
-    scanner: ShardScanner
-    lease: _Lease = field(default_factory=_Lease, repr=False)
-
-
-@dataclass(frozen=True)
-class Version:
-    """Everything one epoch's answers are computed from. Never mutated once built."""
-
-    identity: EpochIdentity
-    snapshot: Snapshot
-    first_page: int
-    stop_page: int
-    segments: tuple[_Segment, ...]
-    pending: tuple[PageUpdate, ...] = ()
-    folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
-
-    @property
-    def epoch_id(self) -> int:
-        return self.identity.epoch_id
-
-    def page(self, page: int) -> np.ndarray:
-        """The page's bytes in this epoch (pending updates applied)."""
-        return _page_with(self, self.pending, page)
-
-    def _stored_page(self, page: int) -> np.ndarray:
-        for seg in self.segments:
-            if seg.first_page <= page < seg.first_page + seg.pages.shape[0]:
-                return np.asarray(seg.pages[page - seg.first_page])
-        raise IndexError(page)
-
-    @cached_property
-    def _pending_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(pages (U,), diffs (U, 256, 16)) of the pending updates, built once per version."""
-        pages = np.fromiter((u.page for u in self.pending), np.int64, len(self.pending))
-        diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
-        return pages, diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
-
-    def scan(self, batch: KeyBatch) -> np.ndarray:
-        return self.scan_timed(batch)[0]
-
-    def scan_timed(self, batch: KeyBatch) -> tuple[np.ndarray, dict[str, float]]:
-        """The answers and seconds by phase: `h2d`, `kernel`, `d2h` from an engine that
-        times its device phases, `scan` for the rest, `pending` for the pending updates."""
-        acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
-        phases: dict[str, float] = {}
-        for seg in self.segments:
-            timed = getattr(seg.scanner, "scan_timed", None)
-            if timed is not None:
-                part, t = timed(batch)
-                for name in ("h2d", "kernel", "d2h"):
-                    phases[name] = phases.get(name, 0.0) + getattr(t, f"{name}_ms") / 1000
-            else:
-                start = time.perf_counter()
-                part = seg.scanner.scan(batch)
-                phases["scan"] = phases.get("scan", 0.0) + time.perf_counter() - start
-            acc ^= part
-        if self.pending:
-            start = time.perf_counter()
-            # the same work for every key whatever its target: all pending pages, every key
-            pages, diffs = self._pending_arrays
-            masks = eval_points(batch, pages)  # (K, U, 16)
-            k = len(batch)
-            step = max(1, _PENDING_STEP_BYTES // (k * PAGE_SIZE))
-            for j0 in range(0, len(pages), step):
-                j1 = min(len(pages), j0 + step)
-                part = diffs[None, j0:j1] & masks[:, j0:j1, None, :]  # (K, u, 256, 16)
-                acc ^= np.bitwise_xor.reduce(part, axis=1).reshape(k, PAGE_SIZE)
-            phases["pending"] = time.perf_counter() - start
-        return acc, phases
 
 
 class ShardState:
@@ -172,10 +81,8 @@ class ShardState:
         self._chunk = chunk_pages
         self._stale_s = float(stale_stage_s)
         self._lock = threading.RLock()
-        # held only for a handful of counter updates: scans never wait on a slow admin step
-        self._lease_lock = threading.Lock()
         epoch = snapshot.epoch_id if epoch_id is None else epoch_id
-        self._current = self._fresh_version(snapshot, first_page, stop_page, int(epoch))
+        self._leases = ScanLeases(self._fresh_version(snapshot, first_page, stop_page, int(epoch)))
         self._staged: Version | None = None
         self._staged_op: str | None = None
         self._staged_at = 0.0
@@ -184,15 +91,15 @@ class ShardState:
     # -- reads
     @property
     def current(self) -> Version:
-        return self._current
+        return self._leases.current
 
     @property
     def epoch_id(self) -> int:
-        return self._current.epoch_id
+        return self.current.epoch_id
 
     @property
     def identity(self) -> EpochIdentity:
-        return self._current.identity
+        return self.current.identity
 
     def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
         """`(identity, partials)`: every key over this shard's pages, all on the version that
@@ -222,21 +129,21 @@ class ShardState:
     def lease(self) -> Iterator[Version]:
         """The current version, its segments kept open until the block ends (a scan's
         lease): a commit, rotation or fold meanwhile retires them but closes them only after."""
-        version = self._acquire()
+        version = self._leases.acquire()
         try:
             yield version
         finally:
-            self._release(version)
+            self._leases.release(version)
 
     @property
     def rotation_in_progress(self) -> bool:
         staged = self._staged
         return self._loading or (
-            staged is not None and staged.snapshot is not self._current.snapshot
+            staged is not None and staged.snapshot is not self.current.snapshot
         )
 
     def info(self) -> dict[str, Any]:
-        v = self._current
+        v = self.current
         staged = self._staged
         return {
             "epoch_id": v.epoch_id,
@@ -293,7 +200,7 @@ class ShardState:
                     continue
                 mine += 1
                 if isinstance(c, PageWrite):
-                    now = _page_with(base, pending, c.page)
+                    now = page_with(base, pending, c.page)
                     new = np.zeros(PAGE_SIZE, np.uint8)
                     new[: len(c.data)] = np.frombuffer(c.data, np.uint8)
                     pending.append(PageUpdate(c.page, (now ^ new).tobytes()))
@@ -339,17 +246,16 @@ class ShardState:
         with self._lock:
             staged = self._staged
             if staged is None or staged.epoch_id != epoch_id:
-                if self._current.epoch_id == epoch_id:
+                if self.current.epoch_id == epoch_id:
                     return  # a repeated commit (a retried admin call) is harmless
                 raise EpochError(f"epoch {epoch_id} is not staged on this shard")
             if op is not None and self._staged_op != op:
                 raise StagingConflict(f"epoch {epoch_id} was staged by another admin operation")
-            old = self._current
-            with self._lease_lock:
-                self._current = staged
+            old = self.current
+            self._leases.swap(staged)
             self._staged = None
             self._staged_op = None
-            self._retire(old.segments, keep=staged.segments)
+            self._leases.retire(old.segments, keep=staged.segments)
 
     def abort(self, epoch_id: int, *, op: str | None = None) -> None:
         with self._lock:
@@ -374,18 +280,17 @@ class ShardState:
         efficient form there.
         """
         with self._lock:
-            base = self._current
+            base = self.current
             if not base.pending or self._staged is not None:
                 return 0
             folded_version = self._fold(base)
-            with self._lease_lock:
-                self._current = folded_version
-            self._retire(base.segments, keep=folded_version.segments)
+            self._leases.swap(folded_version)
+            self._leases.retire(base.segments, keep=folded_version.segments)
             return len(base.pending)
 
     # -- internals
     def _check_next(self, epoch_id: int, op: str | None) -> Version:
-        cur = self._current
+        cur = self.current
         if epoch_id <= cur.epoch_id:
             raise EpochError(f"epoch {epoch_id} is not after the current epoch {cur.epoch_id}")
         staged = self._staged
@@ -405,47 +310,15 @@ class ShardState:
         self._staged_op = op
         self._staged_at = time.monotonic()
         if old is not None:
-            keep = self._current.segments + (version.segments if version is not None else ())
-            self._retire(old.segments, keep=keep)
-
-    # -- leases
-    def _acquire(self) -> Version:
-        with self._lease_lock:
-            version = self._current  # one read: the scan finishes on this version
-            for seg in version.segments:
-                seg.lease.scans += 1
-            return version
-
-    def _release(self, version: Version) -> None:
-        done = []
-        with self._lease_lock:
-            for seg in version.segments:
-                seg.lease.scans -= 1
-                if seg.lease.retired and seg.lease.scans == 0 and not seg.lease.closed:
-                    seg.lease.closed = True
-                    done.append(seg)
-        _close(done)
-
-    def _retire(self, segments: Iterable[_Segment], keep: Iterable[_Segment] = ()) -> None:
-        """Segments no version uses any more: closed now, or by the last scan holding them."""
-        kept = {id(s) for s in keep}
-        done = []
-        with self._lease_lock:
-            for seg in segments:
-                if id(seg) in kept or seg.lease.retired:
-                    continue
-                seg.lease.retired = True
-                if seg.lease.scans == 0:
-                    seg.lease.closed = True
-                    done.append(seg)
-        _close(done)
+            keep = self.current.segments + (version.segments if version is not None else ())
+            self._leases.retire(old.segments, keep=keep)
 
     def close(self) -> None:
         """Retire every version (current and staged): each closes once its scans end."""
         with self._lock:
             staged = self._staged
             self._staged = None
-            self._retire(self._current.segments + (staged.segments if staged else ()))
+            self._leases.retire(self.current.segments + (staged.segments if staged else ()))
 
     def _fresh_version(
         self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int
@@ -453,7 +326,7 @@ class ShardState:
         if not 0 <= first_page < stop_page <= snapshot.num_pages:
             raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
         pages = snapshot.pages(first_page, stop_page)
-        seg = _Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
+        seg = Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
         identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
         return Version(identity, snapshot, first_page, stop_page, (seg,))
 
@@ -465,7 +338,7 @@ class ShardState:
             if idx not in touched:
                 lo = max(base.first_page, idx * c)
                 hi = min(base.stop_page, (idx + 1) * c)
-                touched[idx] = np.stack([base._stored_page(p) for p in range(lo, hi)])
+                touched[idx] = np.stack([base.stored_page(p) for p in range(lo, hi)])
             lo = max(base.first_page, idx * c)
             touched[idx][u.page - lo] ^= np.frombuffer(u.diff, np.uint8)
         kept = []
@@ -480,7 +353,7 @@ class ShardState:
             # never written again; read-only like the mapped pages, so a jitted engine reuses
             # the kernel it compiled for those instead of compiling another signature
             arr.flags.writeable = False
-            kept.append(_Segment(lo, arr, self._engine.load(arr, first_page=lo)))
+            kept.append(Segment(lo, arr, self._engine.load(arr, first_page=lo)))
         kept.sort(key=lambda s: s.first_page)
         return Version(
             identity=base.identity,
@@ -493,8 +366,8 @@ class ShardState:
         )
 
     def _split_around(
-        self, seg: _Segment, touched: dict[int, np.ndarray], c: int
-    ) -> list[_Segment]:
+        self, seg: Segment, touched: dict[int, np.ndarray], c: int
+    ) -> list[Segment]:
         """The parts of `seg` outside the touched chunks, as segments of their own."""
         lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
         out, run_start = [], lo
@@ -505,23 +378,10 @@ class ShardState:
             if idx in touched:
                 if run_start < p:
                     view = seg.pages[run_start - lo : p - lo]
-                    out.append(_Segment(run_start, view, self._engine.load(view, run_start)))
+                    out.append(Segment(run_start, view, self._engine.load(view, run_start)))
                 run_start = chunk_end
             p = chunk_end
         if run_start < hi:
             view = seg.pages[run_start - lo : hi - lo]
-            out.append(_Segment(run_start, view, self._engine.load(view, run_start)))
+            out.append(Segment(run_start, view, self._engine.load(view, run_start)))
         return out
-
-
-def _close(segments: Iterable[_Segment]) -> None:
-    for seg in segments:
-        seg.scanner.close()
-
-
-def _page_with(base: Version, pending: Sequence[PageUpdate], page: int) -> np.ndarray:
-    out = base._stored_page(page).copy()
-    for u in pending:
-        if u.page == page:
-            out ^= np.frombuffer(u.diff, np.uint8)
-    return out

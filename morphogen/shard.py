@@ -21,7 +21,9 @@ from morphogen.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
 from morphogen.epoch_log import EpochLog, EpochLogError, LogEntry
 from morphogen.identity import EpochIdentity
-from morphogen.matrix import Snapshot, SnapshotError, shard_ranges
+from morphogen.snapshot.layout import shard_ranges
+from morphogen.snapshot.manifest import SnapshotError
+from morphogen.snapshot.reader import Snapshot
 
 log = logging.getLogger(__name__)
 

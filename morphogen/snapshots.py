@@ -1,9 +1,10 @@
 """Where a party's snapshot comes from: a configured path, or a synthetic one built once.
 
 A synthetic snapshot is built in the cache directory under a file lock, written by
-`morphogen.matrix` to temporary names and renamed into place, so that the app builder and every
-shard replica (possibly on several nodes of one machine) can all call `ensure_snapshot` and
-exactly one of them builds while the others wait and then map the same file.
+`morphogen.snapshot.writer` to temporary names and renamed into place, so that the app builder
+and every shard replica (possibly on several nodes of one machine) can all call
+`ensure_synthetic` and exactly one of them builds while the others wait and then map the same
+file.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from morphogen.config import PartyConfig
-from morphogen.matrix import MANIFEST_FILE, Snapshot, build_synthetic
+from morphogen.snapshot.manifest import MANIFEST_FILE
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic
 
 
 def synthetic_dir(cfg: PartyConfig) -> Path:

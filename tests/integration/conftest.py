@@ -126,7 +126,7 @@ def parties(serve_instance: ServeInstance) -> ServeInstance:
 
 @pytest.fixture(scope="session")
 def pages(parties: ServeInstance):
-    from morphogen.matrix import synthetic_pages
+    from morphogen.snapshot.synthetic import synthetic_pages
 
     return synthetic_pages(11, 0, NUM_PAGES)
 

@@ -27,7 +27,8 @@ from morphogen.client import (
     PirUnavailable,
     RetryPolicy,
 )
-from morphogen.matrix import build_synthetic, domain_bits_for, synthetic_pages
+from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 from .conftest import NUM_PAGES, deploy, wait_until
 

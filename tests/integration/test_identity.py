@@ -20,7 +20,7 @@ import pytest
 from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
 from morphogen.dpf import generate_keys
-from morphogen.matrix import build_synthetic, synthetic_pages
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 from .conftest import apply_changes, deploy, random_changes, wait_until
 

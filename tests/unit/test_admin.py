@@ -11,7 +11,8 @@ from morphogen import admin
 from morphogen.codec import ErrorCode, WireError
 from morphogen.dpf import DomainError
 from morphogen.epoch import EpochError, StagingConflict
-from morphogen.matrix import SnapshotError, build_synthetic
+from morphogen.snapshot.manifest import SnapshotError
+from morphogen.snapshot.synthetic import build_synthetic
 
 
 class FakeShard:

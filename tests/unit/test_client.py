@@ -24,7 +24,8 @@ from morphogen.client import (
 )
 from morphogen.codec import WireError, max_body_bytes
 from morphogen.dpf import eval_range
-from morphogen.matrix import domain_bits_for, synthetic_pages
+from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.synthetic import synthetic_pages
 
 NUM_PAGES = 37  # not a power of two: the domain is larger than the page count
 PAGES = synthetic_pages(3, 0, NUM_PAGES)

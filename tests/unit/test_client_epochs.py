@@ -29,7 +29,8 @@ from morphogen.client import (
 from morphogen.codec import WireError, from_hex, to_hex
 from morphogen.constants import key_length
 from morphogen.dpf import DpfKey, eval_range
-from morphogen.matrix import domain_bits_for, synthetic_pages
+from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.synthetic import synthetic_pages
 
 FAST = RetryPolicy(attempts=4, backoff_s=0.001, max_backoff_s=0.01)
 KINDS = ["json", "msgpack", "async", "handle", "ahandle"]

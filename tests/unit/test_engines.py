@@ -6,7 +6,7 @@ import pytest
 from morphogen import dpf, engine
 from morphogen.dpf import DomainError
 from morphogen.engine import EngineUnavailable, gpu_available
-from morphogen.matrix import domain_bits_for, shard_ranges
+from morphogen.snapshot.layout import domain_bits_for, shard_ranges
 
 
 def make_keys(rng, d, n_queries):

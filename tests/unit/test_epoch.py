@@ -7,14 +7,10 @@ from morphogen import dpf, engine
 from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.dpf import DomainError
 from morphogen.epoch import EpochError, ShardState, StagingConflict
-from morphogen.matrix import (
-    Snapshot,
-    SnapshotError,
-    build_synthetic,
-    domain_bits_for,
-    shard_ranges,
-    synthetic_pages,
-)
+from morphogen.snapshot.layout import domain_bits_for, shard_ranges
+from morphogen.snapshot.manifest import SnapshotError
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 NUM_PAGES = 300
 

@@ -12,19 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from morphogen import matrix
 from morphogen.constants import PAGE_SIZE
-from morphogen.matrix import (
-    Manifest,
-    Snapshot,
-    SnapshotError,
-    build_synthetic,
-    domain_bits_for,
-    import_raw,
-    shard_ranges,
-    synthetic_pages,
-    write_snapshot,
-)
+from morphogen.snapshot.chunks import CHUNK_PAGES
+from morphogen.snapshot.layout import domain_bits_for, shard_ranges
+from morphogen.snapshot.manifest import FORMAT_VERSION, Manifest, SnapshotError
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.sample import sampled_pages
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
+from morphogen.snapshot.writer import import_raw, write_snapshot
 
 
 def _pattern(num_pages: int) -> np.ndarray:
@@ -136,7 +131,7 @@ def test_round_trip_array(tmp_path: Path, num_pages: int) -> None:
 def test_manifest_json_round_trip(tmp_path: Path) -> None:
     m = write_snapshot(tmp_path, _pattern(3), epoch_id=2, source="x")
     raw = json.loads((tmp_path / "manifest.json").read_text())
-    assert raw["format"] == matrix.FORMAT_VERSION
+    assert raw["format"] == FORMAT_VERSION
     assert raw["checksum"].startswith("blake2b-256:")
     assert Manifest.from_dict(raw) == m
     assert Manifest.load(tmp_path / "manifest.json") == m
@@ -329,7 +324,7 @@ def test_larger_domain_accepted(tmp_path: Path) -> None:
 
 def test_checksum_mismatch_refused_on_verify(tmp_path: Path) -> None:
     snap_dir = _good_snapshot(tmp_path, 200)
-    assert 7 not in matrix.sampled_pages(200)  # the cheap open-time check cannot see it
+    assert 7 not in sampled_pages(200)  # the cheap open-time check cannot see it
     with open(snap_dir / "pages.bin", "r+b") as fh:
         fh.seek(7 * PAGE_SIZE + 17)
         fh.write(b"\x99")
@@ -490,7 +485,7 @@ def test_synthetic_refusals() -> None:
 
 def test_build_synthetic(tmp_path: Path) -> None:
     # Spans several write chunks and ends inside one.
-    num_pages = 2 * matrix.CHUNK_PAGES + 77
+    num_pages = 2 * CHUNK_PAGES + 77
     m = build_synthetic(tmp_path, num_pages, seed=11, epoch_id=5, progress=False)
     assert (m.num_pages, m.epoch_id, m.source) == (num_pages, 5, "synthetic:11")
     assert m.domain_bits == domain_bits_for(num_pages)

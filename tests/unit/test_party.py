@@ -18,10 +18,12 @@ from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
 from morphogen.epoch_log import EpochLog, EpochLogError
-from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
 from morphogen.party import Party
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
+from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 NUM_PAGES = 96
 

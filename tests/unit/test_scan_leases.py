@@ -13,7 +13,9 @@ from _gpu_fakes import FakeBackend, make_engine
 from morphogen import dpf, engine
 from morphogen.changes import PageUpdate
 from morphogen.epoch import ShardState
-from morphogen.matrix import Snapshot, build_synthetic, domain_bits_for, synthetic_pages
+from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 NUM_PAGES = 200
 

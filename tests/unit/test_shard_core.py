@@ -9,8 +9,9 @@ import pytest
 
 from morphogen.dpf import KeyBatch, generate_keys
 from morphogen.engine import _cpu_kernel
-from morphogen.matrix import Snapshot, build_synthetic, synthetic_pages
 from morphogen.shard import ShardCore, warm_up
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 
 @pytest.fixture(scope="module")
