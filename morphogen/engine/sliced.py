@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, PAGE_SIZE
+from morphogen.engine.gpu_plan import PATH_SLOTS
 
 SLICE_PAGES = 256
 SLICE_BYTES = SLICE_PAGES * PAGE_SIZE
@@ -23,7 +24,6 @@ SLICED_THREADS = 256
 SLICED_TILE_BITS = 8
 SLICED_TREE_SLOTS = 128
 MT_STRIDE = 129
-PATH_SLOTS = 33
 SLICE_KERNEL = "morphogen_slice_pages"
 SLICE_THREADS = 256
 # n-tiles of 8 keys per block -> kernel; a block takes at most 8 * max(N_TILES) keys
@@ -110,7 +110,7 @@ def sliced_smem_bytes(n_tiles: int) -> int:
 @dataclass(frozen=True)
 class SlicedPlan:
     """One sliced launch: `grid` blocks of SLICED_THREADS, then the reduce launch
-    (gpu.reduce_grid)."""
+    (gpu_plan.reduce_grid)."""
 
     kernel: str
     num_keys: int
