@@ -1,7 +1,7 @@
 """DPF keys as the GPU kernels read them: flat uint32 records, one per key.
 
-Both scan kernels (scan_kernel.cu, sliced_scan_kernel.cu) read this layout (KEY_HEADER_WORDS
-mirrors their #define).
+Both scan kernels (scan_kernel.cu, sliced_scan_kernel.cu) read this layout;
+`gpu_kernels.kernel_source()` gives them KEY_HEADER_WORDS as a generated `#define`.
 """
 
 from __future__ import annotations

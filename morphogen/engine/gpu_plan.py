@@ -1,7 +1,9 @@
 """Launch geometry of the fused scan (scan_kernel.cu) and its planning: pure arithmetic, no CUDA.
 
-`plan_launch` turns a key count, a page count and the device's occupancy into the grid of one
-scan launch; the reduce launch that follows it is `reduce_grid`'s.
+The geometry constants here are the kernel's: `gpu_kernels.kernel_source()` hands them to the
+CUDA program as generated `#define` lines, so the host's plan and the kernel's indexing cannot
+drift apart. `plan_launch` turns a key count, a page count and the device's occupancy into the
+grid of one scan launch; the reduce launch that follows it is `reduce_grid`'s.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ from dataclasses import dataclass
 
 from morphogen.constants import MAX_DOMAIN_BITS, PAGE_SIZE
 
-# Mirrors of scan_kernel.cu's #defines: the launch geometry must match the kernel's.
-SCAN_THREADS = 128
-LANES_PER_PAGE = PAGE_SIZE // 16
-MAX_TILE_BITS = 10
-PATH_SLOTS = 33
-REDUCE_LANES = 16
-REDUCE_SLICES = 16
+# Kernel geometry (generated into the CUDA source as #defines of the same names).
+SCAN_THREADS = 128  # threads of a scan block
+LANES_PER_PAGE = PAGE_SIZE // 16  # 16-byte lanes of a page
+LANES_PER_THREAD = LANES_PER_PAGE // SCAN_THREADS  # lanes tid + i * SCAN_THREADS of every page
+MAX_TILE_BITS = 10  # a tile is at most 2^10 pages
+PATH_SLOTS = MAX_DOMAIN_BITS + 1  # nodes of a cached root-to-subtree path, the root included
+REDUCE_LANES = 16  # lanes of the reduce block ...
+REDUCE_SLICES = 16  # ... times slices of the partial rows it folds side by side
 
 # The scan kernel's variants: keys per block (one kernel each, instantiated in scan_kernel.cu).
 KEY_GROUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)

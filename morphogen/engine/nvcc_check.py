@@ -3,12 +3,12 @@
     python -m morphogen.engine.nvcc_check [--arch sm_90] [--nvcc PATH] [--quiet]
 
 nvcc compiles device code without a GPU, so CI runs this on every change: it builds a cubin of
-the program the engine compiles (gpu_kernels.kernel_source()) with `-arch=sm_90 -cubin -Xptxas
--v` plus the options the runtime gives NVRTC (gpu_kernels.COMPILE_OPTIONS), prints registers,
-shared memory and stack per kernel, and exits non-zero on a compile error, a missing kernel, any
-spill store or load, or any local-memory stack frame (a register array indexed at run time).
-Where nvcc is absent it fails too, unless MORPHOGEN_SKIP_NVCC_CHECK=1 says a machine without
-the CUDA toolkit may skip it.
+the program the engine compiles (gpu_kernels.kernel_source(): the generated geometry #defines,
+then the .cu files) with `-arch=sm_90 -cubin -Xptxas -v` plus the options the runtime gives
+NVRTC (gpu_kernels.COMPILE_OPTIONS), prints registers, shared memory and stack per kernel, and
+exits non-zero on a compile error, a missing kernel, any spill store or load, or any
+local-memory stack frame (a register array indexed at run time). Where nvcc is absent it fails
+too, unless MORPHOGEN_SKIP_NVCC_CHECK=1 says a machine without the CUDA toolkit may skip it.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 `FakeBackend` keeps "device memory" in numpy arrays and runs kernels either through a NumPy
 model of their contract (`model`, written from the kernel's documented semantics) or through
-the real scan_kernel.cu compiled as host C++ (`emulator`, see cuda_emu/). Every launch checks
-the scalar argument types against the kernel signatures, the thing CuPy does not check.
+the real scan_kernel.cu, as gpu_kernels.kernel_source() generates it, compiled as host C++
+(`emulator`, see cuda_emu/). Every launch checks the scalar argument types against the kernel
+signatures, the thing CuPy does not check.
 """
 
 from __future__ import annotations
@@ -144,7 +145,7 @@ class FakeBackend:
 
     def compile(self, source: str, options: Any, names: Any) -> dict[str, FakeKernel]:
         self.compiles += 1
-        assert source == gpu_kernels.kernel_source()
+        assert source == gpu_kernels.kernel_source()  # the generated program, defines first
         for name in names:  # variants are stamped out by MG_SCAN_KERNEL / MG_SLICED_KERNEL
             kg = name.removeprefix("morphogen_scan_k")
             nt = name.removeprefix("morphogen_sliced_scan_n")
@@ -386,13 +387,16 @@ _EMU: dict[str, ctypes.CDLL] = {}
 
 
 def load_emulator() -> ctypes.CDLL:
-    """Builds (once per source hash) and loads the emulation library."""
+    """Builds (once per source hash) and loads the emulation library: the harness with the
+    fused kernel's generated source (gpu_kernels.kernel_source() of scan_kernel.cu alone; the
+    sliced kernel's tensor-core instructions have no host emulation)."""
     cxx = emulator_compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler to build the kernel emulator")
-    src = [EMU_DIR / "emu_prelude.h", EMU_DIR / "emu_harness.cpp", gpu_kernels.KERNEL_SOURCE]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src)).hexdigest()[:16]
-    tag = digest
+    kernel = gpu_kernels.kernel_source((gpu_kernels.KERNEL_SOURCE,))
+    src = [EMU_DIR / "emu_prelude.h", EMU_DIR / "emu_harness.cpp"]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src) + kernel.encode())
+    tag = digest.hexdigest()[:16]
     with _EMU_LOCK:
         if tag in _EMU:
             return _EMU[tag]
@@ -400,15 +404,19 @@ def load_emulator() -> ctypes.CDLL:
         out_dir.mkdir(parents=True, exist_ok=True)
         lib = out_dir / f"emu-{tag}.so"
         if not lib.exists():
-            flags = ["-O2"]
+            gen = out_dir / f"emu-{tag}.{threading.get_ident()}"
+            gen.mkdir(exist_ok=True)
+            (gen / "morphogen_scan_kernel.cu").write_text(kernel)  # the harness includes it
             tmp = lib.with_suffix(f".{threading.get_ident()}.tmp")
             cmd = [
-                cxx, *flags, "-std=c++17", "-pthread", "-fPIC", "-shared", "-Wall", "-Werror",
-                "-Wno-unknown-pragmas", "-Wno-unused-function", f"-I{EMU_DIR}",
-                f"-I{gpu_kernels.KERNEL_SOURCE.parent}", str(EMU_DIR / "emu_harness.cpp"),
-                "-o", str(tmp),
+                cxx, "-O2", "-std=c++17", "-pthread", "-fPIC", "-shared", "-Wall", "-Werror",
+                "-Wno-unknown-pragmas", "-Wno-unused-function", f"-I{EMU_DIR}", f"-I{gen}",
+                str(EMU_DIR / "emu_harness.cpp"), "-o", str(tmp),
             ]
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            try:
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+            finally:
+                shutil.rmtree(gen, ignore_errors=True)
             tmp.replace(lib)
         dll = ctypes.CDLL(str(lib))
         u32, u64, vp, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
