@@ -117,10 +117,13 @@ class CompiledKernels:
         self._lock = threading.Lock()
 
     def blocks_per_sm(self, name: str, smem_bytes: int) -> int:
+        """Resident blocks per SM of scan kernel `name`, launched with its own block size and
+        `smem_bytes` of dynamic shared memory."""
         key = (name, smem_bytes)
+        threads = SLICED_THREADS if name in SLICED_KERNELS else SCAN_THREADS
         with self._lock:
             if key not in self._occupancy:
-                n = self.backend.blocks_per_sm(self.kernels[name], SCAN_THREADS, smem_bytes)
+                n = self.backend.blocks_per_sm(self.kernels[name], threads, smem_bytes)
                 if n < 1:
                     raise GpuError(f"{name} cannot run with {smem_bytes} bytes of shared memory")
                 self._occupancy[key] = n

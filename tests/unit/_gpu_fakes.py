@@ -158,7 +158,8 @@ class FakeBackend:
         return {name: FakeKernel(name) for name in names}
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
-        assert block in (SCAN_THREADS, sliced.SLICED_THREADS)
+        launched = sliced.SLICED_THREADS if kernel.name in sliced.SLICED_KERNELS else SCAN_THREADS
+        assert block == launched, f"{kernel.name}: occupancy of {block}-thread blocks asked"
         if kernel.name in sliced.SLICED_KERNELS:
             assert smem_bytes <= self.max_dynamic_smem.get(kernel.name, 48 * 1024)
         return self.blocks_per_sm_value
