@@ -146,8 +146,15 @@ class WorkspacePool:
             else:
                 waiter = _Waiter()
                 self._waiting.append(waiter)
-                while waiter.workspace is None and not waiter.closed:
-                    self._cond.wait()
+                try:
+                    while waiter.workspace is None and not waiter.closed:
+                        self._cond.wait()
+                except BaseException:  # interrupted while waiting: hand on what it was given
+                    if waiter.workspace is not None:
+                        self._hand_on_locked(waiter.workspace)
+                    elif waiter in self._waiting:
+                        self._waiting.remove(waiter)
+                    raise
                 if waiter.workspace is None:
                     raise RuntimeError("the shard was closed before this scan ran")
                 ws = waiter.workspace
@@ -172,11 +179,15 @@ class WorkspacePool:
     def _give_back(self, lease: Lease) -> None:
         with self._cond:
             self._held.discard(lease)
-            if self._waiting:
-                self._waiting.popleft().workspace = lease.workspace
-            else:
-                self._free.append(lease.workspace)
-            self._cond.notify_all()
+            self._hand_on_locked(lease.workspace)
+
+    def _hand_on_locked(self, ws: Workspace) -> None:
+        """`ws` to the longest waiting caller, else back to the free list."""
+        if self._waiting:
+            self._waiting.popleft().workspace = ws
+        else:
+            self._free.append(ws)
+        self._cond.notify_all()
 
     def close(self) -> None:
         """Refuses new leases, fails the callers still waiting (RuntimeError) and returns once

@@ -103,3 +103,27 @@ def test_an_error_inside_a_lease_gives_the_workspace_back():
         raise KeyError("launch failed")
     with pool.lease() as lease:
         assert lease.wait_ms < 1000
+
+
+def test_an_interrupted_waiter_loses_no_workspace(monkeypatch):
+    pool = WorkspacePool([object()])
+    held = pool.lease()
+    held.__enter__()
+    calls = []
+    real_wait = pool._cond.wait
+
+    def interrupted_wait(timeout=None):
+        calls.append(1)
+        if len(calls) == 1:
+            held.__exit__(None, None, None)  # the workspace is handed to the waiter ...
+            raise KeyboardInterrupt  # ... which is interrupted before it wakes
+        return real_wait(timeout)
+
+    monkeypatch.setattr(pool._cond, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt), pool.lease():
+        pass
+    monkeypatch.undo()
+    assert waiting(pool) == 0
+    with pool.lease() as lease:  # the workspace went back to the pool
+        assert lease.wait_ms < 1000
+    pool.close()
