@@ -3,8 +3,9 @@ CuPy. Public API: `GpuEngine` and `GpuError` (the engine's failures).
 
 Kernel design: see the comments at the top of the .cu files. The host side is spread over
 small modules: launch planning (`gpu_plan`, `sliced`), key records (`gpu_keys`), the CUDA
-operations (`gpu_backend`), the program and its compilation (`gpu_kernels`), page upload
-(`gpu_upload`), workspaces and their pool (`gpu_pool`), phase timings (`gpu_timings`). Here:
+operations (`gpu_backend`), errors (`gpu_errors`), the program and its compilation
+(`gpu_kernels`), page upload (`gpu_upload`), workspaces and their pool (`gpu_pool`), phase
+timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`). Here:
 
 - `GpuEngine(...)` compiles the kernels, once per engine: a CuPy that imports but cannot
   compile (no NVRTC, no CUDA headers) fails there with a GpuError naming the fix, not at a scan.
