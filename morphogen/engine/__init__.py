@@ -49,7 +49,7 @@ def create(name: str = "auto", **options: Any) -> Engine:
         if not gpu_available():
             name = "cpu"
         else:
-            from morphogen.engine.gpu import GpuError
+            from morphogen.engine.gpu_errors import GpuError
 
             try:
                 return _gpu_engine(**options)

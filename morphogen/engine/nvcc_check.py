@@ -1,13 +1,14 @@
-"""Compile scan_kernel.cu with nvcc for Hopper and hold it to a clean register report.
+"""Compile the GPU kernels with nvcc for Hopper and hold them to a clean register report.
 
     python -m morphogen.engine.nvcc_check [--arch sm_90] [--nvcc PATH] [--quiet]
 
-nvcc compiles device code without a GPU, so CI runs this on every change: it builds a cubin
-with `-arch=sm_90 -cubin -Xptxas -v` plus the options the runtime gives NVRTC
-(gpu.COMPILE_OPTIONS), prints registers, shared memory and stack per kernel, and exits
-non-zero on a compile error, a missing kernel, any spill store or load, or any local-memory
-stack frame (a register array indexed at run time). Where nvcc is absent it fails too, unless
-MORPHOGEN_SKIP_NVCC_CHECK=1 says a machine without the CUDA toolkit may skip it.
+nvcc compiles device code without a GPU, so CI runs this on every change: it builds a cubin of
+the program the engine compiles (gpu_kernels.kernel_source(): the generated geometry #defines,
+then the .cu files) with `-arch=sm_90 -cubin -Xptxas -v` plus the options the runtime gives
+NVRTC (gpu_kernels.COMPILE_OPTIONS), prints registers, shared memory and stack per kernel, and
+exits non-zero on a compile error, a missing kernel, any spill store or load, or any
+local-memory stack frame (a register array indexed at run time). Where nvcc is absent it fails
+too, unless MORPHOGEN_SKIP_NVCC_CHECK=1 says a machine without the CUDA toolkit may skip it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from morphogen.engine import gpu
+from morphogen.engine import gpu_kernels
 
 SKIP_ENV = "MORPHOGEN_SKIP_NVCC_CHECK"
 DEFAULT_ARCH = "sm_90"
@@ -60,7 +61,7 @@ def find_nvcc(explicit: str | None = None) -> str | None:
 
 def nvcc_command(nvcc: str, source: Path, output: Path, arch: str) -> list[str]:
     return [
-        nvcc, f"-arch={arch}", "-cubin", "-Xptxas", "-v", *gpu.COMPILE_OPTIONS,
+        nvcc, f"-arch={arch}", "-cubin", "-Xptxas", "-v", *gpu_kernels.COMPILE_OPTIONS,
         "-o", str(output), str(source),
     ]
 
@@ -100,8 +101,8 @@ def run(nvcc: str, arch: str = DEFAULT_ARCH, source: str | None = None) -> tuple
     int, str, dict[str, KernelReport]
 ]:
     """(nvcc exit status, its output, parsed reports) for `source` (default: the program the
-    engine compiles, gpu.kernel_source())."""
-    text = gpu.kernel_source() if source is None else source
+    engine compiles, gpu_kernels.kernel_source())."""
+    text = gpu_kernels.kernel_source() if source is None else source
     with tempfile.TemporaryDirectory(prefix="morphogen-nvcc-") as tmp:
         path = Path(tmp) / "morphogen_kernels.cu"
         path.write_text(text)
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nvcc_check: nvcc failed (exit {status}):\n{log}", file=sys.stderr)
         return 1
     if not args.quiet:
-        names = " + ".join(p.name for p in gpu.KERNEL_SOURCES)
+        names = " + ".join(p.name for p in gpu_kernels.KERNEL_SOURCES)
         print(f"nvcc_check: {names} with {nvcc} -arch={args.arch}")
         print(f"{'kernel':<24}{'regs':>6}{'smem':>7}{'stack':>7}{'spill st/ld':>13}")
         for r in sorted(reports.values(), key=lambda r: r.name):
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in log.splitlines():
         if "warning" in line.lower():
             print(f"nvcc_check: {line.strip()}", file=sys.stderr)
-    problems = check(reports, gpu.KERNEL_NAMES)
+    problems = check(reports, gpu_kernels.KERNEL_NAMES)
     if problems:
         for p in problems:
             print(f"nvcc_check: FAIL {p}", file=sys.stderr)

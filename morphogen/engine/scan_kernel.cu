@@ -11,7 +11,12 @@
 // with nvcc; the tests also compile it as host C++ through an emulation prelude that defines
 // MORPHOGEN_HOST_EMULATION. It therefore includes no headers and uses only builtins.
 //
-// Grid and work split (the host side, gpu.py `plan_launch`, must agree):
+// The geometry (SCAN_THREADS, LANES_PER_PAGE, LANES_PER_THREAD, KEY_HEADER_WORDS,
+// MAX_TILE_BITS, PATH_SLOTS, REDUCE_LANES, REDUCE_SLICES, READ_BW_THREADS) is not defined here:
+// morphogen/engine/gpu_kernels.py `kernel_source()` prepends it as generated #defines, from the
+// Python constants the host plans with (gpu_plan.py, gpu_keys.py, morphogen/constants.py).
+//
+// Grid and work split (the host side, gpu_plan.py `plan_launch`, must agree):
 //   * blockDim.x == SCAN_THREADS (128). Thread `tid` owns the 16-byte lanes tid and tid + 128
 //     of every page (LANES_PER_THREAD = 2), so a warp's loads are 512 contiguous bytes.
 //   * gridDim.x == num_groups * num_page_blocks. Block b serves key group g = b % num_groups
@@ -29,7 +34,7 @@
 //     kernel writes every output element. Nothing needs zeroing, nothing races.
 //
 // Kernel arguments: CuPy does not check the types of scalar arguments, so gpu.py passes each
-// scalar as the numpy type named here (and documents the same table):
+// scalar as the numpy type named here (gpu_kernels.py documents the same table):
 //   const uint4* pages       cupy uint8 array (num_pages*4096 bytes, 16-byte aligned)
 //   u64 num_pages            numpy.uint64   pages in this shard
 //   u64 first_page           numpy.uint64   global index of the shard's page 0
@@ -40,7 +45,7 @@
 //   u32 num_groups           numpy.uint32   key groups (gridDim.x = num_groups * page blocks)
 //   uint4* partial           cupy uint8 array, page_blocks * num_keys * 4096 bytes
 //
-// Key record (u32 words, little-endian, stride 12 + 4*d; gpu.py `pack_keys`):
+// Key record (u32 words, little-endian, stride 12 + 4*d; gpu_keys.py `pack_keys`):
 //   [0..3] root seed   [4..7] final_cw   [8] root_t   [9] tcw_left bits (bit i = level i)
 //   [10] tcw_right bits   [11] 0   [12 + 4*i .. 15 + 4*i] cw[i]
 
@@ -51,12 +56,9 @@ typedef unsigned char u8;        // numpy.uint8
 #define MG_DYNAMIC_SMEM(name) extern __shared__ uint4 name[]
 #endif
 
-#define SCAN_THREADS 128
-#define LANES_PER_PAGE 256
-#define LANES_PER_THREAD 2
-#define KEY_HEADER_WORDS 12
-#define MAX_TILE_BITS 10
-#define PATH_SLOTS 33
+#ifndef SCAN_THREADS
+#error "geometry #defines missing: compile morphogen.engine.gpu_kernels.kernel_source()"
+#endif
 
 // Own helper rather than the runtime's min() overloads: NVRTC and the host emulation agree.
 __device__ __forceinline__ u32 min_u32(const u32 a, const u32 b) { return a < b ? a : b; }
@@ -198,7 +200,7 @@ __device__ __forceinline__ void scan_body(const uint4* __restrict__ pages, const
 
     // Shared memory: masks [tile_pages][KG] uint4 (the BFS works in place in this array),
     // path seeds [KG][PATH_SLOTS] uint4, then control bits: node t [tile_pages][KG] u8 and
-    // path t [KG][PATH_SLOTS] u8. gpu.py `scan_smem_bytes` gives the same size.
+    // path t [KG][PATH_SLOTS] u8. gpu_plan.py `scan_smem_bytes` gives the same size.
     uint4* masks = morphogen_smem;
     uint4* path_s = masks + (u64)tile_pages * KG;
     u8* node_t = reinterpret_cast<u8*>(path_s + KG * PATH_SLOTS);
@@ -350,9 +352,6 @@ MG_SCAN_KERNEL(16, 2, 2)
 //   const uint4* partial   cupy uint8 array       uint4* out     cupy uint8 array
 //   u32 num_partials       numpy.uint32           u32 row_lanes  numpy.uint32
 
-#define REDUCE_LANES 16
-#define REDUCE_SLICES 16
-
 extern "C" __global__ void __launch_bounds__(REDUCE_LANES * REDUCE_SLICES)
     morphogen_xor_reduce(const uint4* __restrict__ partial, uint4* __restrict__ out,
                          const u32 num_partials, const u32 row_lanes) {
@@ -390,11 +389,11 @@ extern "C" __global__ void __launch_bounds__(REDUCE_LANES * REDUCE_SLICES)
 // ----------------------------------------------------------------------------------------
 // Plain vectorised read of n16 16-byte words (the card's read bandwidth, for the benchmark),
 // eight loads in flight per thread; sink[global thread] = XOR of what the thread read, so
-// the host can check the sum and the loads cannot be optimised away. Block: 256 threads.
+// the host can check the sum and the loads cannot be optimised away. Block: READ_BW_THREADS.
 //   const uint4* data   cupy uint8 array      u64 n16   numpy.uint64
-//   uint4* sink         cupy uint8 array of gridDim.x * 256 * 16 bytes
+//   uint4* sink         cupy uint8 array of gridDim.x * READ_BW_THREADS * 16 bytes
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(READ_BW_THREADS)
     morphogen_read_bw(const uint4* __restrict__ data, const u64 n16, uint4* __restrict__ sink) {
     const u64 stride = (u64)gridDim.x * blockDim.x;
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;

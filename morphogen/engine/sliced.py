@@ -16,16 +16,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, PAGE_SIZE
+from morphogen.engine.gpu_plan import PATH_SLOTS
 
-SLICE_PAGES = 256
+# Layout and kernel geometry (generated into the CUDA source as #defines of the same names by
+# gpu_kernels.kernel_source()).
+SLICE_PAGES = 256  # pages per chunk: the K dimension of mma.m16n8k256
 SLICE_BYTES = SLICE_PAGES * PAGE_SIZE
-SLICED_THREADS = 256
-SLICED_TILE_BITS = 8
-SLICED_TREE_SLOTS = 128
-MT_STRIDE = 129
-PATH_SLOTS = 33
+SLICE_U4 = SLICE_BYTES // 16  # uint4 per sliced chunk (1 MiB)
+SLICED_THREADS = 256  # threads of a sliced-scan block: 8 warps
+SLICED_TILE_BITS = SLICE_PAGES.bit_length() - 1  # log2(SLICE_PAGES): a chunk is one subtree
+SLICED_TREE_SLOTS = SLICE_PAGES // 2  # nodes of the level above the leaves
+LANE_BITS = 128  # bit positions of a 16-byte page lane
+MT_STRIDE = LANE_BITS + 1  # u32 per (key, K-word) row of mt; the odd stride spreads banks
 SLICE_KERNEL = "morphogen_slice_pages"
-SLICE_THREADS = 256
+SLICE_THREADS = 256  # threads of a morphogen_slice_pages block
 # n-tiles of 8 keys per block -> kernel; a block takes at most 8 * max(N_TILES) keys
 N_TILES = (1, 2)
 SLICED_KERNELS = tuple(f"morphogen_sliced_scan_n{nt}" for nt in N_TILES)
@@ -110,7 +114,7 @@ def sliced_smem_bytes(n_tiles: int) -> int:
 @dataclass(frozen=True)
 class SlicedPlan:
     """One sliced launch: `grid` blocks of SLICED_THREADS, then the reduce launch
-    (gpu.reduce_grid)."""
+    (gpu_plan.reduce_grid)."""
 
     kernel: str
     num_keys: int

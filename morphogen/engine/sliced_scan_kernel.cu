@@ -1,7 +1,9 @@
 // Tensor-core page scan over a bit-sliced copy of the pages (gpu.py, GpuEngine(kernel="sliced")).
 //
-// gpu.kernel_source() appends this file to scan_kernel.cu, whose PRG (prg_g), DPF step
-// (dpf_children), key record layout and partial/reduce conventions it uses.
+// gpu_kernels.kernel_source() appends this file to scan_kernel.cu, whose PRG (prg_g), DPF step
+// (dpf_children), key record layout and partial/reduce conventions it uses, after the generated
+// #defines of the geometry (SLICE_PAGES, SLICE_U4, SLICE_THREADS, SLICED_THREADS,
+// SLICED_TILE_BITS, SLICED_TREE_SLOTS, MT_STRIDE: sliced.py holds their values).
 //
 // Why. The fused scan of scan_kernel.cu spends one LOP3 per 32-bit page word per key; past about
 // six keys the integer pipe, not HBM, bounds it (ncu on an H100: 64-72 % ALU, 8-26 % DRAM).
@@ -14,7 +16,7 @@
 // along the reduction (K) dimension, so the pages are stored bit-sliced once, at load
 // (morphogen_slice_pages), and each scan transposes only its masks, in registers.
 //
-// Sliced layout (gpu.py `slice_pages` is the same in NumPy; tests hold the two together):
+// Sliced layout (sliced.py `slice_pages` is the same in NumPy; tests hold the two together):
 //   * chunks of 256 pages aligned in the GLOBAL page numbering: chunk C holds global pages
 //     [256 C, 256 C + 256); the shard's buffer starts at chunk first_page >> 8, and pages outside
 //     the shard are zero (so they add nothing, whatever their masks);
@@ -40,12 +42,9 @@
 //      folded into per-thread parity words. Counts never leave the registers.
 // The parities are gathered through shared memory into natural answer rows at the end.
 
-#define SLICE_PAGES 256
-#define SLICE_U4 65536          // uint4 per sliced chunk (1 MiB)
-#define SLICED_THREADS 256
-#define SLICED_TILE_BITS 8      // log2(SLICE_PAGES): one chunk is one DPF subtree
-#define SLICED_TREE_SLOTS 128   // nodes of the level above the leaves
-#define MT_STRIDE 129           // u32 per (key, K-word) row of mt; the odd stride spreads banks
+#ifndef SLICE_PAGES
+#error "geometry #defines missing: compile morphogen.engine.gpu_kernels.kernel_source()"
+#endif
 
 // Lane j holds row j of a 32x32 bit matrix (bit c = column c) in each of v's four words;
 // afterwards lane i holds column i (bit j = row j's bit i), word by word. Five butterfly steps:
@@ -77,9 +76,9 @@ __device__ __forceinline__ void transpose_bits32x4(uint4& v, const u32 lane) {
 //   const uint4* natural   cupy uint8 array, num_chunks * 256 pages in natural layout
 //   u64 num_chunks         numpy.uint64
 //   u32* sliced            cupy uint8 array, num_chunks * SLICE_U4 * 16 bytes
-// Block: 256 threads; any grid (grid-stride over the num_chunks * 2048 warp tasks).
+// Block: SLICE_THREADS; any grid (grid-stride over the num_chunks * 2048 warp tasks).
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(SLICE_THREADS)
     morphogen_slice_pages(const uint4* __restrict__ natural, const u64 num_chunks,
                           u32* __restrict__ sliced) {
     const u32 lane = threadIdx.x & 31u;
@@ -117,7 +116,7 @@ __device__ __forceinline__ void mma_and_popc(u32& d0, u32& d1, u32& d2, u32& d3,
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0u));
 }
 
-// Dynamic shared memory of one block (gpu.py `sliced_smem_bytes` gives the same):
+// Dynamic shared memory of one block (sliced.py `sliced_smem_bytes` gives the same):
 //   tree   uint4 [SLICED_TREE_SLOTS][KG]   level l node n at slot n << (h - 1 - l)
 //   path_s uint4 [KG][PATH_SLOTS]
 //   mt     u32   [KG * 8][MT_STRIDE]       transposed masks; at the end, the answer rows

@@ -42,7 +42,7 @@ def poison(shard):
     """Fill every workspace's device and pinned buffers with garbage."""
     import cupy
 
-    for ws in shard._dispatcher._free:
+    for ws in shard._pool.workspaces:
         ws.partial_dev.fill(0xAB)
         ws.out_dev.fill(0xCD)
         ws.out_host[:] = 0xEF
@@ -208,9 +208,9 @@ def test_sliced_small_domains(d, num_pages, first_page):
 
 
 def test_compile_error_is_a_gpu_error():
-    from morphogen.engine import gpu
+    from morphogen.engine import gpu_backend, gpu_errors, gpu_kernels
 
-    backend = gpu._CupyBackend(0)
-    with pytest.raises(gpu.GpuError):
-        with gpu._cuda_errors(backend, "compiling"):
-            backend.compile("this is not CUDA", gpu.COMPILE_OPTIONS, ("nothing",))
+    backend = gpu_backend.CupyBackend(0)
+    with pytest.raises(gpu_errors.GpuError):
+        with gpu_errors.cuda_errors(backend, "compiling"):
+            backend.compile("this is not CUDA", gpu_kernels.COMPILE_OPTIONS, ("nothing",))

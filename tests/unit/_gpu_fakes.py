@@ -1,9 +1,10 @@
-"""Stand-ins for CuPy behind morphogen.engine.gpu's Backend protocol.
+"""Stand-ins for CuPy behind the GPU engine's Backend protocol (morphogen/engine/gpu_backend.py).
 
 `FakeBackend` keeps "device memory" in numpy arrays and runs kernels either through a NumPy
 model of their contract (`model`, written from the kernel's documented semantics) or through
-the real scan_kernel.cu compiled as host C++ (`emulator`, see cuda_emu/). Every launch checks
-the scalar argument types against the kernel signatures, the thing CuPy does not check.
+the real scan_kernel.cu, as gpu_kernels.kernel_source() generates it, compiled as host C++
+(`emulator`, see cuda_emu/). Every launch checks the scalar argument types against the kernel
+signatures, the thing CuPy does not check.
 """
 
 from __future__ import annotations
@@ -24,7 +25,16 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import DpfKey, eval_range
-from morphogen.engine import gpu, sliced
+from morphogen.engine import gpu, gpu_kernels, sliced
+from morphogen.engine.gpu_backend import DeviceInfo
+from morphogen.engine.gpu_keys import KEY_HEADER_WORDS, key_words
+from morphogen.engine.gpu_plan import (
+    REDUCE_KERNEL,
+    REDUCE_LANES,
+    REDUCE_SLICES,
+    SCAN_KERNELS,
+    SCAN_THREADS,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"
@@ -34,10 +44,10 @@ P = "p"
 SIGNATURES: dict[str, tuple[Any, ...]] = {
     **{
         name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, np.uint32, P)
-        for name in gpu.SCAN_KERNELS
+        for name in SCAN_KERNELS
     },
-    gpu.REDUCE_KERNEL: (P, P, np.uint32, np.uint32),
-    gpu.READ_BW_KERNEL: (P, np.uint64, P),
+    REDUCE_KERNEL: (P, P, np.uint32, np.uint32),
+    gpu_kernels.READ_BW_KERNEL: (P, np.uint64, P),
     **{
         name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, P)
         for name in sliced.SLICED_KERNELS
@@ -124,8 +134,8 @@ class FakeBackend:
 
     # -- Backend -------------------------------------------------------------------------------
 
-    def device_info(self) -> gpu.DeviceInfo:
-        return gpu.DeviceInfo(name="Fake GPU", sm_count=self.sm_count, total_memory=1 << 36)
+    def device_info(self) -> DeviceInfo:
+        return DeviceInfo(name="Fake GPU", sm_count=self.sm_count, total_memory=1 << 36)
 
     def free_memory(self) -> int:
         return self.free_bytes - self.allocated
@@ -135,6 +145,7 @@ class FakeBackend:
 
     def compile(self, source: str, options: Any, names: Any) -> dict[str, FakeKernel]:
         self.compiles += 1
+        assert source == gpu_kernels.kernel_source()  # the generated program, defines first
         for name in names:  # variants are stamped out by MG_SCAN_KERNEL / MG_SLICED_KERNEL
             kg = name.removeprefix("morphogen_scan_k")
             nt = name.removeprefix("morphogen_sliced_scan_n")
@@ -147,7 +158,8 @@ class FakeBackend:
         return {name: FakeKernel(name) for name in names}
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
-        assert block in (gpu.SCAN_THREADS, sliced.SLICED_THREADS)
+        launched = sliced.SLICED_THREADS if kernel.name in sliced.SLICED_KERNELS else SCAN_THREADS
+        assert block == launched, f"{kernel.name}: occupancy of {block}-thread blocks asked"
         if kernel.name in sliced.SLICED_KERNELS:
             assert smem_bytes <= self.max_dynamic_smem.get(kernel.name, 48 * 1024)
         return self.blocks_per_sm_value
@@ -251,10 +263,10 @@ def check_args(name: str, args: tuple[Any, ...]) -> None:
 
 
 def unpack_key(record: np.ndarray, domain_bits: int) -> DpfKey:
-    """The inverse of gpu.pack_keys for one record (the model evaluates real DpfKeys)."""
+    """The inverse of gpu_keys.pack_keys for one record (the model evaluates real DpfKeys)."""
     d = domain_bits
     r = np.ascontiguousarray(record, dtype=np.uint32)
-    cw = r[gpu.KEY_HEADER_WORDS : gpu.KEY_HEADER_WORDS + 4 * d].reshape(d, 4)
+    cw = r[KEY_HEADER_WORDS : KEY_HEADER_WORDS + 4 * d].reshape(d, 4)
     root_t = int(r[8])
     return DpfKey(
         root_seed=r[0:4].tobytes(),
@@ -274,7 +286,7 @@ def _model_scan(grid: int, args: tuple[Any, ...]) -> None:
     groups = int(groups)
     page_blocks = grid // groups
     pages = pages_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE) if n else None
-    w = gpu.key_words(d)
+    w = key_words(d)
     records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
     partial = partial_a.buf.view(np.uint8)
     for pb in range(page_blocks):
@@ -328,7 +340,7 @@ def _model_sliced_scan(grid: int, args: tuple[Any, ...]) -> None:
     data_a, num_chunks, first_chunk, keys_a, num_keys, d, groups, partial_a = args
     n_chunks, k_total, d, groups = int(num_chunks), int(num_keys), int(d), int(groups)
     page_blocks = grid // groups
-    w = gpu.key_words(d)
+    w = key_words(d)
     records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
     partial = partial_a.buf.view(np.uint8)
     size = sliced.SLICE_BYTES
@@ -349,15 +361,15 @@ def _model_sliced_scan(grid: int, args: tuple[Any, ...]) -> None:
 
 
 def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int) -> None:
-    if name in gpu.SCAN_KERNELS:
-        assert block == gpu.SCAN_THREADS
+    if name in SCAN_KERNELS:
+        assert block == SCAN_THREADS
         _model_scan(grid, args)
     elif name in sliced.SLICED_KERNELS:
         assert block == sliced.SLICED_THREADS
         _model_sliced_scan(grid, args)
     elif name == sliced.SLICE_KERNEL:
         _model_slice(args)
-    elif name == gpu.REDUCE_KERNEL:
+    elif name == REDUCE_KERNEL:
         _model_reduce(args)
     else:
         _model_read_bw(grid, block, args)
@@ -376,13 +388,16 @@ _EMU: dict[str, ctypes.CDLL] = {}
 
 
 def load_emulator() -> ctypes.CDLL:
-    """Builds (once per source hash) and loads the emulation library."""
+    """Builds (once per source hash) and loads the emulation library: the harness with the
+    fused kernel's generated source (gpu_kernels.kernel_source() of scan_kernel.cu alone; the
+    sliced kernel's tensor-core instructions have no host emulation)."""
     cxx = emulator_compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler to build the kernel emulator")
-    src = [EMU_DIR / "emu_prelude.h", EMU_DIR / "emu_harness.cpp", gpu.KERNEL_SOURCE]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src)).hexdigest()[:16]
-    tag = digest
+    kernel = gpu_kernels.kernel_source((gpu_kernels.KERNEL_SOURCE,))
+    src = [EMU_DIR / "emu_prelude.h", EMU_DIR / "emu_harness.cpp"]
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in src) + kernel.encode())
+    tag = digest.hexdigest()[:16]
     with _EMU_LOCK:
         if tag in _EMU:
             return _EMU[tag]
@@ -390,14 +405,19 @@ def load_emulator() -> ctypes.CDLL:
         out_dir.mkdir(parents=True, exist_ok=True)
         lib = out_dir / f"emu-{tag}.so"
         if not lib.exists():
-            flags = ["-O2"]
+            gen = out_dir / f"emu-{tag}.{threading.get_ident()}"
+            gen.mkdir(exist_ok=True)
+            (gen / "morphogen_scan_kernel.cu").write_text(kernel)  # the harness includes it
             tmp = lib.with_suffix(f".{threading.get_ident()}.tmp")
             cmd = [
-                cxx, *flags, "-std=c++17", "-pthread", "-fPIC", "-shared", "-Wall", "-Werror",
-                "-Wno-unknown-pragmas", "-Wno-unused-function", f"-I{EMU_DIR}",
-                f"-I{gpu.KERNEL_SOURCE.parent}", str(EMU_DIR / "emu_harness.cpp"), "-o", str(tmp),
+                cxx, "-O2", "-std=c++17", "-pthread", "-fPIC", "-shared", "-Wall", "-Werror",
+                "-Wno-unknown-pragmas", "-Wno-unused-function", f"-I{EMU_DIR}", f"-I{gen}",
+                str(EMU_DIR / "emu_harness.cpp"), "-o", str(tmp),
             ]
-            subprocess.run(cmd, check=True, capture_output=True, text=True)
+            try:
+                subprocess.run(cmd, check=True, capture_output=True, text=True)
+            finally:
+                shutil.rmtree(gen, ignore_errors=True)
             tmp.replace(lib)
         dll = ctypes.CDLL(str(lib))
         u32, u64, vp, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
@@ -434,15 +454,15 @@ def run_emulated(
 
     with _EMU_RUN:
         dll.emu_set_order(order, 7)
-        if name in gpu.SCAN_KERNELS:
-            assert block == gpu.SCAN_THREADS
+        if name in SCAN_KERNELS:
+            assert block == SCAN_THREADS
             kg = int(name.removeprefix("morphogen_scan_k"))
             rc = dll.emu_scan(kg, grid, smem, *[v(a) for a in args])
-        elif name == gpu.REDUCE_KERNEL:
-            assert block == gpu.REDUCE_LANES * gpu.REDUCE_SLICES
+        elif name == REDUCE_KERNEL:
+            assert block == REDUCE_LANES * REDUCE_SLICES
             rc = dll.emu_reduce(grid, *[v(a) for a in args])
         else:
-            assert block == gpu.READ_BW_THREADS
+            assert block == gpu_kernels.READ_BW_THREADS
             rc = dll.emu_read_bw(grid, *[v(a) for a in args])
     assert rc == 0, f"emulated {name} failed ({rc})"
 

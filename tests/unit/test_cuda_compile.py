@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from morphogen.engine import gpu, nvcc_check
+from morphogen.engine import gpu_kernels, nvcc_check
 
 SAMPLE = """\
 ptxas info    : 0 bytes gmem
@@ -44,8 +44,8 @@ def test_kernels_compile_without_spills():
         pytest.fail(f"nvcc not found; set {nvcc_check.SKIP_ENV}=1 only where that is expected")
     status, log, reports = nvcc_check.run(nvcc)
     assert status == 0, log
-    assert set(gpu.KERNEL_NAMES) <= set(reports), log
-    problems = nvcc_check.check(reports, gpu.KERNEL_NAMES)
+    assert set(gpu_kernels.KERNEL_NAMES) <= set(reports), log
+    problems = nvcc_check.check(reports, gpu_kernels.KERNEL_NAMES)
     assert not problems, "\n".join(problems) + "\n" + log
     for r in reports.values():
         assert r.arch == "sm_90"

@@ -16,7 +16,7 @@ from _gpu_fakes import FakeBackend, FakeCudaError, make_engine
 import morphogen.engine as engines
 from morphogen import dpf
 from morphogen.constants import PAGE_SIZE
-from morphogen.engine import gpu
+from morphogen.engine import gpu, gpu_plan, gpu_timings
 from morphogen.engine.cpu import CpuEngine
 from morphogen.engine.reference import ReferenceEngine
 
@@ -58,7 +58,7 @@ def device_with(monkeypatch):
 
     def install(backend: FakeBackend) -> FakeBackend:
         monkeypatch.setattr(engines, "gpu_available", lambda: True)
-        monkeypatch.setattr(gpu, "_CupyBackend", lambda device: backend)
+        monkeypatch.setattr(gpu, "CupyBackend", lambda device: backend)
         return backend
 
     return install
@@ -179,14 +179,14 @@ class RecordingBackend(FakeBackend):
 def test_events_bracket_copy_kernels_and_copy_on_the_workspace_stream():
     backend = RecordingBackend()
     shard = make_engine(backend, pool_size=1).load(np.zeros((6, PAGE_SIZE), np.uint8))
-    (ws,) = shard._dispatcher._free
+    (ws,) = shard._pool.workspaces
     for i, event in enumerate(ws.events):
         backend.event_names[id(event)] = f"e{i}"
     ws.stream.ops.clear()
     shard.scan([dpf.generate_keys(3, 1)[0]])
     # e1 after the key copy, right before the scan: kernel_ms starts once the keys are there
     assert ws.stream.ops == [
-        "record:e0", "h2d", "record:e1", "morphogen_scan_k1", gpu.REDUCE_KERNEL, "record:e2",
+        "record:e0", "h2d", "record:e1", "morphogen_scan_k1", gpu_plan.REDUCE_KERNEL, "record:e2",
         "d2h", "record:e3", "sync",
     ]
 
@@ -207,10 +207,10 @@ def test_overlapping_launches_are_counted_as_shared():
     rng = np.random.default_rng(2)
     pages = rng.integers(0, 256, (8, PAGE_SIZE), dtype=np.uint8)
     backend = FakeBackend()
-    shard = make_engine(backend, pool_size=2, coalesce=False).load(pages)
+    shard = make_engine(backend, pool_size=2).load(pages)
     backend.launch_delay_s = 0.05  # after the warm-up launches
     barrier = threading.Barrier(4)
-    results: list[gpu.PhaseTimings] = []
+    results: list[gpu_timings.PhaseTimings] = []
     lock = threading.Lock()
 
     def call():
@@ -229,8 +229,12 @@ def test_overlapping_launches_are_counted_as_shared():
     assert sum(t.shared_launches for t in results) >= 2  # two workspaces ran side by side
     # a fake launch's delay is inside its own e1 -> e2 span: scan and reduce, 50 ms each
     assert all(t.kernel_ms >= 90 for t in results)
+    # two workspaces, four callers: two of them waited for a workspace, the others did not
+    waits = sorted(t.wait_ms for t in results)
+    assert waits[-2] >= 50 and waits[0] < 50
 
 
 def test_phase_timings_keep_their_positional_shape():
-    t = gpu.PhaseTimings(1.0, 2.0, 3.0, 4.0, 5.0, 1, 3)
-    assert t.shared_launches == 0 and t.kernel_ms == 2.0 and t.launch_keys == 3
+    t = gpu_timings.PhaseTimings(1.0, 2.0, 3.0, 4.0, 5.0, 1)
+    assert t.shared_launches == 0 and t.kernel_ms == 2.0 and t.launches == 1
+    assert gpu_timings.PhaseTimings(1.0, 2.0, 3.0, 4.0, 5.0, 2, 1).shared_launches == 1

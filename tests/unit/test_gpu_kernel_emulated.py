@@ -3,7 +3,7 @@
 No GPU needed: every CUDA thread is a fiber, __syncthreads a real barrier, shared memory and
 device buffers start poisoned. Each case also runs with the threads of every barrier phase in
 reverse and shuffled order; an answer that depends on that order is an intra-block race.
-What this cannot see: timing, coalescing, occupancy, and device-only faults (an out-of-bounds
+What this cannot see: timing, concurrency, occupancy, and device-only faults (an out-of-bounds
 access lands in host memory here); tests/gpu covers those on a device.
 """
 
@@ -24,7 +24,16 @@ from _gpu_fakes import (
 from morphogen import dpf, prg
 from morphogen.constants import PAGE_SIZE
 from morphogen.dpf import KeyBatch
-from morphogen.engine import gpu
+from morphogen.engine.gpu_kernels import READ_BW_KERNEL, READ_BW_THREADS
+from morphogen.engine.gpu_keys import pack_keys
+from morphogen.engine.gpu_plan import (
+    LANES_PER_PAGE,
+    REDUCE_KERNEL,
+    REDUCE_LANES,
+    REDUCE_SLICES,
+    SCAN_THREADS,
+    plan_launch,
+)
 from morphogen.engine.reference import ReferenceEngine
 
 pytestmark = pytest.mark.skipif(
@@ -45,20 +54,21 @@ def poisoned(nbytes, value=0xCD):
 
 def emulated_scan(emu, pages, first_page, keys, *, key_group_max=16, page_blocks=None,
                   order=0):
-    """One scan launch + one reduce launch, geometry from gpu.plan_launch, as gpu.py does."""
+    """One scan launch + one reduce launch, geometry from gpu_plan.plan_launch, as GpuShard
+    does."""
     batch = keys if isinstance(keys, KeyBatch) else KeyBatch.from_keys(keys)
     k, n, d = len(batch), pages.shape[0], batch.domain_bits
-    plan = gpu.plan_launch(k, n, d, sm_count=2, blocks_per_sm=lambda name, smem: 2,
-                           key_group_max=key_group_max, page_blocks=page_blocks)
+    plan = plan_launch(k, n, d, sm_count=2, blocks_per_sm=lambda name, smem: 2,
+                       key_group_max=key_group_max, page_blocks=page_blocks)
     pages_dev = FakeDeviceArray(np.ascontiguousarray(pages).reshape(-1))
-    keys_dev = FakeDeviceArray(gpu.pack_keys(batch).reshape(-1).view(np.uint8).copy())
+    keys_dev = FakeDeviceArray(pack_keys(batch).reshape(-1).view(np.uint8).copy())
     partial = poisoned(plan.partial_bytes + PAGE_SIZE, 0xAB)
     out = poisoned(k * PAGE_SIZE, 0xCD)
     args = (pages_dev, np.uint64(n), np.uint64(first_page), keys_dev, np.uint32(k),
             np.uint32(d), np.uint32(plan.tile_bits), np.uint32(plan.num_groups), partial)
-    run_emulated(emu, plan.kernel, plan.grid, gpu.SCAN_THREADS, args, plan.smem_bytes, order)
-    run_emulated(emu, gpu.REDUCE_KERNEL, plan.reduce_grid, gpu.REDUCE_LANES * gpu.REDUCE_SLICES,
-                 (partial, out, np.uint32(plan.page_blocks), np.uint32(k * gpu.LANES_PER_PAGE)),
+    run_emulated(emu, plan.kernel, plan.grid, SCAN_THREADS, args, plan.smem_bytes, order)
+    run_emulated(emu, REDUCE_KERNEL, plan.reduce_grid, REDUCE_LANES * REDUCE_SLICES,
+                 (partial, out, np.uint32(plan.page_blocks), np.uint32(k * LANES_PER_PAGE)),
                  0, order)
     assert (out.buf[k * PAGE_SIZE :] == 0xCD).all()  # nothing written past the answer
     assert (partial.buf[plan.partial_bytes :] == 0xAB).all()  # nor past the partial rows
@@ -175,10 +185,10 @@ def test_reduce_overwrites_poisoned_output(emu):
     parts, k = 37, 5
     partial = rng.integers(0, 256, (parts, k * PAGE_SIZE), dtype=np.uint8)
     out = poisoned(k * PAGE_SIZE + 64, 0xEE)
-    grid = -(-k * gpu.LANES_PER_PAGE // gpu.REDUCE_LANES)
-    run_emulated(emu, gpu.REDUCE_KERNEL, grid, gpu.REDUCE_LANES * gpu.REDUCE_SLICES,
+    grid = -(-k * LANES_PER_PAGE // REDUCE_LANES)
+    run_emulated(emu, REDUCE_KERNEL, grid, REDUCE_LANES * REDUCE_SLICES,
                  (FakeDeviceArray(partial.reshape(-1)), out, np.uint32(parts),
-                  np.uint32(k * gpu.LANES_PER_PAGE)), 0)
+                  np.uint32(k * LANES_PER_PAGE)), 0)
     np.testing.assert_array_equal(out.buf[: k * PAGE_SIZE], np.bitwise_xor.reduce(partial, 0))
     assert (out.buf[k * PAGE_SIZE :] == 0xEE).all()
 
@@ -187,8 +197,8 @@ def test_read_bandwidth_kernel_checksum(emu):
     rng = np.random.default_rng(7)
     data = rng.integers(0, 256, 16 * 5000, dtype=np.uint8)
     grid = 3
-    sink = poisoned(grid * gpu.READ_BW_THREADS * 16)
-    run_emulated(emu, gpu.READ_BW_KERNEL, grid, gpu.READ_BW_THREADS,
+    sink = poisoned(grid * READ_BW_THREADS * 16)
+    run_emulated(emu, READ_BW_KERNEL, grid, READ_BW_THREADS,
                  (FakeDeviceArray(data), np.uint64(5000), sink), 0)
     folded = np.bitwise_xor.reduce(sink.buf.view(np.uint64).reshape(-1, 2), axis=0)
     np.testing.assert_array_equal(folded, np.bitwise_xor.reduce(data.view(np.uint64).reshape(-1, 2),

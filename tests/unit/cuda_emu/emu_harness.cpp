@@ -1,6 +1,8 @@
 // C entry points (for ctypes) that launch the kernels of scan_kernel.cu under emulation.
 #include "emu_prelude.h"
-#include "scan_kernel.cu"
+// scan_kernel.cu as gpu_kernels.kernel_source() generates it (its geometry #defines first),
+// written into the build's include directory by tests/unit/_gpu_fakes.py `load_emulator`.
+#include "morphogen_scan_kernel.cu"
 
 namespace {
 
@@ -82,7 +84,7 @@ extern "C" int emu_reduce(u32 grid, const uint4* partial, uint4* out, u32 num_pa
 
 extern "C" int emu_read_bw(u32 grid, const uint4* data, u64 n16, uint4* sink) {
     ReadArgs a{data, n16, sink};
-    return emu::launch(grid, 256, 0, read_thread, &a);
+    return emu::launch(grid, READ_BW_THREADS, 0, read_thread, &a);
 }
 
 // G(seed) on one seed: left, right (4 words each), tl, tr -> out[10].
