@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _cpu_by_process as cpu_by_process  # noqa: E402
+from bench._http_load import http_load  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -145,93 +145,6 @@ def bench_engine(snapshot, engine_name: str, threads: int | None, pool: list[byt
 # --------------------------------------------------------------------------- end to end
 
 
-class _Conn:
-    """A minimal HTTP/1.1 keep-alive client: the load generator shares the cores with the
-    server, so it must cost far less per request than a general-purpose client."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def request(self, raw: bytes) -> int:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        self.writer.write(raw)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        status = int(head.split(b" ", 2)[1])
-        headers = head.lower()
-        if b"transfer-encoding: chunked" in headers:
-            while True:
-                size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                await self.reader.readexactly(size + 2)
-                if size == 0:
-                    break
-        else:
-            i = headers.index(b"content-length:")
-            length = int(headers[i + 15 : headers.index(b"\r\n", i)])
-            await self.reader.readexactly(length)
-        if b"connection: close" in headers:
-            await self.close()
-        return status
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.writer = None
-
-
-def _raw_requests(url: str, path: str, bodies: list[bytes]) -> tuple[str, int, list[bytes]]:
-    from urllib.parse import urlsplit
-
-    u = urlsplit(url)
-    full = u.path.rstrip("/") + path
-    raws = [
-        (f"POST {full} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\n"
-         f"Content-Type: application/json\r\nContent-Length: {len(b)}\r\n\r\n").encode() + b
-        for b in bodies
-    ]
-    return u.hostname or "127.0.0.1", int(u.port or 80), raws
-
-
-async def _http_load(url: str, bodies: list[bytes], batch: int, c: int,
-                     duration: float) -> tuple[list[float], float, int, dict[str, float]]:
-    path = "/query/page/gpu" if batch == 1 else "/query/page/gpu/batch"
-    host, port, raws = _raw_requests(url, path, bodies)
-    conns = [_Conn(host, port) for _ in range(c)]
-    errors = 0
-
-    async def run(w: int, lat: list[float], until: float) -> None:
-        nonlocal errors
-        i = w
-        while time.monotonic() < until:
-            t = time.monotonic()
-            try:
-                status = await conns[w].request(raws[i % len(raws)])
-            except (OSError, asyncio.IncompleteReadError):
-                await conns[w].close()
-                status = 0
-            if status != 200:
-                errors += 1
-            else:
-                lat.append(time.monotonic() - t)
-            i += c
-
-    warm: list[float] = []
-    await asyncio.gather(*(run(w, warm, time.monotonic() + min(1.0, duration / 4))
-                           for w in range(c)))
-    lat: list[float] = []
-    before = cpu_by_process.snapshot()
-    t0 = time.monotonic()
-    await asyncio.gather(*(run(w, lat, t0 + duration) for w in range(c)))
-    seconds = time.monotonic() - t0
-    cpu = cpu_by_process.spent(before)
-    for conn in conns:
-        await conn.close()
-    return lat, seconds, errors, cpu
-
-
 def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[int],
               batches: list[int], duration: float,
               cpu_ms: dict[str, dict[str, float]]) -> list[Point]:
@@ -257,7 +170,7 @@ def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[in
                     obj = ({"keys": [to_hex(k) for k in qs[0]]} if b == 1 else
                            {"queries": [{"keys": [to_hex(k) for k in q]} for q in qs]})
                     bodies.append(json.dumps(obj).encode())
-                lat, seconds, errors, cpu = asyncio.run(_http_load(url, bodies, b, c, duration))
+                lat, seconds, errors, cpu = asyncio.run(http_load(url, bodies, b, c, duration))
                 p = _point(mode, c, b, lat, seconds)
                 points.append(p)
                 _log(f"  {mode:<13} c={c:<3} b={b:<3} {p.qps:9.1f} q/s  p50 {p.p50_ms:7.1f} ms"
