@@ -209,15 +209,16 @@ def validate_queries(
                 f"{_where(qi, None, batch)}: a query holds exactly {KEYS_PER_QUERY} keys, "
                 f"got {len(keys)}",
             )
-    rows = np.empty((n * KEYS_PER_QUERY, key_length(domain_bits)), np.uint8)
+    raws = []
     for qi, keys in enumerate(raw_queries):
         for ki, item in enumerate(keys):
             where = _where(qi, ki, batch)
             raw = _key_bytes(item, encoding, where)
             _check_key_size(raw, domain_bits, where)
-            rows[qi * KEYS_PER_QUERY + ki] = np.frombuffer(raw, np.uint8)
+            raws.append(raw)
+    rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
     try:
-        return KeyBatch.from_rows(rows)
+        return KeyBatch.from_rows(rows)  # the batch's arrays are its own copies
     except KeyFormatError as exc:
         # the parser's reasons name fields and small flag values, never seeds
         qi, ki = divmod(exc.index, KEYS_PER_QUERY)

@@ -215,6 +215,32 @@ def test_key_rows_are_validated_at_once_and_name_the_first_bad_row():
         dpf.KeyBatch.from_rows(np.stack([other]))
 
 
+def test_the_batch_check_agrees_with_the_rules_key_by_key():
+    """The vectorised flag check against PROTOCOL.md section 4 spelled out per key, on random
+    flag mutations (any single bad key of a batch must be found, and only a bad one)."""
+    rng = np.random.default_rng(8)
+    d = 6
+    keys = [dpf.generate_keys(d, t)[t % 2] for t in range(5)]
+    good = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(5, -1)
+    flag_bytes = [16, 17] + [dpf._HEADER + 18 * i + 16 + j for i in range(d) for j in (0, 1)]
+
+    def breaks_a_rule(row: np.ndarray) -> bool:
+        root_t, party = int(row[16]), int(row[17])
+        levels = [int(row[dpf._HEADER + 18 * i + 16 + j]) for i in range(d) for j in (0, 1)]
+        return party > 1 or root_t > 1 or root_t != party or any(x > 1 for x in levels)
+
+    for _ in range(300):
+        rows = good.copy()
+        for _ in range(int(rng.integers(1, 3))):
+            rows[rng.integers(5), flag_bytes[rng.integers(len(flag_bytes))]] = rng.choice(
+                [0, 1, 2, 255])
+        bad = [i for i in range(5) if breaks_a_rule(rows[i])]
+        found = dpf.malformed_key(rows)
+        assert (found is None) == (not bad)
+        if bad:
+            assert found[0] == bad[0]
+
+
 def test_key_batches_concatenate_and_select_in_order():
     keys = [dpf.generate_keys(7, t)[t % 2] for t in range(5)]
     a, b = dpf.KeyBatch.from_keys(keys[:2]), dpf.KeyBatch.from_keys(keys[2:])
