@@ -16,12 +16,14 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from cluster.local import fast_ingress_env, free_port  # noqa: E402 - no Ray import behind it
+from morphogen.snapshot.synthetic import build_synthetic
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -163,3 +165,15 @@ def apply_changes(model: np.ndarray, changes: list[tuple[int, str, bytes]]) -> n
         data[: len(raw)] = np.frombuffer(raw, np.uint8)
         model[page] = model[page] ^ data if kind == "diff" else data
     return model
+
+
+def rotation_snapshots(root: Path, pages: int, next_pages: int, seed: int,
+                       token: str) -> tuple[Path, Path]:
+    """An admin setup under `root`: snapshots `base` (`pages`) and `next` (`next_pages`, the
+    rotation's target) in one allowed directory, and a token file. Returns both paths."""
+    snaps = root / "snaps"
+    build_synthetic(snaps / "base", pages, seed=seed, epoch_id=1, progress=False)
+    build_synthetic(snaps / "next", next_pages, seed=seed + 1, epoch_id=1, progress=False)
+    token_file = root / "token"
+    token_file.write_text(token)
+    return snaps, token_file

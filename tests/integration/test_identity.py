@@ -22,7 +22,7 @@ from morphogen.client import PirClient, PirError
 from morphogen.dpf import generate_keys
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
-from .conftest import apply_changes, deploy, random_changes, wait_until
+from .conftest import apply_changes, deploy, random_changes, rotation_snapshots, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -76,11 +76,7 @@ def test_rebuilt_snapshot_under_the_same_epoch_is_refused_not_served(parties, tm
 def test_restarted_shard_replays_50_updates_and_a_rotation(parties, tmp_path: Path) -> None:
     from ray import serve
 
-    snaps = tmp_path / "snaps"
-    build_synthetic(snaps / "base", PAGES, seed=7, epoch_id=1, progress=False)
-    build_synthetic(snaps / "next", 260, seed=8, epoch_id=1, progress=False)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
+    snaps, token = rotation_snapshots(tmp_path, PAGES, 260, seed=7, token=TOKEN)
     for name, shards in (("la", 3), ("lb", 2)):
         deploy(parties, name, snapshot=str(snaps / "base"), num_shards=shards,
                admin_token_file=str(token), admin_snapshot_dir=str(snaps),

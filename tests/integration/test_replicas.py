@@ -20,9 +20,9 @@ import pytest
 
 from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
-from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
+from morphogen.snapshot.synthetic import synthetic_pages
 
-from .conftest import apply_changes, deploy, random_changes, wait_until
+from .conftest import apply_changes, deploy, random_changes, rotation_snapshots, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -76,11 +76,7 @@ def test_two_replicas_per_shard_stay_on_one_epoch_through_updates_a_rotation_and
         parties, tmp_path: Path) -> None:
     from ray import serve
 
-    snaps = tmp_path / "snaps"
-    build_synthetic(snaps / "base", PAGES, seed=21, epoch_id=1, progress=False)
-    build_synthetic(snaps / "next", 170, seed=22, epoch_id=1, progress=False)
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
+    snaps, token = rotation_snapshots(tmp_path, PAGES, 170, seed=21, token=TOKEN)
     for name, replicas in (("ra", 2), ("rb", 1)):
         deploy(parties, name, snapshot=str(snaps / "base"), num_shards=2,
                shard_replicas=replicas, admin_token_file=str(token),
