@@ -57,17 +57,13 @@ def choose_tile_bits(key_group: int, domain_bits: int, smem_budget: int = SMEM_B
     return h
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
-    """One fused launch: `grid` blocks of SCAN_THREADS, then one reduce launch."""
+class BlockGrid:
+    """What either scan layout's plan derives from its shape: `num_groups` key groups times
+    `page_blocks` page blocks, each block writing one partial row per key."""
 
-    kernel: str
     num_keys: int
-    key_group: int
     num_groups: int
     page_blocks: int
-    tile_bits: int
-    smem_bytes: int
 
     @property
     def grid(self) -> int:
@@ -80,6 +76,19 @@ class LaunchPlan:
     @property
     def reduce_grid(self) -> int:
         return reduce_grid(self.num_keys)
+
+
+@dataclass(frozen=True)
+class LaunchPlan(BlockGrid):
+    """One fused launch: `grid` blocks of SCAN_THREADS, then one reduce launch."""
+
+    kernel: str
+    num_keys: int
+    key_group: int
+    num_groups: int
+    page_blocks: int
+    tile_bits: int
+    smem_bytes: int
 
 
 def reduce_grid(num_keys: int) -> int:

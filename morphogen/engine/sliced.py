@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, PAGE_SIZE
-from morphogen.engine.gpu_plan import PATH_SLOTS
+from morphogen.engine.gpu_plan import PATH_SLOTS, BlockGrid
 
 # Layout and kernel geometry (generated into the CUDA source as #defines of the same names by
 # gpu_kernels.kernel_source()).
@@ -112,9 +112,8 @@ def sliced_smem_bytes(n_tiles: int) -> int:
 
 
 @dataclass(frozen=True)
-class SlicedPlan:
-    """One sliced launch: `grid` blocks of SLICED_THREADS, then the reduce launch
-    (gpu_plan.reduce_grid)."""
+class SlicedPlan(BlockGrid):
+    """One sliced launch: `grid` blocks of SLICED_THREADS, then the reduce launch."""
 
     kernel: str
     num_keys: int
@@ -122,14 +121,6 @@ class SlicedPlan:
     num_groups: int
     page_blocks: int
     smem_bytes: int
-
-    @property
-    def grid(self) -> int:
-        return self.num_groups * self.page_blocks
-
-    @property
-    def partial_bytes(self) -> int:
-        return self.page_blocks * self.num_keys * PAGE_SIZE
 
 
 def plan_sliced_launch(
