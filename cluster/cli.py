@@ -190,20 +190,51 @@ def cmd_admin(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         eprint(f"error: cannot read updates: {exc}")
         return 2
-    # Every server in order (party A, then B): both must receive the same operations.
-    for url in args.server:
-        try:
-            with AdminClient(url, token, timeout_s=args.timeout) as adm:
-                if args.action == "status":
+    from morphogen.admin_client import (
+        compare_parties,
+        content_publication_id,
+        publish_to_parties,
+    )
+
+    clients = [AdminClient(url, token, timeout_s=args.timeout) for url in args.server]
+    try:
+        if args.action == "status":
+            statuses = []
+            for url, adm in zip(args.server, clients, strict=True):
+                try:
                     res = adm.status()
-                elif args.action == "snapshot":
-                    res = adm.snapshot(args.path)
-                else:
-                    res = adm.updates(changes)
-        except (PirError, OSError, httpx.HTTPError) as exc:
-            eprint(f"error: {url}: {type(exc).__name__}: {exc}")
-            return 1
+                except (PirError, OSError, httpx.HTTPError) as exc:
+                    eprint(f"error: {url}: {type(exc).__name__}: {exc}")
+                    return 1
+                statuses.append(res)
+                print(json.dumps({"server": url, **res}), flush=True)
+            diff = compare_parties(args.server, statuses)
+            if diff:
+                eprint(diff)
+                return 1
+            return 0
+        # One publication id for every party: a party re-sent it answers it as done, so a
+        # re-run of this command is always safe and ends with the parties on one identity.
+        if args.action == "snapshot":
+            pub = args.id or content_publication_id("snapshot", args.path.encode())
+            results = publish_to_parties(clients, lambda c: c.snapshot(args.path, pub),
+                                         retry_for_s=args.retry_for)
+        else:
+            with open(args.file, "rb") as fh:
+                pub = args.id or content_publication_id("updates", fh.read())
+            results = publish_to_parties(clients, lambda c: c.updates(changes, pub),
+                                         retry_for_s=args.retry_for)
+    except (PirError, OSError, httpx.HTTPError) as exc:
+        eprint(f"error: {type(exc).__name__}: {exc}")
+        return 1
+    finally:
+        for c in clients:
+            c.close()
+    for url, res in zip(args.server, results, strict=True):
         print(json.dumps({"server": url, **res}), flush=True)
+    if any(r.get("duplicate") for r in results):
+        eprint(f"publication {pub} was published before: nothing applied again (pass --id "
+               "with a new id to publish the same content once more)")
     return 0
 
 
@@ -270,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     adm.add_argument("--token-env", default="MORPHOGEN_ADMIN_TOKEN",
                      help="variable holding it when no file is given")
     adm.add_argument("--timeout", type=float, default=600.0)
+    adm.add_argument("--id", default=None,
+                     help="publication id sent to every party (default: derived from the "
+                          "file or path, so re-running a command never applies it twice)")
+    adm.add_argument("--retry-for", type=float, default=120.0, metavar="S",
+                     help="keep re-sending to a party that is unavailable this long")
     acts = adm.add_subparsers(dest="action", required=True)
     acts.add_parser("status", help="every shard's epoch, pending updates, rotation")
     snap = acts.add_parser("snapshot", help="rotate to a snapshot under admin_snapshot_dir")

@@ -24,6 +24,7 @@ from morphogen.config import (
     shard_actor_options,
     shard_scaling,
 )
+from morphogen.epoch_log import EpochLog
 from morphogen.shard import warm_up
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.reader import Snapshot
@@ -53,6 +54,11 @@ def build_app(args: PartyConfig) -> Application:
     cfg = args if isinstance(args, PartyConfig) else PartyConfig.model_validate(args or {})
     if not cfg.admin_supported and cfg.admin_token_env and os.environ.get(cfg.admin_token_env):
         raise ValueError(f"{cfg.admin_token_env} is set: {ADMIN_NEEDS_LOG}")
+    if cfg.epoch_log_dir and cfg.epoch_log_id is None:
+        # made here, once, and named: every router and shard replica checks that its node
+        # sees this very log, not an empty directory of the same path
+        log_id = EpochLog(cfg.epoch_log_dir, create=True).log_id
+        cfg = cfg.model_copy(update={"epoch_log_id": log_id})
     gpus = _cluster_gpus()
     placed_on_gpu = cfg.wants_gpu(gpus)
     if placed_on_gpu and ray.is_initialized() and gpus < 1:

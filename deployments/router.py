@@ -113,7 +113,9 @@ class _HandleLink:
 class Router:
     def __init__(self, cfg: PartyConfig, *shards: DeploymentHandle) -> None:
         self._cfg = cfg
-        epoch_log = EpochLog(cfg.epoch_log_dir) if cfg.epoch_log_dir else None
+        # the builder made the log and named it (epoch_log_id); a bare deployment makes it here
+        epoch_log = (EpochLog(cfg.epoch_log_dir, create=cfg.epoch_log_id is None,
+                              log_id=cfg.epoch_log_id) if cfg.epoch_log_dir else None)
         self._metrics = ServeMetrics()
         self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log, self._metrics)
         # Admin: the token is read once, here; it never reaches a log line or an error.
@@ -154,11 +156,13 @@ class Router:
     async def health(self) -> dict[str, Any]:
         return await self._party.health()
 
-    async def admin_updates(self, changes: Any) -> dict[str, Any]:
-        return await self._party.admin.updates(changes)
+    async def admin_updates(self, changes: Any, publication: str | None = None
+                            ) -> dict[str, Any]:
+        return await self._party.admin.updates(changes, publication)
 
-    async def admin_snapshot(self, requested: str) -> dict[str, Any]:
-        return await self._party.admin.snapshot(requested)
+    async def admin_snapshot(self, requested: str, publication: str | None = None
+                             ) -> dict[str, Any]:
+        return await self._party.admin.snapshot(requested, publication)
 
     async def admin_status(self) -> dict[str, Any]:
         return await self._party.admin.status()
@@ -189,16 +193,17 @@ class Router:
             return _json_response(await self._party.admin.status())
         content_type = request.headers.get("content-type")
         wire.request_encoding(content_type)  # 415 before reading
+        pub = admin_wire.publication_id(request.headers.get(admin_wire.PUBLICATION_HEADER))
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
             requested = admin_wire.parse_snapshot_request(body, content_type)
-            return _json_response(await self._party.admin.snapshot(requested))
+            return _json_response(await self._party.admin.snapshot(requested, pub))
         # pages are checked against the page count of the epoch they apply to, under the
         # admin lock (admin_updates): a cached layout may predate a rotation
         changes = admin_wire.parse_updates(
             body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates
         )
-        return _json_response(await self._party.admin.updates(changes))
+        return _json_response(await self._party.admin.updates(changes, pub))
 
     async def __call__(self, request: Request) -> Response:
         start = time.perf_counter()

@@ -44,7 +44,8 @@ class Shard:
         core.self_test()  # fail the constructor (not the first query) on a broken engine
         self._replica = ShardReplica.start(
             core,
-            EpochLog(cfg.epoch_log_dir) if cfg.epoch_log_dir else None,
+            (EpochLog(cfg.epoch_log_dir, create=False, log_id=cfg.epoch_log_id)
+             if cfg.epoch_log_dir else None),
             threads=cfg.shard_threads,
             catch_up_wait_s=cfg.catch_up_wait_s,
             retry_after_s=cfg.retry_after_s,

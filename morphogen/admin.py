@@ -2,10 +2,11 @@
 
 An epoch is published in two phases (see `morphogen.epoch`): every shard *prepares* it off to
 the side (page updates resolved, or its range of a new snapshot mapped and loaded) while the
-current epoch keeps serving; only when every shard has prepared does every shard *commit* (a
-reference swap). Any failure while preparing aborts the epoch on every shard and nothing
-changes. Between the first and the last commit the router sees partials of two epochs and
-retries (never mixes them), so to a client the switch is one step.
+current epoch keeps serving; only when every shard has prepared, and the commit is decided in
+the party's log (morphogen.publication), does every shard *commit* (a reference swap). Any
+failure while preparing aborts the epoch on every shard and nothing changes. Between the first
+and the last commit the router sees partials of two epochs and retries (never mixes them), so
+to a client the switch is one step.
 
 Epoch numbering: page updates publish `current + 1`; a rotation publishes
 `max(current + 1, manifest epoch)`, so a snapshot's own epoch id is kept when it is ahead and
@@ -184,32 +185,41 @@ async def _gather(calls: Sequence[ShardCall], timeout_s: float) -> list[Any]:
     return list(await asyncio.gather(*(one(c) for c in calls), return_exceptions=True))
 
 
-async def publish(
+async def prepare_all(
     epoch_id: int,
     prepare: Sequence[ShardCall],
-    commit: Sequence[ShardCall],
     abort: Sequence[ShardCall],
     *,
     timeout_s: float,
     retry_after: int = 1,
 ) -> list[Any]:
-    """Prepare `epoch_id` on every shard concurrently, then commit it on every shard; returns
-    the prepare results. Any prepare failure aborts on every shard and raises the first
-    failure as a WireError (nothing changed). A commit that keeps failing after every prepare
-    succeeded raises 500: the shards then disagree and queries answer 503 until a later
-    rotation (which publishes over any epoch) brings them together again."""
+    """Prepare `epoch_id` on every shard concurrently; returns the prepare results. Any
+    failure aborts on every shard and raises the first failure as a WireError (nothing
+    changed on any shard)."""
     results = await _gather(prepare, timeout_s)
     failed = [r for r in results if isinstance(r, BaseException)]
     if failed:
-        outcome = await _gather(abort, timeout_s)
-        for r in outcome:
-            if isinstance(r, BaseException):
-                log.warning("abort of epoch %d failed on a shard (%s); its staged version "
-                            "expires on its own", epoch_id, type(unwrap(r)).__name__)
+        await abort_all(epoch_id, abort, timeout_s=timeout_s)
         for r in failed:
             if isinstance(r, asyncio.CancelledError):
                 raise r
         raise as_wire_error(failed[0], retry_after)
+    return results
+
+
+async def abort_all(epoch_id: int, abort: Sequence[ShardCall], *, timeout_s: float) -> None:
+    """Drop a staged epoch everywhere, best effort (a replica that keeps it drops it on its
+    own: its log entry is decided, or the next publication replaces it)."""
+    for r in await _gather(abort, timeout_s):
+        if isinstance(r, BaseException):
+            log.warning("abort of epoch %d failed on a shard (%s)", epoch_id,
+                        type(unwrap(r)).__name__)
+
+
+async def commit_all(epoch_id: int, commit: Sequence[ShardCall], *, timeout_s: float) -> int:
+    """Commit `epoch_id` on every shard, retrying a few times; returns how many shards still
+    failed. Called once the commit is decided: a shard that failed reaches the epoch from the
+    decided log (a scan that wants it, or its health check), so this never undoes anything."""
     todo = list(range(len(commit)))
     last: BaseException | None = None
     for attempt in range(COMMIT_ATTEMPTS):
@@ -223,12 +233,9 @@ async def publish(
                 still.append(i)
         todo = still
         if not todo:
-            return results
+            return 0
     assert last is not None
-    log.error("epoch %d committed on %d of %d shards (%s)", epoch_id, len(commit) - len(todo),
-              len(commit), type(unwrap(last)).__name__)
-    raise WireError(
-        500, ErrorCode.INTERNAL,
-        f"epoch {epoch_id} was committed on {len(commit) - len(todo)} of {len(commit)} shards; "
-        "queries answer 503 until a snapshot rotation succeeds",
-    )
+    log.warning("epoch %d committed on %d of %d shards so far (%s); the others catch up from "
+                "the log", epoch_id, len(commit) - len(todo), len(commit),
+                type(unwrap(last)).__name__)
+    return len(todo)

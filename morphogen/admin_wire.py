@@ -3,6 +3,8 @@ decoded and checked before anything is staged. Same encodings and status codes a
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, ValidationError
 
@@ -15,6 +17,12 @@ from morphogen.wire import JSON, decode_body, request_encoding, validation_messa
 #   diff: exactly 4096 bytes XORed into the page; data: the page's new content (at most 4096
 #   bytes, zero-padded). msgpack: the same with raw bytes. Applied in order, as one epoch.
 # POST /admin/snapshot {"path": "relative/to/admin_snapshot_dir"}
+# Both take an `Idempotency-Key` header: the publication id. The admin sends one id to both
+# parties and re-sends it after any failure; a party answers a committed id with its first
+# outcome and applies nothing twice (docs/publication.md).
+
+PUBLICATION_HEADER = "idempotency-key"
+_PUBLICATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 
 
 class _HexChange(BaseModel):
@@ -92,6 +100,16 @@ def parse_updates(
         replace[i] = item.data is not None
         blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
     return ChangeBatch(pages, replace, bytes(blob))
+
+
+def publication_id(header: str | None) -> str | None:
+    """The publication id of an admin request (None: the router picks one)."""
+    if header is None:
+        return None
+    if not _PUBLICATION_ID.fullmatch(header):
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        "Idempotency-Key is 1..80 characters of A-Z a-z 0-9 _ . : -")
+    return header
 
 
 def parse_snapshot_request(body: bytes, content_type: str | None) -> str:

@@ -148,6 +148,12 @@ class PartyConfig(BaseModel):
         "shard node sees): published updates and rotations survive a shard restart; None: a "
         "restarted shard comes back at the configured snapshot",
     )
+    epoch_log_id: str | None = Field(
+        None, description="the log's id (its log.json), set by the application builder: a "
+        "replica whose epoch_log_dir holds another log, or none, refuses to start")
+    admin_lease_s: float = Field(
+        5.0, gt=0, le=300, description="a publisher renews its lease on the log this often x3; "
+        "a publication whose publisher died is aborted by the next one after this")
     catch_up_wait_s: float = Field(
         10.0, ge=0, description="a scan waits this long for its replica to catch up, then 503"
     )

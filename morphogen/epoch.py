@@ -171,14 +171,17 @@ class ShardState:
         *,
         base_epoch: int | None = None,
         op: str | None = None,
+        force: bool = False,
     ) -> int:
         """Stage `epoch_id` = current + these changes; returns how many touch this shard.
 
         `base_epoch`, when given, must be the current epoch: the caller computed the changes
         against it (a shard that restarted from an older snapshot must not take them).
+        `force`: replace whatever another operation staged (the party's log decides who
+        publishes, so a staged version of another operation is an orphan).
         """
         with self._lock:
-            base = self._check_next(epoch_id, op)
+            base = self._check_next(epoch_id, op, force)
             if base_epoch is not None and base.epoch_id != base_epoch:
                 raise EpochError(
                     f"updates were made for epoch {base_epoch}, this shard is at {base.epoch_id}"
@@ -228,10 +231,11 @@ class ShardState:
         stop_page: int,
         *,
         op: str | None = None,
+        force: bool = False,
     ) -> None:
         """Stage `epoch_id` = a new snapshot's range (loaded now, while the old one serves)."""
         with self._lock:
-            self._check_next(epoch_id, op)
+            self._check_next(epoch_id, op, force)
             # the slot is ours from here: drop any earlier staged version before loading, so
             # that no more than two copies of the shard exist at once
             self._replace_staged(None, None)
@@ -256,6 +260,12 @@ class ShardState:
             self._staged = None
             self._staged_op = None
             self._leases.retire(old.segments, keep=staged.segments)
+
+    @property
+    def staged(self) -> tuple[Version, str | None] | None:
+        """The staged version and the operation that staged it."""
+        staged = self._staged
+        return None if staged is None else (staged, self._staged_op)
 
     def abort(self, epoch_id: int, *, op: str | None = None) -> None:
         with self._lock:
@@ -289,13 +299,14 @@ class ShardState:
             return len(base.pending)
 
     # -- internals
-    def _check_next(self, epoch_id: int, op: str | None) -> Version:
+    def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
         cur = self.current
         if epoch_id <= cur.epoch_id:
             raise EpochError(f"epoch {epoch_id} is not after the current epoch {cur.epoch_id}")
         staged = self._staged
         if (
-            staged is not None
+            not force
+            and staged is not None
             and self._staged_op != op
             and time.monotonic() - self._staged_at < self._stale_s
         ):

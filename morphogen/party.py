@@ -119,7 +119,7 @@ class Party:
             max_items=cfg.coalesce_max_keys,
             max_in_flight=cfg.coalesce_max_in_flight,
         )
-        self.admin = Publisher(self)
+        self.admin = Publisher(self, lease_s=cfg.admin_lease_s)
 
     # ------------------------------------------------------------------ shards and layout
 
@@ -167,7 +167,8 @@ class Party:
     # ------------------------------------------------------------------ the wanted identity
 
     async def read_want(self) -> None:
-        """Want the epoch log's head (what was last published, by any router replica)."""
+        """Want the epoch log's committed head (what was last published, by any router
+        replica)."""
         self._want_read = True
         if self.epoch_log is None:
             return
@@ -311,6 +312,8 @@ class Party:
 
     async def consistent_infos(self) -> list[dict[str, Any]]:
         """Every shard's info, all on one identity (a few short tries across a commit)."""
+        if not self._want_read:
+            await self.read_want()
         backoff = self.cfg.retry_backoff_ms / 1000.0
         for attempt in range(_CONSISTENT_ATTEMPTS):
             if attempt:

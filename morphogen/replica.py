@@ -10,7 +10,13 @@ because the party's epoch log is the truth and every replica can catch up from i
   retries, and Serve may pick another replica);
 * a publication step names the identity it leads to (`target`): a replica already there (it
   replayed the entry, or caught up on demand) takes the step as done, and one that missed an
-  earlier publication catches up before it stages the next.
+  earlier publication catches up before it stages the next;
+* a commit comes only after the log decided it (morphogen.publication): a replica that has
+  not staged that very version (it missed the prepare, or a stale prepare replaced it)
+  reaches it from the log instead of failing;
+* the health check drops a staged version whose proposal is no longer undecided (its
+  publisher died), catches up to the log's committed head, and reports the replica unhealthy
+  when it cannot read the log or stays behind it (Serve replaces it).
 
 A replica ahead of what the router wants answers from what it has, under its own identity: the
 router combines only equal identities, so at worst it retries.
@@ -31,6 +37,7 @@ import numpy as np
 from morphogen.changes import ChangeBatch
 from morphogen.codec import ErrorCode, WireError, unavailable
 from morphogen.dpf import DomainError, KeyBatch
+from morphogen.epoch import EpochError
 from morphogen.epoch_log import EpochLog
 from morphogen.identity import EpochIdentity
 from morphogen.observe import NullObserver, Observer
@@ -43,6 +50,9 @@ T = TypeVar("T")
 
 # Consecutive failed scans after which the replica reports itself unhealthy (Serve replaces it).
 MAX_CONSECUTIVE_FAILURES = 3
+# The health check's look at the log waits at most this long for the admin thread (a
+# rotation's load may hold it): a busy replica is not an unhealthy one.
+_LOG_CHECK_WAIT_S = 2.0
 
 
 class ShardReplica:
@@ -59,6 +69,7 @@ class ShardReplica:
         fold_interval_s: float = 0.0,
         fold_threshold: int = 64,
         observer: Observer | None = None,
+        behind_unhealthy_s: float = 30.0,
     ) -> None:
         self.core = core
         self.log = epoch_log
@@ -80,6 +91,8 @@ class ShardReplica:
         self.folds = 0
         self.replayed = 0
         self._replay_s: float | None = None
+        self._behind_unhealthy_s = float(behind_unhealthy_s)
+        self._behind_since: float | None = None
 
     @classmethod
     def start(cls, core: ShardCore, epoch_log: EpochLog | None = None,
@@ -186,7 +199,8 @@ class ShardReplica:
             self._catch_up_now()  # missed an earlier publication: the log has it
             if self._there(target):
                 return 0
-        return self.core.prepare_updates(epoch_id, changes, base_epoch=base_epoch, op=op)
+        return self.core.prepare_updates(epoch_id, changes, base_epoch=base_epoch, op=op,
+                                         force=self.log is not None)
 
     async def prepare_updates(self, epoch_id: int, changes: ChangeBatch, base_epoch: int,
                               op: str, target: str | None = None) -> int:
@@ -200,7 +214,8 @@ class ShardReplica:
         if self._there(target):
             return {"first_page": self.core.first_page, "stop_page": self.core.stop_page}
         started = time.monotonic()
-        first, stop = self.core.prepare_snapshot(epoch_id, path, checksum=checksum, op=op)
+        first, stop = self.core.prepare_snapshot(epoch_id, path, checksum=checksum, op=op,
+                                                 force=self.log is not None)
         log.info("shard %d staged epoch %d: pages [%d, %d), %.2fs", self.core.index, epoch_id,
                  first, stop, time.monotonic() - started)
         return {"first_page": first, "stop_page": stop}
@@ -215,8 +230,18 @@ class ShardReplica:
     def _commit_now(self, epoch_id: int, op: str, target: str | None) -> int:
         if self._there(target):
             self.core.abort(epoch_id, op=op)  # nothing of ours is staged, or it is moot now
-        else:
+            return self.core.epoch_id
+        staged = self.core.state.staged
+        mine = staged is not None and staged[0].epoch_id == epoch_id and staged[1] == op and (
+            target is None or staged[0].identity.digest == target)
+        if mine or self.log is None:
             self.core.commit(epoch_id, op=op)
+        else:
+            # decided in the log before this call was sent: reach it from there
+            self._catch_up_now()
+            if not self._there(target):
+                raise EpochError(f"epoch {epoch_id} is neither staged here nor committed in "
+                                 "the epoch log")
         return self.core.epoch_id
 
     async def commit(self, epoch_id: int, op: str, target: str | None = None) -> int:
@@ -247,7 +272,8 @@ class ShardReplica:
         self._replay_s = None
 
     async def check_health(self) -> None:
-        """Raise unless the epoch is known and the engine still computes a known answer."""
+        """Raise unless the epoch is known, the engine still computes a known answer and
+        (with a log) the log is readable and this replica not stuck behind it."""
         self._start_folder()
         if self.core.epoch_id is None:
             raise RuntimeError("shard not loaded")
@@ -255,7 +281,41 @@ class ShardReplica:
             raise RuntimeError(f"{self.failures} consecutive scans failed")
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._probe_pool, self.core.self_test)
+        if self.log is not None:
+            check = asyncio.ensure_future(self._admin(self._check_log_now))
+            try:
+                await asyncio.wait_for(asyncio.shield(check), _LOG_CHECK_WAIT_S)
+            except TimeoutError:
+                pass  # a long prepare holds the admin thread; the next check looks again
         self.report()
+
+    def _check_log_now(self) -> None:
+        assert self.log is not None
+        state = self.log.state()  # unreadable: unhealthy, Serve replaces this replica
+        staged = self.core.state.staged
+        pending = state.pending
+        if staged is not None and (pending is None or pending.pub != staged[1]
+                                   or pending.epoch_id != staged[0].epoch_id):
+            # its proposal was decided (or never logged): an orphan of a dead publisher
+            log.info("shard %d: dropping staged epoch %d (its publication is decided)",
+                     self.core.index, staged[0].epoch_id)
+            self.core.abort(staged[0].epoch_id, op=staged[1])
+        head = state.head
+        if head is None or self.core.epoch_id >= head.epoch_id:
+            self._behind_since = None
+            return
+        with contextlib.suppress(Exception):
+            self._catch_up_now()
+        if self.core.epoch_id >= head.epoch_id:
+            self._behind_since = None
+            return
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+        if now - self._behind_since > self._behind_unhealthy_s:
+            raise RuntimeError(
+                f"replica at epoch {self.core.epoch_id} has been behind the epoch log's "
+                f"committed epoch {head.epoch_id} for {now - self._behind_since:.0f}s")
 
     # ------------------------------------------------------------------ background fold
 

@@ -131,8 +131,10 @@ class ShardCore:
         *,
         base_epoch: int | None = None,
         op: str | None = None,
+        force: bool = False,
     ) -> int:
-        return self.state.prepare_updates(epoch_id, changes, base_epoch=base_epoch, op=op)
+        return self.state.prepare_updates(epoch_id, changes, base_epoch=base_epoch, op=op,
+                                          force=force)
 
     def prepare_snapshot(
         self,
@@ -142,6 +144,7 @@ class ShardCore:
         checksum: str | None = None,
         verify: bool = False,
         op: str | None = None,
+        force: bool = False,
     ) -> tuple[int, int]:
         """Map the snapshot at `path`, stage this shard's range of it as `epoch_id`; returns the
         range. `checksum`, when given, must be the manifest's (what the caller verified)."""
@@ -156,7 +159,7 @@ class ShardCore:
                 first, stop = shard_ranges(snapshot.num_pages, self.num_shards)[self.index]
             except ValueError as exc:
                 raise SnapshotError(str(exc)) from None
-            self.state.prepare_snapshot(epoch_id, snapshot, first, stop, op=op)
+            self.state.prepare_snapshot(epoch_id, snapshot, first, stop, op=op, force=force)
         except BaseException:
             snapshot.close()
             raise
@@ -173,8 +176,10 @@ class ShardCore:
 
     # -- the party's epoch log (morphogen.epoch_log)
     def catch_up(self, epoch_log: EpochLog) -> int:
-        """Apply the log's entries this shard lacks, in order, checking after each one that
-        this shard derived the identity the log recorded; returns how many were applied.
+        """Apply the log's committed entries this shard lacks, in order, checking after each
+        one that this shard derived the identity the log recorded; returns how many were
+        applied. Undecided and aborted entries are never applied; whatever is staged is
+        replaced (the log decides, a staged version is at most an orphan).
 
         A shard that starts from the configured snapshot replays the log to its head before
         it serves, so it comes back at the party's epoch, not the configuration's. Raises
@@ -187,10 +192,12 @@ class ShardCore:
         for entry in entries[start:]:
             if entry.kind == "rotation":
                 assert entry.path is not None
-                self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op)
+                self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
+                                      force=True)
             else:
                 batch = epoch_log.load_batch(entry)
-                self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op)
+                self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
+                                     force=True)
             self.commit(entry.epoch_id, op=op)
             if self.identity.digest != entry.identity:
                 raise EpochLogError(

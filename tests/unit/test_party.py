@@ -17,7 +17,7 @@ from morphogen import dpf
 from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.codec import ErrorCode, WireError
 from morphogen.config import PartyConfig
-from morphogen.epoch_log import EpochLog, EpochLogError
+from morphogen.epoch_log import EpochLog, EpochLogError, updates_entry
 from morphogen.party import Party
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
@@ -203,7 +203,7 @@ def test_restarted_shards_replay_50_updates_and_a_rotation(world):
     assert [e.kind for e in EpochLog(log_dir).live()] == ["rotation"] + ["updates"] * 19
 
 
-def test_a_failed_publication_is_cancelled_in_the_log(world):
+def test_a_failed_publication_is_aborted_in_the_log(world):
     root, snaps = world
     party, links = _party(snaps, root / "log")
     bad = ChangeBatch.from_changes([PageUpdate(NUM_PAGES + 5, bytes(4096))])
@@ -211,31 +211,45 @@ def test_a_failed_publication_is_cancelled_in_the_log(world):
         asyncio.run(party.admin.updates(bad))
     assert err.value.status == 400
     assert EpochLog(root / "log").entries() == []  # refused before the log
-    # a prepare that fails on a shard: aborted everywhere and in the log
-    links[1].core.prepare_updates(2, ChangeBatch.from_changes([]), op="another router")
+
+    async def broken(*args):
+        raise RuntimeError("disk gone")
+
+    # a prepare that fails on a shard: aborted everywhere and decided aborted in the log
+    links[1].prepare_updates = broken
     with pytest.raises(WireError) as err:
         asyncio.run(party.admin.updates(_random_batch(np.random.default_rng(1), 2, NUM_PAGES)))
-    assert err.value.status == 409
+    assert err.value.status == 503
     assert EpochLog(root / "log").live() == []
     assert [e.kind for e in EpochLog(root / "log").entries()] == ["updates", "abort"]
-    assert links[0].core.epoch_id == 1
+    assert links[0].core.epoch_id == 1 and links[0].core.state.staged is None
 
 
-def test_shards_behind_the_log_are_caught_up_before_the_next_publication(world):
-    """A router that died between the log append and the commit."""
+def _commit_in_log(epoch_log: EpochLog, base, batch: ChangeBatch, pub: str = "committed"):
+    """A publication decided committed in the log that no shard has seen (its router died
+    right after the decision)."""
+    target = base.after_updates(base.epoch_id + 1, batch.digest)
+    epoch_log.append_committed(pub, lambda head, seq: (updates_entry(
+        target.epoch_id, base.epoch_id, batch, target, seq), batch))
+    return target
+
+
+def test_a_publication_committed_in_the_log_is_served_though_no_shard_got_it(world):
     root, snaps = world
     party, links = _party(snaps, root / "log")
     rng = np.random.default_rng(2)
     first = _random_batch(rng, 2, NUM_PAGES)
-    base = links[0].core.identity
-    EpochLog(root / "log").append_updates(2, 1, first, base.after_updates(2, first.digest))
+    target = _commit_in_log(EpochLog(root / "log"), links[0].core.identity, first)
+    model = _apply(synthetic_pages(3, 0, NUM_PAGES), first)
+    answer, pages = _ask(party, model, [int(p) for p in first.pages])
+    assert answer["identity"] == target.digest
+    assert pages == [model[int(p)].tobytes() for p in first.pages]
     second = _random_batch(rng, 2, NUM_PAGES)
     out = asyncio.run(party.admin.updates(second))
     assert out["epoch_id"] == 3
-    model = _apply(_apply(synthetic_pages(3, 0, NUM_PAGES), first), second)
-    _, pages = _ask(party, model, [int(p) for p in first.pages] + [int(second.pages[0])])
-    assert pages == [model[int(p)].tobytes() for p in first.pages] + [
-        model[int(second.pages[0])].tobytes()]
+    model = _apply(model, second)
+    _, pages = _ask(party, model, [int(p) for p in second.pages])
+    assert pages == [model[int(p)].tobytes() for p in second.pages]
 
 
 def test_a_log_of_other_data_or_a_corrupt_log_refuses_the_start(world):
@@ -316,14 +330,13 @@ def test_replicas_a_publication_missed_catch_up_when_a_scan_wants_more(world):
 
 
 def test_a_replica_started_after_the_append_takes_the_publication_as_done(world):
-    """The log entry is written before the broadcast: a replica that started in between has
+    """The decision is written before the commit: a replica that started in between has
     replayed it, so its prepare and commit must be no-ops, not a conflict."""
     root, snaps = world
     epoch_log = EpochLog(root / "log")
     old = _start_replica(snaps / "base", 0, epoch_log)
     batch = _random_batch(np.random.default_rng(4), 3, NUM_PAGES)
-    target = old.core.identity.after_updates(2, batch.digest)
-    epoch_log.append_updates(2, 1, batch, target)
+    target = _commit_in_log(epoch_log, old.core.identity, batch, "op-1")
     new = _start_replica(snaps / "base", 0, epoch_log)
     assert new.core.identity == target and new.replayed == 1
 
