@@ -38,7 +38,7 @@ from morphogen.changes import ChangeBatch
 from morphogen.codec import ErrorCode, WireError, unavailable
 from morphogen.dpf import DomainError, KeyBatch
 from morphogen.epoch import EpochError
-from morphogen.epoch_log import EpochLog
+from morphogen.epoch_log import EpochLog, now_ms
 from morphogen.identity import EpochIdentity
 from morphogen.observe import NullObserver, Observer
 from morphogen.redact import reason
@@ -295,10 +295,12 @@ class ShardReplica:
         staged = self.core.state.staged
         pending = state.pending
         if staged is not None and (pending is None or pending.pub != staged[1]
-                                   or pending.epoch_id != staged[0].epoch_id):
-            # its proposal was decided (or never logged): an orphan of a dead publisher
-            log.info("shard %d: dropping staged epoch %d (its publication is decided)",
-                     self.core.index, staged[0].epoch_id)
+                                   or pending.epoch_id != staged[0].epoch_id
+                                   or state.lease_left_s(now_ms()) <= 0):
+            # decided, never logged, or its publisher stopped renewing: an orphan. Should the
+            # publisher still commit, this replica reaches the epoch from the log instead.
+            log.info("shard %d: dropping staged epoch %d (its publication is decided or its "
+                     "publisher gone)", self.core.index, staged[0].epoch_id)
             self.core.abort(staged[0].epoch_id, op=staged[1])
         head = state.head
         if head is None or self.core.epoch_id >= head.epoch_id:
