@@ -9,6 +9,7 @@ coalescing, combining under one epoch identity, `/epoch` and admin publication a
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -169,7 +170,7 @@ class Router:
 
     async def stats(self) -> dict[str, Any]:
         """Coalescing counters of this replica (benchmarks and tests)."""
-        return self._party.stats()
+        return {**self._party.stats(), "pid": os.getpid()}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metric (morphogen.autoscaling.router_policy)."""

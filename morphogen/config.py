@@ -154,6 +154,10 @@ class PartyConfig(BaseModel):
     admin_lease_s: float = Field(
         5.0, gt=0, le=300, description="a publisher renews its lease on the log this often x3; "
         "a publication whose publisher died is aborted by the next one after this")
+    admin_failpoint_file: str | None = Field(
+        None, description="testing only: a file naming a publication step (proposed, "
+        "prepared, decided) at which the next publisher stops for good (morphogen.publication."
+        "FileFailpoint)")
     catch_up_wait_s: float = Field(
         10.0, ge=0, description="a scan waits this long for its replica to catch up, then 503"
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -54,6 +55,32 @@ log = logging.getLogger(__name__)
 
 # Fault injection for the crash tests: awaited at each step boundary with the step's name.
 Pause = Callable[[str], Awaitable[None]]
+
+
+class FileFailpoint:
+    """A one-shot failpoint armed by a file (the crash tests on a real Serve): when `path`
+    holds a step name, the publisher that reaches that step deletes the file, writes its pid
+    to `path + ".fired"` and stops there for good, as a router killed at that step would."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def __call__(self, step: str) -> None:
+        try:
+            with open(self.path) as fh:
+                armed = fh.read().strip()
+        except OSError:
+            return
+        if armed != step:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return  # another publisher took it
+        with open(self.path + ".fired", "w") as fh:
+            fh.write(str(os.getpid()))
+        log.warning("failpoint: publisher stopped at step %s", step)
+        await asyncio.Event().wait()
 
 
 def identity_of(info: dict[str, Any]) -> EpochIdentity:
@@ -92,7 +119,8 @@ class Publisher:
         self.log: EpochLog = party.epoch_log or EpochLog.in_memory()
         self.lease_s = float(lease_s)
         self.rotating = False
-        self.pause: Pause | None = None
+        self.pause: Pause | None = (FileFailpoint(party.cfg.admin_failpoint_file)
+                                    if party.cfg.admin_failpoint_file else None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewers: set[asyncio.Task[None]] = set()
         self._halted = False

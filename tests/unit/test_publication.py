@@ -282,3 +282,23 @@ def test_a_replica_stuck_behind_the_log_reports_unhealthy(world):
     time.sleep(0.01)
     with pytest.raises(RuntimeError, match="behind the epoch log"):
         asyncio.run(replica.check_health())
+
+
+def test_a_committed_rotation_compacts_the_log_and_ids_stay_answered(world):
+    root, snaps = world
+    party, links = make_party(snaps, root / "log")
+    rng = np.random.default_rng(10)
+    batches = [random_batch(rng, 2, NUM_PAGES) for _ in range(5)]
+    for i, batch in enumerate(batches):
+        asyncio.run(party.admin.updates(batch, f"pub-{i}"))
+    before = len(EpochLog(root / "log").entries())
+    rot = asyncio.run(party.admin.snapshot("next", "pub-rot"))
+    entries = EpochLog(root / "log").entries()
+    assert before == 10 and [e.kind for e in entries] == ["history", "rotation", "commit"]
+    assert {p[0] for p in entries[0].pubs} == {f"pub-{i}" for i in range(5)}
+    assert not list((root / "log").glob("updates-*.bin"))  # replay reads the rotation only
+    again = asyncio.run(party.admin.updates(batches[1], "pub-1"))
+    assert again["duplicate"] and again["epoch_id"] == 3
+    assert served(links) == {rot["identity"]}
+    # a replica started now replays one entry
+    assert start_replica(snaps / "base", 1, EpochLog(root / "log")).replayed == 1

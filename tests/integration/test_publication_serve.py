@@ -1,0 +1,135 @@
+"""Publication through a real Serve when a router replica is SIGKILLed mid-publication.
+
+Party A runs two router replicas over a shared epoch log; a one-shot failpoint stops the router
+that serves the publication at a chosen step, and the test SIGKILLs that process there:
+* after the log append (case 3b): the admin re-sends the same publication id, which is applied
+  once on A, and B gets it too: both parties end on one identity;
+* after every prepare (case 5): reads go on at once, and the next update and a rotation go
+  through within the bound, not after a stale-stage timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from morphogen.admin_client import AdminClient
+from morphogen.client import PirClient, PirError
+from morphogen.snapshot.synthetic import synthetic_pages
+
+from .conftest import apply_changes, deploy, random_changes, rotation_snapshots, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+TOKEN = "publication-test-admin-token-0123456789abcdef"
+PAGES = 160
+BOUND_S = 15.0
+
+
+def _resend(adm: AdminClient, send, timeout_s: float = 60.0) -> tuple[dict, float]:
+    """What the admin does after an error: send the same publication again until it is
+    answered (a killed replica's in-flight requests fail until Serve routes around it)."""
+    started = time.monotonic()
+    while True:
+        try:
+            return send(adm), time.monotonic() - started
+        except (PirError, OSError) as exc:
+            if time.monotonic() - started > timeout_s:
+                raise AssertionError(f"publication not answered in {timeout_s}s: {exc}") from exc
+            time.sleep(0.2)
+
+
+def _kill_at(adm: AdminClient, failpoint: Path, step: str, send) -> threading.Thread:
+    """Arm the failpoint, send the publication from a thread, SIGKILL the router replica that
+    stopped at `step`; returns the thread (its request fails)."""
+    failpoint.write_text(step)
+    fired = Path(str(failpoint) + ".fired")
+
+    def doomed() -> None:
+        try:
+            send(adm)
+        except Exception:  # noqa: BLE001 - its router is killed under it
+            pass
+
+    thread = threading.Thread(target=doomed, daemon=True)
+    thread.start()
+    assert wait_until(fired.exists, 60, 0.05), "no router reached the failpoint"
+    time.sleep(0.1)  # the pid is written whole
+    os.kill(int(fired.read_text()), signal.SIGKILL)
+    fired.unlink()
+    return thread
+
+
+def _read_until_ok(url_a: str, url_b: str, model, pages: list[int]) -> float:
+    started = time.monotonic()
+    with PirClient(url_a, url_b, timeout_s=20) as client:
+        while True:
+            try:
+                got = client.get(pages)
+                assert got == [model[p].tobytes() for p in pages]
+                return time.monotonic() - started
+            except PirError:
+                assert time.monotonic() - started < BOUND_S, "reads not served again"
+                time.sleep(0.1)
+
+
+def test_a_router_killed_mid_publication_loses_nothing_and_blocks_nothing(
+        parties, tmp_path: Path) -> None:
+    from ray import serve
+
+    snaps, token = rotation_snapshots(tmp_path, PAGES, 120, seed=31, token=TOKEN)
+    failpoint = tmp_path / "failpoint"
+    for name in ("pa", "pb"):
+        deploy(parties, name, snapshot=str(snaps / "base"), num_shards=2,
+               router_replicas=2 if name == "pa" else 1, admin_token_file=str(token),
+               admin_snapshot_dir=str(snaps), epoch_log_dir=str(tmp_path / f"log-{name}"),
+               admin_failpoint_file=str(failpoint) if name == "pa" else None,
+               admin_lease_s=1.0, retry_backoff_ms=30.0, scan_attempts=5)
+    url_a, url_b = parties.app_url("pa"), parties.app_url("pb")
+    rng = random.Random(3)
+    model = synthetic_pages(31, 0, PAGES)
+    with AdminClient(url_a, TOKEN, timeout_s=30) as adm_a, \
+            AdminClient(url_b, TOKEN, timeout_s=30) as adm_b:
+        # case 3b: killed right after the log append; the admin re-sends
+        x = random_changes(rng, PAGES)
+        _kill_at(adm_a, failpoint, "proposed", lambda c: c.updates(x, "pub-x"))
+        out_a, took = _resend(adm_a, lambda c: c.updates(x, "pub-x"))
+        out_b, _ = _resend(adm_b, lambda c: c.updates(x, "pub-x"))
+        assert out_a["identity"] == out_b["identity"] and out_a["epoch_id"] == 2
+        assert took < BOUND_S
+        again, _ = _resend(adm_a, lambda c: c.updates(x, "pub-x"))
+        assert again["duplicate"] and again["identity"] == out_a["identity"]
+        model = apply_changes(model, x)
+        touched = sorted({p for p, _, _ in x})
+        _read_until_ok(url_a, url_b, model, touched)
+
+        # case 5: killed after every prepare: reads at once, the next publications in bound
+        y = random_changes(rng, PAGES)
+        _kill_at(adm_a, failpoint, "prepared", lambda c: c.updates(y, "pub-y"))
+        killed = time.monotonic()
+        read_s = _read_until_ok(url_a, url_b, model, [0, 77, 159])
+        z = random_changes(rng, PAGES)
+        out_z, _ = _resend(adm_a, lambda c: c.updates(z, "pub-z"))
+        publish_s = time.monotonic() - killed
+        _resend(adm_b, lambda c: c.updates(z, "pub-z"))
+        model = apply_changes(model, z)
+        rot, _ = _resend(adm_a, lambda c: c.snapshot("next", "pub-rot"))
+        _resend(adm_b, lambda c: c.snapshot("next", "pub-rot"))
+        assert rot["epoch_id"] == out_z["epoch_id"] + 1
+        model = synthetic_pages(32, 0, 120)
+        _read_until_ok(url_a, url_b, model, [0, 60, 119])
+        status = adm_a.status()
+    print(f"case 3b: re-send answered in {took:.2f}s; case 5: reads back in {read_s:.2f}s, "
+          f"next publication {publish_s:.2f}s after the kill")
+    assert read_s < BOUND_S and publish_s < BOUND_S
+    assert status["epoch_log_pending"] is None
+    assert [p for p in status["recent_publications"]] == ["pub-x", "pub-z", "pub-rot"][-len(
+        status["recent_publications"]):]
+    serve.delete("pa")
+    serve.delete("pb")
