@@ -353,7 +353,7 @@ class Publisher:
         finally:
             self.rotating = False
         if not isinstance(done, Published):
-            self._compact_soon()
+            await self._compact()
         log.info("rotated to epoch %d (%d pages) in %.2fs", done.epoch_id, manifest.num_pages,
                  time.monotonic() - started)
         out = {
@@ -373,19 +373,15 @@ class Publisher:
             out["replicas_catching_up"] = behind
         return out
 
-    def _compact_soon(self) -> None:
-        """A committed rotation makes every earlier entry dead weight for replay: drop it."""
-        async def compact() -> None:
-            try:
-                dropped = await asyncio.to_thread(self.log.compact)
-                if dropped:
-                    log.info("epoch log compacted: %d records dropped", dropped)
-            except Exception as exc:  # noqa: BLE001 - the next rotation tries again
-                log.warning("epoch log compaction failed (%s)", reason(exc))
-
-        task = asyncio.get_running_loop().create_task(compact())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _compact(self) -> None:
+        """A committed rotation makes every earlier entry dead weight for replay: drop it
+        (inline: a rewrite of a small file, next to a rotation's load)."""
+        try:
+            dropped = await asyncio.to_thread(self.log.compact)
+            if dropped:
+                log.info("epoch log compacted: %d records dropped", dropped)
+        except Exception as exc:  # noqa: BLE001 - the next rotation tries again
+            log.warning("epoch log compaction failed (%s)", reason(exc))
 
     async def status(self) -> dict[str, Any]:
         by_shard = await self.replica_infos()
