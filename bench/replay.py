@@ -22,6 +22,7 @@ Results: bench/results/replay.csv / replay_serve.csv (one row per configuration)
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import tempfile
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
 from morphogen import dpf, engine  # noqa: E402
 from morphogen.changes import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
-from morphogen.epoch_log import EpochLog  # noqa: E402
+from morphogen.epoch_log import EpochLog, rotation_entry, updates_entry  # noqa: E402
 from morphogen.shard import ShardCore  # noqa: E402
 from morphogen.snapshot.reader import Snapshot  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
@@ -53,6 +54,10 @@ def _batches(rng: np.random.Generator, count: int, num_pages: int) -> list[Chang
                 changes.append(PageWrite(page, rng.integers(0, 256, 512, np.uint8).tobytes()))
         out.append(ChangeBatch.from_changes(changes))
     return out
+
+
+def _updates(epoch: int, batch, ident, head, seq: int):
+    return updates_entry(epoch, epoch - 1, batch, ident, seq), batch
 
 
 def _start(snap_dir: Path, engine: str, epoch_log: EpochLog | None) -> tuple[ShardCore, float]:
@@ -89,13 +94,15 @@ def main() -> int:
         core.close()
         next_snap = Snapshot.open(root / "next")
         ident = type(ident).of_snapshot(2, next_snap.manifest.checksum or "")
-        epoch_log.append_rotation(2, str(root / "next"), next_snap.manifest.checksum or "",
-                                  ident)
+        rot = ident
+        epoch_log.append_committed("rotation", lambda head, seq: (rotation_entry(
+            2, str(root / "next"), next_snap.manifest.checksum or "", rot, seq), None))
         model = synthetic_pages(2, 0, args.pages)
         for i, batch in enumerate(_batches(rng, args.updates, args.pages)):
             epoch = 3 + i
             ident = ident.after_updates(epoch, batch.digest)
-            epoch_log.append_updates(epoch, epoch - 1, batch, ident)
+            epoch_log.append_committed(f"updates-{epoch}", functools.partial(
+                _updates, epoch, batch, ident))
             for j, page in enumerate(batch.pages.tolist()):
                 data = np.frombuffer(batch.data[j * 4096:(j + 1) * 4096], np.uint8)
                 model[page] = data if batch.replace[j] else model[page] ^ data
