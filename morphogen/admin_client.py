@@ -174,13 +174,14 @@ def compare_parties(names: Sequence[str], statuses: Sequence[dict]) -> str | Non
     recent = [list(s.get("recent_publications") or []) for s in statuses]
     for n, mine in zip(names, recent, strict=True):
         for other in recent:
-            if mine and other is not mine and mine[-1] in other:
-                missing = other[other.index(mine[-1]) + 1 :]
-                if missing:
-                    lines.append(f"{n} lacks publication(s) {', '.join(missing)}: re-run the "
-                                 "command(s) that published them with every --server (safe: "
-                                 "a party that has one answers it as done)")
-                    break
+            if other is mine or (mine and mine[-1] not in other):
+                continue
+            missing = other[other.index(mine[-1]) + 1 :] if mine else other
+            if missing:
+                lines.append(f"{n} lacks publication(s) {', '.join(missing)}: re-run the "
+                             "command(s) that published them with every --server (safe: a "
+                             "party that has one answers it as done)")
+                break
     lines.append("or bring both to one snapshot: morphogen admin " + " ".join(
         f"--server {n}" for n in names) + " snapshot PATH")
     return "\n".join(lines)
