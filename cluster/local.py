@@ -24,6 +24,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something listens on `host:port`. SO_REUSEADDR as servers set it: connections
+    of a stopped server still in TIME_WAIT do not count."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 @dataclass
 class LocalCluster:
     host: str
@@ -78,18 +90,27 @@ def start(
     disable_auth: bool = False,
     fast_ingress: bool | None = None,
     quiet: bool = True,
+    metrics_port: int | None = None,
 ) -> LocalCluster:
     """Start (or connect to, with `address`) Ray and start Serve's HTTP proxy.
 
     `disable_auth` sets RAY_AUTH_MODE=disabled for a throwaway local cluster (the demo, the
     benchmarks): otherwise a fresh `ray.init` writes a token under the home folder and switches
-    token authentication on. An explicit RAY_AUTH_MODE in the environment always wins.
+    token authentication on. An explicit RAY_AUTH_MODE in the environment always wins. Joining
+    with `address`, token mode is used where a token is available (`ray_access.join_auth`).
+
+    Joining a cluster whose Serve already runs keeps Serve's HTTP host and port (they are the
+    cluster's, shared by every application); the returned cluster reports those.
 
     `fast_ingress` (default: on unless MORPHOGEN_FAST_INGRESS=0) applies `fast_ingress_env` to a
     cluster started here; variables already set in the environment win.
     """
+    from cluster import ray_access
+
     if disable_auth:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if address is not None:
+        ray_access.join_auth()
     if fast_ingress is None:
         fast_ingress = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"
     if fast_ingress and address is None:
@@ -109,16 +130,71 @@ def start(
         if address is not None:
             ray.init(address=address, **kwargs)
         else:
+            if metrics_port is not None:
+                kwargs["_metrics_export_port"] = metrics_port
             ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir,
                      include_dashboard=False, **kwargs)
     if quiet:
         quiet_ray_logs()  # ray.init reconfigures its loggers
+    logging_config = {"enable_access_log": False, "log_level": "WARNING" if quiet else "INFO"}
+    running = serve_details()
+    if running is not None:
+        # Serve ignores (with a warning) HTTP options that differ from its own
+        serve.start(logging_config=logging_config)
+        http = running.get("http_options") or {}
+        return LocalCluster(http.get("host") or "127.0.0.1", int(http.get("port") or 8000), owns)
     port = free_port(host if host != "0.0.0.0" else "127.0.0.1") if port in (None, 0) else port
-    serve.start(
-        http_options={"host": host, "port": port},
-        logging_config={"enable_access_log": False, "log_level": "WARNING" if quiet else "INFO"},
-    )
+    serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
     return LocalCluster(host, port, owns)
+
+
+def serve_details() -> dict[str, Any] | None:
+    """The running Serve instance's details (its HTTP options, every application with its
+    route prefix), None when Serve does not run on the connected cluster. Serve's controller
+    client is the only place that has them: no public call returns the HTTP options."""
+    from ray.serve.context import _get_global_client
+
+    client = _get_global_client(raise_if_no_controller_running=False)
+    if client is None:
+        return None
+    return dict(client.get_serve_details())
+
+
+def app_routes() -> dict[str, str | None]:
+    """Every application on the cluster's Serve, with its route prefix."""
+    details = serve_details() or {}
+    return {name: app.get("route_prefix")
+            for name, app in (details.get("applications") or {}).items()}
+
+
+def head_alive() -> bool:
+    """Whether every Ray head process this process started (GCS, raylet, monitors) still
+    runs; True when it started none (a joined cluster: nothing to watch). A signal to the
+    whole process group ends the monitors at once, while the GCS and the raylet take ten
+    seconds to go and answer nothing meanwhile: any one gone means the cluster is going."""
+    import ray._private.worker as worker
+
+    node = worker._global_node
+    if node is None or not getattr(node, "head", False):
+        return True
+    for infos in node.all_processes.values():
+        for info in infos:
+            if info.process is not None and info.process.poll() is not None:
+                return False
+    return True
+
+
+def delete_apps(names: list[str]) -> None:
+    """Delete these applications (their replicas drain, bounded by each deployment's graceful
+    shutdown timeout) and wait until they are gone."""
+    import time
+
+    from ray import serve
+
+    for name in names:
+        serve.delete(name, _blocking=False)
+    while set(names) & set(serve.status().applications):
+        time.sleep(0.1)
 
 
 def stop(cluster: LocalCluster) -> None:

@@ -2,7 +2,9 @@
 
 One application is one party: a router (the ingress) bound to one deployment per shard
 (`shard_0` ... `shard_{n-1}`). The configuration is validated once here; a synthetic snapshot is
-built (once, cached) before any replica starts so that replicas only map it.
+built (once, cached) before any replica starts so that replicas only map it. Applications are
+named after their route (`deployments.naming`); `build_index_app` answers the paths between
+them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import ray
 from ray.serve import Application
 
+from deployments.index import Index
 from deployments.router import Router
 from deployments.shard import Shard
 from morphogen.config import (
@@ -97,3 +100,9 @@ def build_app(args: PartyConfig) -> Application:
         max_queued_requests=cfg.router_max_queued_requests,
         **common,
     ).bind(cfg, *shards)
+
+
+def build_index_app(routes: dict[str, str]) -> Application:
+    """The application (deployed as `deployments.naming.INDEX_APP_NAME`, at `/`) answering
+    JSON 404s for the paths no party of `routes` ({name: route prefix}) serves."""
+    return Index.bind(dict(routes))

@@ -93,13 +93,32 @@ def _answer(resp: httpx.Response, num_queries: int) -> Answer:
     return decode_answer(resp.content, resp.headers.get("content-type"), num_queries)
 
 
+def check_server_url(url: str) -> str:
+    """`url` as a base URL, or ValueError naming it: a URL without its scheme or host is a
+    setting to fix, not a failure to retry."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise ValueError(f"server URL {url!r} is not a URL ({exc})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"server URL {url!r} needs http:// or https:// and a host, "
+                         "e.g. http://127.0.0.1:8000/a")
+    return url.rstrip("/")
+
+
+def _unreachable(client: httpx.Client | httpx.AsyncClient, exc: httpx.TransportError) -> Transient:
+    return Transient(f"cannot reach {client.base_url} ({type(exc).__name__})")
+
+
 def _http_pair(cls: Any, urls: tuple[str, str], encoding: str, timeout_s: float,
                connect_timeout_s: float, transport: Any) -> list[Any]:
-    """The HTTP clients' shared settings check (a known body encoding) and their two sessions."""
+    """The HTTP clients' shared settings check (a known body encoding, URLs with a scheme and
+    a host) and their two sessions."""
     if encoding not in ("json", "msgpack"):
         raise ValueError("encoding is 'json' or 'msgpack'")
     timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-    return [cls(base_url=u.rstrip("/"), timeout=timeout, transport=transport) for u in urls]
+    return [cls(base_url=check_server_url(u), timeout=timeout, transport=transport)
+            for u in urls]
 
 
 class _Base:
@@ -196,14 +215,14 @@ class PirClient(_Blocking):
         try:
             return _epoch_doc(client.get(EPOCH_PATH))
         except httpx.TransportError as exc:
-            raise Transient(type(exc).__name__) from None
+            raise _unreachable(client, exc) from None
 
     def _post(self, client: httpx.Client, queries: list[list[bytes]]) -> Answer:
         path, body, headers = encode_request(queries, self.encoding)
         try:
             return _answer(client.post(path, content=body, headers=headers), len(queries))
         except httpx.TransportError as exc:
-            raise Transient(type(exc).__name__) from None
+            raise _unreachable(client, exc) from None
 
     def _perform(self, action: Action) -> Any:
         if isinstance(action, Sleep):
@@ -248,14 +267,14 @@ class AsyncPirClient(_Base):
         try:
             return _epoch_doc(await client.get(EPOCH_PATH))
         except httpx.TransportError as exc:
-            raise Transient(type(exc).__name__) from None
+            raise _unreachable(client, exc) from None
 
     async def _post(self, client: httpx.AsyncClient, queries: list[list[bytes]]) -> Answer:
         path, body, headers = encode_request(queries, self.encoding)
         try:
             resp = await client.post(path, content=body, headers=headers)
         except httpx.TransportError as exc:
-            raise Transient(type(exc).__name__) from None
+            raise _unreachable(client, exc) from None
         return _answer(resp, len(queries))
 
     async def _perform(self, action: Action) -> Any:

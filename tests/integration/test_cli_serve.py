@@ -15,6 +15,7 @@ import pytest
 from cluster.local import free_port
 
 from . import spec_client
+from .cli_process import SERVE_TEST_CONFIG, cli_env, remove, short_tmp
 from .conftest import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
@@ -37,11 +38,12 @@ def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
     page = [padded[i * 4096 : (i + 1) * 4096] for i in range(71)]
 
     port = free_port()
-    env = dict(os.environ, MORPHOGEN_CACHE_DIR=str(tmp_path / "cache"), RAY_AUTH_MODE="disabled")
-    env.pop("RAY_ADDRESS", None)
+    ray_tmp = short_tmp()
+    env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp)
+    # a raw file ending inside a page is served only when asked (--pad-last-page)
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--matrix", str(raw), "--shards", "2",
            "--port", str(port), "--host", "127.0.0.1", "--num-cpus", "2", "--engine", "cpu",
-           "--config", str(Path(__file__).parent / "serve_test.yaml")]
+           "--config", SERVE_TEST_CONFIG, "--pad-last-page"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -62,6 +64,8 @@ def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
             pytest.fail("serve did not stop within 90 s of SIGTERM:\n" + out[-3000:])
+        finally:
+            remove(ray_tmp)
     assert up, "server did not come up within 240 s:\n" + out[-3000:]
     assert proc.returncode == 0, out[-3000:]
     assert "stopped" in out

@@ -31,3 +31,67 @@ def test_updates_file(tmp_path, capsys) -> None:
     bad.write_text(json.dumps({"updates": [{"page": 3}]}))
     assert main(["admin", "--server", "http://x", "--token-file", str(path), "updates",
                  str(bad)]) == 2
+
+
+def test_server_before_and_after_the_action_in_order() -> None:
+    import argparse
+
+    from cluster.cli import _admin_servers, build_parser
+
+    args = build_parser().parse_args(["admin", "--server", "http://a:1/a", "status",
+                                      "--server", "http://b:1/b", "--json"])
+    _admin_servers(args)
+    assert args.server == ["http://a:1/a", "http://b:1/b"] and args.json is True
+    args = build_parser().parse_args(["admin", "--token-file", "t", "snapshot", "next",
+                                      "--server", "http://a:1"])
+    _admin_servers(args)
+    assert (args.server, args.token_file, args.path) == (["http://a:1"], "t", "next")
+    assert isinstance(args, argparse.Namespace)
+
+
+def test_admin_without_a_server(capsys) -> None:
+    assert main(["admin", "status"]) == 2
+    assert "--server" in capsys.readouterr().err
+
+
+STATUS = {
+    "epoch_id": 3, "pending_updates": 2,
+    "rotation_in_progress": False, "consistent": True, "num_pages": 640, "domain_bits": 10,
+    "admin_busy": False, "epoch_log": "/var/log/a", "epoch_log_head":
+        {"epoch_id": 3, "kind": "updates", "identity": "0x" + "ab" * 16},
+    "shards": [
+        {"shard": 0, "epoch_id": 3, "identity": "0x" + "ab" * 16, "first_page": 0,
+         "stop_page": 320, "pending_updates": 2, "engine": "cpu", "scans": 17,
+         "replicas": [{"replica": "r0", "node_id": "n", "epoch_id": 3}]},
+        {"shard": 1, "epoch_id": 3, "identity": "0x" + "ab" * 16, "first_page": 320,
+         "stop_page": 640, "pending_updates": 2, "engine": "cpu", "scans": 12,
+         "replicas": [{"replica": "r1"}, {"replica": "r2"}]},
+    ],
+}
+
+
+def test_status_is_a_table(capsys) -> None:
+    from cluster.admin_view import show
+
+    show("status", "http://a:8000/a", STATUS, as_json=False)
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == ("http://a:8000/a: epoch 3 (0xababababab..), 640 pages, domain 10 bits, "
+                        "consistent, 2 pending update(s), rotation no, admin busy no")
+    assert lines[1] == "  epoch log /var/log/a: head epoch 3 (updates)"
+    assert lines[2].split() == ["shard", "pages", "epoch", "identity", "pending", "replicas",
+                                "engine", "scans"]
+    assert lines[4].split() == ["0", "0-319", "3", "0xababababab..", "2", "1", "cpu", "17"]
+    assert lines[5].split() == ["1", "320-639", "3", "0xababababab..", "2", "2", "cpu", "12"]
+    show("status", "http://a:8000/a", STATUS, as_json=True)
+    assert json.loads(capsys.readouterr().out) == {"server": "http://a:8000/a", **STATUS}
+
+
+def test_fields_a_server_does_not_send_are_dashes(capsys) -> None:
+    from cluster.admin_view import show
+
+    show("status", "http://b", {"epoch_id": 1, "shards": [{"shard": 0}]}, as_json=False)
+    out = capsys.readouterr().out
+    assert "pages, domain - bits" in out and out.splitlines()[3].split()[:3] == ["0", "-", "-"]
+    show("updates", "http://b", {"epoch_id": 4, "applied": 2}, as_json=False)
+    assert capsys.readouterr().out == "http://b: updates done: epoch_id 4, applied 2\n"

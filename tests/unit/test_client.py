@@ -347,3 +347,20 @@ def test_json_body_is_reference_shaped() -> None:
         c.get([1, 2, 3])
     assert set(seen[0]) == {"keys"} and len(seen[0]["keys"]) == 3
     assert all(k.startswith("0x") and k == k.lower() for k in seen[0]["keys"])
+
+
+def test_a_url_without_scheme_is_refused_at_once() -> None:
+    for bad in ("127.0.0.1:8000", "localhost:8000/a", "ftp://host/a", "http://"):
+        with pytest.raises(ValueError, match="needs http:// or https://"):
+            PirClient(bad, "http://b:8000")
+
+
+def test_a_connection_failure_names_the_server() -> None:
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    unreachable = r"cannot reach http://\w:8000/\w/ \(ConnectError\)"
+    with PirClient("http://a:8000/a", "http://b:8000/b", transport=httpx.MockTransport(refused),
+                   retry=RetryPolicy(attempts=2, backoff_s=0.0)) as c, \
+            pytest.raises(PirUnavailable, match=unreachable):
+        c.info()
