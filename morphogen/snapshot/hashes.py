@@ -6,13 +6,15 @@ the chunk size and the chunk digests in order. The root is what a snapshot's che
 epoch identity name: any byte changed anywhere changes it, yet a shard checks its own page
 range by hashing only the chunks that overlap it, never the whole file.
 
-BLAKE3: it hashes at several GiB/s on one core and spreads a large buffer over every core
+BLAKE3: it hashes at several GiB/s on one core and spreads a large buffer over several cores
 (``max_threads``) with the GIL released, so checking the chunks costs less than reading them
 (bench/verify_speed.py measures both). blake2b, the standard library's fastest, runs at under
 1 GiB/s on one core and would make every shard start slower than its disk.
 """
 
 from __future__ import annotations
+
+import os
 
 import blake3
 
@@ -37,9 +39,23 @@ def chunk_pages_range(index: int, num_pages: int, chunk_pages: int) -> tuple[int
     return a, min(num_pages, a + chunk_pages)
 
 
+def _hash_threads() -> int:
+    """Every core this process may run on but one: a verified read hashes one step while its
+    reading thread fetches the next, and a hash pool as wide as the machine would take turns
+    with that thread rather than run beside it."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores - 1)
+
+
+HASH_THREADS = _hash_threads()
+
+
 def new_hasher() -> blake3.blake3:
-    """A chunk's hasher: every core on large updates, the GIL released while it runs."""
-    return blake3.blake3(max_threads=blake3.blake3.AUTO)
+    """A chunk's hasher: HASH_THREADS threads on large updates, the GIL released meanwhile."""
+    return blake3.blake3(max_threads=HASH_THREADS)
 
 
 def root_hex(num_pages: int, chunk_pages: int, digests: list[str] | tuple[str, ...]) -> str:
