@@ -1,12 +1,13 @@
 """One shard of a party's matrix as a Serve deployment (`shard_0`, `shard_1`, ...).
 
-A replica maps its own page range of the snapshot (never through the object store or a
-constructor argument), replays the party's epoch log before it reports ready, and answers
-`scan(keys, want)` with the identity and partial accumulators (host bytes) of one epoch.
-Publications reach every replica by broadcast, in two phases (`prepare_*`, then `commit` or
-`abort`); a background task folds pending page updates into the pages. A deployment may run
-any number of replicas (fixed or autoscaled): they stay on one epoch through the log. The logic
-is `morphogen.replica.ShardReplica`; this is the Ray adapter.
+A replica loads its own page range of the snapshot into private memory, checked against the
+manifest's chunk hashes (never through the object store or a constructor argument), replays
+the party's epoch log before it reports ready, and answers `scan(keys, want)` with the
+identity and partial accumulators (host bytes) of one epoch. Publications reach every replica
+by broadcast, in two phases (`prepare_*`, then `commit` or `abort`); a background task folds
+pending page updates into the pages. A deployment may run any number of replicas (fixed or
+autoscaled): they stay on one epoch through the log. The logic is
+`morphogen.replica.ShardReplica`; this is the Ray adapter.
 """
 
 from __future__ import annotations

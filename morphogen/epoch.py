@@ -11,9 +11,11 @@ the next version off to the side (the expensive part: loading a snapshot range, 
 replacements) and `commit` makes it current with one reference swap. A scan reads the current
 version once and finishes on it, so in-flight scans end on the epoch they started on.
 
-Every version carries an `EpochIdentity` (morphogen.identity): the epoch id, the snapshot's
-checksum and a running hash of the update batches applied since, so that a partial names the
-data it was computed from and never only a counter.
+Every version carries an `EpochIdentity` (morphogen.identity): the epoch id, the root of the
+snapshot's chunk hashes and a running hash of the update batches applied since, so that a
+partial names the data it was computed from and never only a counter. A version's pages are a
+private copy of the shard's range checked against those chunk hashes as it was read
+(`Snapshot.read_verified`), so the bytes scanned are the bytes named, even if the file changes.
 
 Scan leases (morphogen.leases): a scan holds the segments of the version it read until it
 finishes; a commit, a rotation or a fold retires the segments the new version no longer uses,
@@ -336,7 +338,10 @@ class ShardState:
     ) -> Version:
         if not 0 <= first_page < stop_page <= snapshot.num_pages:
             raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
-        pages = snapshot.pages(first_page, stop_page)
+        # A verified private copy, never the mapping: the identity below names the chunk
+        # hashes, and only bytes checked against them (and that no one can change afterwards)
+        # may be scanned under it; the GPU engine uploads these same checked bytes.
+        pages = snapshot.read_verified(first_page, stop_page)
         seg = Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
         identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
         return Version(identity, snapshot, first_page, stop_page, (seg,))
@@ -361,7 +366,7 @@ class ShardState:
                 kept.append(seg)
         for idx, arr in touched.items():
             lo = max(base.first_page, idx * c)
-            # never written again; read-only like the mapped pages, so a jitted engine reuses
+            # never written again; read-only like the loaded pages, so a jitted engine reuses
             # the kernel it compiled for those instead of compiling another signature
             arr.flags.writeable = False
             kept.append(Segment(lo, arr, self._engine.load(arr, first_page=lo)))

@@ -4,7 +4,11 @@ An epoch id alone is a counter: two servers (or two replicas of one shard) can h
 pages under the same id, after a snapshot rebuilt in place or a replica that restarted from the
 configured snapshot and lost the updates since. An `EpochIdentity` names the data instead:
 
-    epoch id  +  the snapshot's checksum  +  a running hash of the update batches applied to it
+    epoch id  +  the snapshot's root  +  a running hash of the update batches applied to it
+
+The snapshot's root (`Snapshot.fingerprint`, the manifest's checksum) is the root of the BLAKE3
+hashes of its page chunks, and a shard scans only a private copy of its range checked against
+them, so the name is the bytes' own: not the manifest's word, not a sample of the file.
 
 Equal identities mean equal matrices (up to a hash collision): every shard of a party derives
 the same identity for the same epoch (each receives the whole update batch, whatever pages it

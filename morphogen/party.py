@@ -333,7 +333,7 @@ class Party:
         state = admin.party_epoch(infos)
         cfg = self.cfg
         state_root = "0x" + "00" * 32
-        if layout.checksum and layout.checksum.startswith("blake2b-256:"):
+        if layout.checksum and layout.checksum.startswith("blake3-chunks:"):
             state_root = "0x" + layout.checksum.split(":", 1)[1]
         first = infos[0]
         return {

@@ -59,10 +59,10 @@ class ShardCore:
             self.engine, snapshot, first_page, stop_page,
             chunk_pages=chunk_pages, stale_stage_s=stale_stage_s,
         )
-        # The self-test: one page (a private copy: it must not pin a retired snapshot's
-        # mapping), one key, answer known from the plain-Python DPF walk.
-        page = np.array(snapshot.pages(first_page, first_page + 1))
-        page.flags.writeable = False  # the jitted kernel's signature for mapped pages
+        # The self-test: one page (a copy: it must not pin a retired version's pages), one
+        # key, answer known from the plain-Python DPF walk; taken from the verified load.
+        page = np.array(self.state.current.stored_page(first_page)).reshape(1, PAGE_SIZE)
+        page.flags.writeable = False  # the jitted kernel's signature for loaded pages
         key, _ = generate_keys(int(snapshot.domain_bits), first_page)
         mask = np.frombuffer(key.eval(first_page), dtype=np.uint8)
         self._probe_batch = KeyBatch.from_keys([key])
@@ -146,8 +146,10 @@ class ShardCore:
         op: str | None = None,
         force: bool = False,
     ) -> tuple[int, int]:
-        """Map the snapshot at `path`, stage this shard's range of it as `epoch_id`; returns the
-        range. `checksum`, when given, must be the manifest's (what the caller verified)."""
+        """Open the snapshot at `path`, stage this shard's range of it as `epoch_id`; returns
+        the range. `checksum`, when given, must be the manifest's, i.e. the root of its chunk
+        hashes (what the caller verified and named in its target identity); the range loaded
+        is then checked against those same chunk hashes."""
         snapshot = Snapshot.open(path, verify=verify)
         try:
             if checksum is not None and snapshot.manifest.checksum != checksum:
@@ -240,7 +242,7 @@ class ShardCore:
 
 def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any] | None = None,
             pages: int = 64) -> str:
-    """Compile the engine's kernels for exactly the shards' call signatures (read-only mapped
+    """Compile the engine's kernels for exactly the shards' call signatures (read-only loaded
     pages, read-only key batches) on a few pages; returns the engine's name."""
     core = ShardCore(snapshot, 0, min(pages, snapshot.num_pages), engine_name, engine_options)
     try:

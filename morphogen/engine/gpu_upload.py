@@ -2,8 +2,9 @@
 
 `upload_pages` copies the pages as stored (the fused scan's layout); `upload_sliced_pages`
 copies whole 256-page chunks and bit-slices them on the device (the sliced scan's layout,
-sliced.py). Either reads the (memory-mapped) array chunk by chunk through two pinned buffers,
-so host memory stays bounded whatever the shard's size.
+sliced.py). Either reads the array chunk by chunk through two pinned buffers, so the staging
+memory stays bounded whatever the shard's size. A shard passes its verified private copy
+(morphogen.snapshot.verified): the bytes that cross the bus are the bytes its identity names.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ def _through_staging(
 
 def upload_pages(backend: Backend, pages: np.ndarray, chunk_bytes: int) -> Any:
     """Pages into one device allocation, chunk by chunk through two pinned buffers: while one
-    chunk crosses the bus the next is read from the (memory-mapped) array."""
+    chunk crosses the bus the next is read from the host array."""
     n = pages.shape[0]
     dev = backend.alloc(max(n, 1) * PAGE_SIZE)
     if n == 0:
@@ -84,7 +85,7 @@ def upload_sliced_pages(
     """Pages into one device allocation in the sliced layout (sliced.py): whole global-aligned
     256-page chunks, zero outside the shard, cross the bus in natural order through two pinned
     buffers and two device staging buffers; morphogen_slice_pages transposes each batch on the
-    device while the next one is read from the (memory-mapped) array."""
+    device while the next one is read from the host array."""
     n = pages.shape[0]
     first_chunk, count = chunk_range(first_page, n)
     dev = backend.alloc(max(count, 1) * SLICE_BYTES)

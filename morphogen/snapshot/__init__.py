@@ -2,26 +2,29 @@
 
 A snapshot is one epoch of the matrix on disk: a raw page file (``pages.bin``, the reference's
 format: the pages back to back, 4096 bytes each, nothing else) and a JSON manifest
-(``manifest.json``) naming the epoch, the page count, the DPF domain and a checksum of the data.
-Shards open it memory-mapped and read only their own page range, so the matrix never travels
-through a constructor or an object store, and a shard of a 64 GiB matrix touches only its slice.
+(``manifest.json``) naming the epoch, the page count, the DPF domain, a BLAKE3 hash of every
+chunk of the data (64 MiB of pages by default) and their root, the checksum. Each shard reads
+only its own page range, into private memory, checking the chunks that overlap it as they
+arrive, so the matrix never travels through a constructor or an object store, a shard of a
+64 GiB matrix touches only its slice, and what it scans is what its identity names.
 
-A bare raw page file is accepted too (epoch 0, manifest derived from its size). Its last page
-may be ragged; it is zero-padded virtually: the mapping covers the whole pages and only the tail
-page is read into a padded copy, so opening never copies the file.
+The hashes cover the page data as served, i.e. zero-padded to ``num_pages * page_size`` bytes;
+they are computed while writing. The root, not the manifest as a file, is the snapshot's name
+in an epoch identity: two files that differ in any byte are two names.
 
-The checksum (``blake2b-256``) covers the page data as served, i.e. zero-padded to
-``num_pages * page_size`` bytes; it is computed while writing and checked only on request
-(``verify=True``), since reading a multi-GiB file at every shard start would defeat the mapping.
+A bare raw page file is accepted too (epoch 0, manifest derived from its size, chunk hashes
+computed from every byte at open), and so is a format 1 manifest (no chunk hashes: the same).
+A raw file's last page may be ragged; it is zero-padded virtually.
 
 The modules, each imported directly (this package re-exports nothing):
 
 - `layout`: the DPF domain a page count needs, and its split into shard ranges;
 - `manifest`: what ``manifest.json`` holds (`Manifest`) and `SnapshotError`;
-- `reader`: an opened snapshot (`Snapshot`), memory-mapped;
+- `hashes`: chunk hashes and their root (BLAKE3);
+- `verified`: page ranges read into private memory, checked chunk by chunk;
+- `reader`: an opened snapshot (`Snapshot`);
 - `writer`: `write_snapshot` (any page source) and `import_raw` (a raw page file);
 - `synthetic`: deterministic pseudo-random pages and snapshots of them;
-- `sample`: the sampled-page digest checked at every open;
-- `chunks`: the chunk size that writes and checksums stream in;
+- `chunks`: the piece size that writes stream in (not the hashed chunk);
 - `progress`: the bytes-done meter of long writes and checks.
 """

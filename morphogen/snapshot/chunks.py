@@ -1,4 +1,5 @@
-"""Page data streamed in chunks: their size and their bytes."""
+"""Page data streamed in chunks: their size and their bytes. (The unit of I/O; the unit the
+manifest hashes is `hashes.DEFAULT_CHUNK_PAGES`, independent of it.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-# Writes and checksums stream in chunks of this many pages (16 MiB) so that host memory stays
+# Writes and synthetic builds stream in chunks of this many pages (16 MiB) so that host memory stays
 # bounded whatever the matrix size. Chunks under glibc's largest mmap threshold (32 MiB) are
 # recycled by malloc instead of being faulted in afresh, which measured ~25% faster here.
 CHUNK_PAGES = 4096

@@ -1,7 +1,16 @@
 """A snapshot's manifest (``manifest.json``): what it names, how it is checked and read.
 
-The manifest names the epoch, the page count, the DPF domain, the data file next to it and a
-checksum of the page data; `Manifest` refuses any combination that could not be served.
+The manifest names the epoch, the page count, the DPF domain, the data file next to it, a hash
+of every chunk of the page data and their root (the checksum); `Manifest` refuses any
+combination that could not be served.
+
+Format 1 manifests (before chunk hashes) are still read: they come out as a derived manifest
+(no checksum, no chunk hashes), which the reader completes by hashing every byte at open, as for
+a bare raw file. Their whole-file blake2b checksum is dropped rather than checked: it named the
+file when the manifest was written, not the bytes a shard maps later, and the hashes computed at
+open name those. Refusing them would strand every snapshot (and synthetic cache) built before;
+rebuilding one (`morphogen build --raw DIR/pages.bin`) makes its opens cheap again and lets an
+admin rotation take it.
 """
 
 from __future__ import annotations
@@ -9,25 +18,29 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
+from morphogen.snapshot.hashes import (
+    CHECKSUM_PREFIX,
+    DEFAULT_CHUNK_PAGES,
+    checksum_str,
+    chunk_count,
+    is_digest_hex,
+    root_hex,
+)
 from morphogen.snapshot.layout import domain_bits_for
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+LEGACY_FORMAT = 1  # no chunk hashes: read as a derived manifest (module docstring)
 DATA_FILE = "pages.bin"
 MANIFEST_FILE = "manifest.json"
-CHECKSUM_PREFIX = "blake2b-256:"
 
 
 class SnapshotError(ValueError):
     """A snapshot (manifest or page file) is missing, malformed or does not match itself."""
-
-
-def checksum_str(digest: bytes) -> str:
-    """A manifest's checksum field for a ``blake2b-256`` digest of the page data."""
-    return CHECKSUM_PREFIX + digest.hex()
 
 
 @dataclass(frozen=True)
@@ -36,8 +49,10 @@ class Manifest:
 
     ``data_bytes`` is the size of the data file; a written snapshot always holds whole pages
     (``num_pages * page_size``), a bare raw file may end inside its last page.
-    ``checksum`` is ``"blake2b-256:<hex>"`` of the zero-padded page data, or None for a manifest
-    derived from a bare raw file (nothing to compare against).
+    ``chunk_hashes`` are the BLAKE3 digests (hex) of the zero-padded page data cut into chunks
+    of ``chunk_pages`` pages (morphogen.snapshot.hashes), and ``checksum`` is
+    ``"blake3-chunks:<root>"``, their root. A derived manifest (bare raw file, format 1) has no
+    checksum, and no chunk hashes until the reader computes them from the bytes at open.
     """
 
     format: int
@@ -50,10 +65,8 @@ class Manifest:
     checksum: str | None
     created: str
     source: str
-    # blake2b-128 of a few pages spread over the file (`sample_digest`), checked at every open:
-    # catches a data file replaced under an unchanged manifest without reading the whole file.
-    # None in manifests written before it existed.
-    sample: str | None = None
+    chunk_pages: int = DEFAULT_CHUNK_PAGES
+    chunk_hashes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -90,16 +103,40 @@ class Manifest:
         if not name or name in (".", "..") or "/" in name or "\\" in name:
             # The data file lives next to its manifest; a path could point anywhere.
             raise SnapshotError(f"data_file {name!r} must be a plain file name")
+        if not 1 <= self.chunk_pages <= MAX_PAGES:
+            raise SnapshotError(f"chunk_pages is {self.chunk_pages}, must be in 1..{MAX_PAGES}")
+        if self.chunk_hashes is not None:
+            want = chunk_count(self.num_pages, self.chunk_pages)
+            if len(self.chunk_hashes) != want:
+                raise SnapshotError(
+                    f"chunk_hashes has {len(self.chunk_hashes)} entries, {self.num_pages} pages "
+                    f"in chunks of {self.chunk_pages} need {want}"
+                )
+            bad = next((h for h in self.chunk_hashes if not is_digest_hex(h)), None)
+            if bad is not None:
+                raise SnapshotError(f"chunk hash {bad!r} is not 64 lowercase hex")
         if self.checksum is not None:
-            hexpart = self.checksum.removeprefix(CHECKSUM_PREFIX)
-            if (
-                not self.checksum.startswith(CHECKSUM_PREFIX)
-                or len(hexpart) != 64
-                or any(c not in "0123456789abcdef" for c in hexpart)
+            if not (
+                self.checksum.startswith(CHECKSUM_PREFIX)
+                and is_digest_hex(self.checksum.removeprefix(CHECKSUM_PREFIX))
             ):
                 raise SnapshotError(
                     f"checksum {self.checksum!r} is not '{CHECKSUM_PREFIX}' + 64 lowercase hex"
                 )
+            if self.chunk_hashes is None:
+                raise SnapshotError("a manifest with a checksum needs its chunk_hashes")
+            if self.checksum != self.root:
+                # an edited chunk hash (or root) would otherwise let the two disagree
+                raise SnapshotError(
+                    f"checksum {self.checksum} is not the root of chunk_hashes ({self.root})"
+                )
+
+    @cached_property
+    def root(self) -> str:
+        """``"blake3-chunks:<root>"`` of the chunk hashes: what names these bytes."""
+        if self.chunk_hashes is None:
+            raise SnapshotError("no chunk hashes yet: the snapshot was not opened")
+        return checksum_str(root_hex(self.num_pages, self.chunk_pages, self.chunk_hashes))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,16 +151,25 @@ class Manifest:
             raise SnapshotError(f"{where}: expected a JSON object, got {type(data).__name__}")
         if "format" not in data:
             raise SnapshotError(f"{where}: missing field 'format' (not a snapshot manifest?)")
+        legacy = data["format"] == LEGACY_FORMAT
+        if legacy:
+            data = {k: v for k, v in data.items() if k != "sample"}
+            data.update(format=FORMAT_VERSION, checksum=None, chunk_pages=DEFAULT_CHUNK_PAGES,
+                        chunk_hashes=None)
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
-                if f.name == "sample":
-                    continue  # optional: older manifests
                 raise SnapshotError(f"{where}: missing field {f.name!r}")
             value = data[f.name]
-            if f.name in ("checksum", "sample"):
+            if f.name == "checksum":
                 ok = value is None or isinstance(value, str)
                 want = "a string or null"
+            elif f.name == "chunk_hashes":
+                if isinstance(value, list):
+                    value = tuple(value)
+                # a written manifest always lists them; only a legacy one is completed at open
+                ok = isinstance(value, tuple) or (legacy and value is None)
+                want = "a list of hex digests"
             elif f.type in ("int", int):
                 # bool is an int subclass; true/false are not page counts.
                 ok = isinstance(value, int) and not isinstance(value, bool)

@@ -1,9 +1,12 @@
-"""An opened snapshot: a read-only memory map of its page file, read by page range."""
+"""An opened snapshot: its page file, mapped (cheap range views) and held open (checked private
+copies of the range a shard serves)."""
 
 from __future__ import annotations
 
-import hashlib
+import dataclasses
+import logging
 import os
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,17 +14,18 @@ from pathlib import Path
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
-from morphogen.snapshot.chunks import CHUNK_PAGES, as_bytes
+from morphogen.snapshot.chunks import CHUNK_PAGES
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.manifest import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     Manifest,
     SnapshotError,
-    checksum_str,
 )
 from morphogen.snapshot.progress import Meter, Progress
-from morphogen.snapshot.sample import sample_digest
+from morphogen.snapshot.verified import read_chunks
+
+log = logging.getLogger(__name__)
 
 
 def _empty_pages() -> np.ndarray:
@@ -31,11 +35,17 @@ def _empty_pages() -> np.ndarray:
 
 
 class Snapshot:
-    """One opened snapshot: a read-only memory map of its page file.
+    """One opened snapshot: its page file, read-only mapped and held open.
 
-    Use :meth:`open`. :meth:`pages` returns views into the mapping, so reading a shard's range
-    faults in only that range. The mapping pins the file's inode: a later ``write_snapshot`` into
-    the same directory replaces the file by rename and this snapshot keeps serving its own epoch.
+    Use :meth:`open`. :meth:`pages` returns views into the mapping, so reading a range faults
+    in only that range; :meth:`read_verified` is what a shard serves: a private copy of its
+    range, checked against the chunk hashes. Mapping and descriptor pin the file's inode: a
+    later ``write_snapshot`` into the same directory replaces the file by rename and this
+    snapshot keeps reading its own epoch's file (a file overwritten in place is another story:
+    `read_verified` refuses it).
+
+    The manifest always has its chunk hashes once open: read from ``manifest.json``, or, for a
+    bare raw file or a format 1 manifest, computed from every byte at open.
     """
 
     def __init__(
@@ -43,12 +53,15 @@ class Snapshot:
         manifest: Manifest,
         path: Path,
         data_path: Path,
+        fd: int,
         whole: np.ndarray | None,
         tail: np.ndarray | None,
     ) -> None:
         self.manifest = manifest
         self.path = path
         self.data_path = data_path
+        self._fd = fd
+        self._close_fd = weakref.finalize(self, os.close, fd)
         self._whole = whole  # memmap (full_pages, PAGE_SIZE), None when there is no whole page
         self._tail = tail  # (1, PAGE_SIZE) zero-padded copy of a ragged last page, else None
         self._full_pages = 0 if whole is None else int(whole.shape[0])
@@ -61,9 +74,10 @@ class Snapshot:
         cls, path: str | os.PathLike[str], *, verify: bool = False, progress: Progress = None
     ) -> Snapshot:
         """Open a snapshot from a manifest ``.json``, a directory holding ``manifest.json``, or a
-        bare raw page file (manifest derived: epoch 0, smallest domain).
+        bare raw page file (manifest derived: epoch 0, smallest domain, chunk hashes computed
+        from every byte now).
 
-        ``verify=True`` recomputes the checksum (reads the whole file) and refuses a mismatch.
+        ``verify=True`` rehashes every chunk (reads the whole file) and refuses a mismatch.
         """
         path = Path(path)
         if path.is_dir():
@@ -79,12 +93,14 @@ class Snapshot:
             raise SnapshotError(f"{path}: no such snapshot (file or directory)")
         else:
             raise SnapshotError(f"{path}: not a regular file or directory")
-        if verify:
-            try:
+        try:
+            if snap.manifest.chunk_hashes is None:
+                snap._derive_hashes(progress)  # every byte just hashed: nothing left to verify
+            elif verify:
                 snap.verify(progress=progress)
-            except BaseException:
-                snap.close()
-                raise
+        except BaseException:
+            snap.close()
+            raise
         return snap
 
     @classmethod
@@ -118,6 +134,16 @@ class Snapshot:
         )
         return cls._map(manifest, raw_path, raw_path)
 
+    def _derive_hashes(self, progress: Progress) -> None:
+        """Complete a derived manifest with the chunk hashes of the bytes as they are now."""
+        if self.path != self.data_path:  # a manifest without them: format 1
+            log.warning("%s: a format 1 manifest has no chunk hashes: hashing all %d pages at "
+                        "every open (rebuild it with `morphogen build --raw %s`)",
+                        self.path, self.num_pages, self.data_path)
+        meter = Meter(progress, self.num_pages * PAGE_SIZE, f"hashing {self.data_path}")
+        digests = self._read_chunks(0, self.num_pages, meter=meter)
+        self.manifest = dataclasses.replace(self.manifest, chunk_hashes=tuple(digests))
+
     @classmethod
     def _map(cls, manifest: Manifest, path: Path, data_path: Path) -> Snapshot:
         try:
@@ -126,6 +152,7 @@ class Snapshot:
             raise SnapshotError(f"{path}: data file {data_path} is missing") from None
         except OSError as exc:
             raise SnapshotError(f"{path}: cannot open data file {data_path}: {exc}") from None
+        keep_fd = False
         try:
             size = os.fstat(fd).st_size
             if size < manifest.data_bytes:
@@ -151,16 +178,11 @@ class Snapshot:
                     raise SnapshotError(f"{data_path}: short read of the last page")
                 tail[0, :ragged] = np.frombuffer(chunk, dtype=np.uint8)
                 tail.flags.writeable = False
+            keep_fd = True
         finally:
-            os.close(fd)  # the mapping holds its own reference to the file
-        snap = cls(manifest, path, data_path, whole, tail)
-        if manifest.sample is not None and sample_digest(snap) != manifest.sample:
-            snap.close()
-            raise SnapshotError(
-                f"{data_path}: the data file does not match its manifest (sampled pages "
-                "differ): it was replaced or modified after the manifest was written"
-            )
-        return snap
+            if not keep_fd:
+                os.close(fd)
+        return cls(manifest, path, data_path, fd, whole, tail)
 
     # -- attributes
 
@@ -196,8 +218,7 @@ class Snapshot:
         then it is a copy (the mapped pages plus the padded tail), as large as the range.
         Snapshots written by `write_snapshot` never have a ragged page.
         """
-        if self._closed:
-            raise SnapshotError(f"{self.path}: snapshot is closed")
+        self._check_open()
         n = self.manifest.num_pages
         if stop is None:
             stop = n
@@ -229,46 +250,60 @@ class Snapshot:
         for s in range(start, stop, chunk_pages):
             yield self.pages(s, min(stop, s + chunk_pages))
 
-    def compute_checksum(self, progress: Progress = None) -> str:
-        """``blake2b-256`` of the page data as served (zero-padded), read through the mapping so
-        it checks the very bytes this snapshot serves."""
-        h = hashlib.blake2b(digest_size=32)
-        meter = Meter(progress, self.manifest.num_pages * PAGE_SIZE, f"verify {self.data_path}")
-        for chunk in self.iter_chunks():
-            h.update(as_bytes(chunk))
-            meter.advance(chunk.nbytes)
-        meter.finish()
-        return checksum_str(h.digest())
+    def read_verified(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Pages ``[start, stop)`` as a read-only private copy whose every overlapping chunk
+        hashed as the manifest says (morphogen.snapshot.verified): what a shard serves. A
+        mismatch is a SnapshotError naming the file and the chunk."""
+        self._check_open()
+        if stop is None:
+            stop = self.manifest.num_pages
+        out = np.empty((stop - start, PAGE_SIZE), np.uint8)
+        if stop > start:
+            self._read_chunks(start, stop, out=out, expected=self.manifest.chunk_hashes)
+        out.flags.writeable = False
+        return out
 
     def verify(self, progress: Progress = None) -> str:
-        """Recompute the checksum and compare it with the manifest's; return it.
+        """Rehash every chunk of the data file and compare with the manifest's chunk hashes
+        (for a derived manifest: those computed at open); return the checksum (the root)."""
+        self._check_open()
+        meter = Meter(progress, self.num_pages * PAGE_SIZE, f"verify {self.data_path}")
+        self._read_chunks(0, self.num_pages, expected=self.manifest.chunk_hashes, meter=meter)
+        return self.manifest.root
 
-        A derived manifest (bare raw file) has no checksum to compare: the computed one is
-        returned and nothing is refused.
-        """
-        actual = self.compute_checksum(progress)
-        expected = self.manifest.checksum
-        if expected is not None and actual != expected:
-            raise SnapshotError(
-                f"{self.data_path}: checksum mismatch: manifest says {expected}, "
-                f"data has {actual} (corrupt file or a manifest from another epoch)"
-            )
-        return actual
+    def fingerprint(self) -> str:
+        """What names this snapshot's data in an epoch identity: the root of its chunk hashes
+        (``blake3-chunks:<hex>``), which is the manifest's checksum when it has one. A shard
+        serves only bytes checked against these hashes (`read_verified`), so the name is the
+        bytes', whatever happens to the file afterwards."""
+        return self.manifest.root
+
+    def _read_chunks(
+        self,
+        start: int,
+        stop: int,
+        *,
+        out: np.ndarray | None = None,
+        expected: tuple[str, ...] | None = None,
+        meter: Meter | None = None,
+    ) -> list[str]:
+        m = self.manifest
+        return read_chunks(self._fd, self.data_path, m.num_pages, m.data_bytes, m.chunk_pages,
+                           start, stop, out=out, expected=expected, meter=meter)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SnapshotError(f"{self.path}: snapshot is closed")
 
     # -- lifetime
 
-    def fingerprint(self) -> str:
-        """What names this snapshot's data in an epoch identity: the manifest checksum, else
-        (a bare raw file) a digest of its size and sampled pages."""
-        if self.manifest.checksum is not None:
-            return self.manifest.checksum
-        return f"sampled:{self.manifest.data_bytes}:{sample_digest(self)}"
-
     def close(self) -> None:
-        """Drop this snapshot's mapping. Views already handed out stay valid (they hold it)."""
+        """Drop this snapshot's mapping and descriptor. Views already handed out stay valid
+        (they hold the mapping)."""
         self._closed = True
         self._whole = None
         self._tail = None
+        self._close_fd()
 
     def __enter__(self) -> Snapshot:
         return self

@@ -10,6 +10,7 @@ import numpy as np
 
 from morphogen.constants import MAX_PAGES, PAGE_SIZE
 from morphogen.snapshot.chunks import CHUNK_PAGES
+from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES
 from morphogen.snapshot.manifest import Manifest
 from morphogen.snapshot.progress import Progress
 from morphogen.snapshot.writer import write_snapshot
@@ -52,8 +53,10 @@ def build_synthetic(
     epoch_id: int = 1,
     progress: Progress = True,
     overwrite: bool = False,
+    chunk_pages: int = DEFAULT_CHUNK_PAGES,
 ) -> Manifest:
-    """Write a synthetic snapshot of ``num_pages`` pages (``synthetic_pages(seed, 0, P)``)."""
+    """Write a synthetic snapshot of ``num_pages`` pages (``synthetic_pages(seed, 0, P)``),
+    hashed in chunks of ``chunk_pages`` pages."""
     if not 1 <= num_pages <= MAX_PAGES:
         raise ValueError(f"num_pages must be in 1..{MAX_PAGES}, got {num_pages}")
     return write_snapshot(
@@ -64,4 +67,5 @@ def build_synthetic(
         progress=progress,
         num_pages=num_pages,
         overwrite=overwrite,
+        chunk_pages=chunk_pages,
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 from collections.abc import Iterable, Iterator
@@ -15,6 +14,7 @@ import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
 from morphogen.snapshot.chunks import CHUNK_PAGES, as_bytes
+from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES, ChunkHasher, checksum_str, root_hex
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.manifest import (
     DATA_FILE,
@@ -22,11 +22,9 @@ from morphogen.snapshot.manifest import (
     MANIFEST_FILE,
     Manifest,
     SnapshotError,
-    checksum_str,
 )
 from morphogen.snapshot.progress import Meter, Progress
 from morphogen.snapshot.reader import Snapshot
-from morphogen.snapshot.sample import pages_sample_digest
 
 PageSource = np.ndarray | Snapshot | Iterable[bytes | bytearray | memoryview | np.ndarray]
 """What ``write_snapshot`` accepts: a ``(P, 4096)`` uint8 array (a memmap is fine), an open
@@ -75,17 +73,19 @@ def write_snapshot(
     num_pages: int | None = None,
     domain_bits: int | None = None,
     overwrite: bool = False,
+    chunk_pages: int = DEFAULT_CHUNK_PAGES,
 ) -> Manifest:
     """Write ``pages.bin`` and ``manifest.json`` into ``out_dir`` and return the manifest.
 
     A directory that already holds a snapshot is refused unless ``overwrite``: servers may have
     it mapped, and a restarted replica would map the new data under the same epoch id.
 
-    The data streams in 16 MiB chunks (bounded host memory at any size) and is hashed as it is
-    written, the hash running in a worker thread beside the write and the next chunk's
-    production. Both files go to temporary names first and are renamed into place, manifest
-    last, after the old manifest is removed: a reader sees either no snapshot or a complete,
-    consistent one, and readers that have the old file mapped keep their old epoch.
+    The data streams in 16 MiB pieces (bounded host memory at any size) and is hashed as it is
+    written, chunk by chunk of ``chunk_pages`` pages (the manifest's chunk hashes and their
+    root, the checksum), the hash running in a worker thread beside the write and the next
+    piece's production. Both files go to temporary names first and are renamed into place,
+    manifest last, after the old manifest is removed: a reader sees either no snapshot or a
+    complete, consistent one, and readers that have the old file open keep their old epoch.
 
     ``num_pages``, when given, is checked against what the source produced (and sizes progress
     for a chunk stream). ``domain_bits`` defaults to the smallest domain covering the pages.
@@ -108,7 +108,7 @@ def write_snapshot(
     tmp_manifest = out / f".{MANIFEST_FILE}.tmp-{token}"
     total = None if expected_pages is None else expected_pages * PAGE_SIZE
     meter = Meter(progress, total, f"writing {data_path}")
-    h = hashlib.blake2b(digest_size=32)
+    hasher = ChunkHasher(chunk_pages)
     written = 0
     try:
         with open(tmp_data, "wb") as fh, ThreadPoolExecutor(2) as pool:
@@ -120,7 +120,7 @@ def write_snapshot(
                 # Produce the next chunk while this one is hashed and written.
                 pending = pool.submit(next, chunks, None)
                 buf = as_bytes(chunk)
-                hashed = pool.submit(h.update, buf)
+                hashed = pool.submit(hasher.update, buf)
                 fh.write(buf)
                 hashed.result()
                 written += len(buf)
@@ -128,7 +128,7 @@ def write_snapshot(
             ragged = written % PAGE_SIZE
             if ragged:
                 pad = bytes(PAGE_SIZE - ragged)
-                h.update(pad)
+                hasher.update(memoryview(pad))
                 fh.write(pad)
                 written += len(pad)
             fh.flush()
@@ -141,12 +141,8 @@ def write_snapshot(
             raise SnapshotError(
                 f"page source produced {pages_written} pages, expected {expected_pages}"
             )
-        with open(tmp_data, "rb") as fh:
-            written_pages = np.memmap(fh, dtype=np.uint8, mode="r",
-                                      shape=(pages_written, PAGE_SIZE))
-            sample = pages_sample_digest(pages_written, lambda p: written_pages[p : p + 1])
+        digests = tuple(hasher.finish())
         manifest = Manifest(
-            sample=sample,
             format=FORMAT_VERSION,
             epoch_id=epoch_id,
             num_pages=pages_written,
@@ -154,9 +150,11 @@ def write_snapshot(
             domain_bits=domain_bits if domain_bits is not None else domain_bits_for(pages_written),
             data_file=DATA_FILE,
             data_bytes=pages_written * PAGE_SIZE,
-            checksum=checksum_str(h.digest()),
+            checksum=checksum_str(root_hex(pages_written, chunk_pages, digests)),
             created=_now_iso(),
             source=source,
+            chunk_pages=chunk_pages,
+            chunk_hashes=digests,
         )
         tmp_manifest.write_text(manifest.to_json(), encoding="utf-8")
         with open(tmp_manifest, "rb") as fh:

@@ -228,7 +228,7 @@ def test_updates_and_rotations_under_load(epoch_parties) -> None:
         assert doc["epoch_id"] == final
         assert doc["page_pir"]["num_pages"] == 1100 and doc["page_pir"]["domain_bits"] == 11
         assert doc["rotation_in_progress"] is False
-        assert doc["snapshot"]["checksum"].startswith("blake2b-256:")
+        assert doc["snapshot"]["checksum"].startswith("blake3-chunks:")
 
     # the background fold writes pending updates into pages without changing any answer
     def folded() -> bool:

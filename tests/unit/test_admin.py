@@ -147,7 +147,7 @@ def test_verify_refuses_truncated_corrupt_and_unchecksummed(tmp_path) -> None:
     with open(truncated / "pages.bin", "r+b") as fh:
         fh.truncate(4096 * 19 + 100)
     corrupt = tmp_path / "corrupt"
-    build_synthetic(corrupt, 200, seed=1, progress=False)  # page 7 is not one sampled
+    build_synthetic(corrupt, 200, seed=1, progress=False)
     with open(corrupt / "pages.bin", "r+b") as fh:
         fh.seek(4096 * 7 + 5)
         byte = fh.read(1)

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import time
 from pathlib import Path
 
+import blake3
 import numpy as np
 import pytest
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.snapshot import verified
 from morphogen.snapshot.chunks import CHUNK_PAGES
+from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES, checksum_str, root_hex
 from morphogen.snapshot.layout import domain_bits_for, shard_ranges
 from morphogen.snapshot.manifest import FORMAT_VERSION, Manifest, SnapshotError
 from morphogen.snapshot.reader import Snapshot
-from morphogen.snapshot.sample import sampled_pages
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 from morphogen.snapshot.writer import import_raw, write_snapshot
 
@@ -28,8 +29,16 @@ def _pattern(num_pages: int) -> np.ndarray:
     return ((31 * i + j) & 0xFF).astype(np.uint8)
 
 
-def _blake(data: bytes) -> str:
-    return "blake2b-256:" + hashlib.blake2b(data, digest_size=32).hexdigest()
+def _checksum(data: bytes, chunk_pages: int = DEFAULT_CHUNK_PAGES) -> str:
+    """The chunk-hash root written out from its definition: BLAKE3 of each chunk of pages, then
+    of a tag, the page count, the chunk size and the digests."""
+    step = chunk_pages * PAGE_SIZE
+    root = blake3.blake3(b"morphogen-chunk-root-v1")
+    root.update((len(data) // PAGE_SIZE).to_bytes(8, "little"))
+    root.update(chunk_pages.to_bytes(8, "little"))
+    for i in range(0, len(data), step):
+        root.update(blake3.blake3(data[i : i + step]).digest())
+    return "blake3-chunks:" + root.hexdigest()
 
 
 def _mapping_base(arr: np.ndarray) -> np.ndarray:
@@ -96,16 +105,19 @@ def test_shard_ranges_refusals() -> None:
 
 
 @pytest.mark.parametrize("num_pages", [1, 2, 5, 33])
-def test_round_trip_array(tmp_path: Path, num_pages: int) -> None:
+@pytest.mark.parametrize("chunk_pages", [1, 4, DEFAULT_CHUNK_PAGES])
+def test_round_trip_array(tmp_path: Path, num_pages: int, chunk_pages: int) -> None:
     data = _pattern(num_pages)
-    m = write_snapshot(tmp_path / "snap", data, epoch_id=7, source="test")
+    m = write_snapshot(tmp_path / "snap", data, epoch_id=7, source="test",
+                       chunk_pages=chunk_pages)
     assert m.num_pages == num_pages
     assert m.epoch_id == 7
     assert m.page_size == PAGE_SIZE
     assert m.domain_bits == domain_bits_for(num_pages)
     assert m.data_file == "pages.bin"
     assert m.data_bytes == num_pages * PAGE_SIZE
-    assert m.checksum == _blake(data.tobytes())
+    assert m.checksum == _checksum(data.tobytes(), chunk_pages)
+    assert m.chunk_pages == chunk_pages and len(m.chunk_hashes) == -(-num_pages // chunk_pages)
     assert m.source == "test"
     # The data file is the reference's raw format: the pages and nothing else.
     assert (tmp_path / "snap" / "pages.bin").read_bytes() == data.tobytes()
@@ -125,14 +137,35 @@ def test_round_trip_array(tmp_path: Path, num_pages: int) -> None:
             for a, b in shard_ranges(num_pages, min(num_pages, 3)):
                 assert np.array_equal(snap.pages(a, b), data[a:b])
             assert snap.pages(1, 1).shape == (0, PAGE_SIZE)
-            assert snap.verify() == m.checksum
+            assert snap.verify() == m.checksum == snap.fingerprint()
+            for a, b in [(0, num_pages), (num_pages - 1, num_pages), (num_pages // 2, num_pages)]:
+                got = snap.read_verified(a, b)
+                assert np.array_equal(got, data[a:b]) and not got.flags.writeable
+                assert got.base is None or not isinstance(got.base, np.memmap)  # private
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 7, 64])
+def test_read_verified_any_range(tmp_path: Path, monkeypatch, chunk_pages: int) -> None:
+    # several read steps per chunk, cut mid-chunk on either side or both
+    monkeypatch.setattr(verified, "READ_STEP", 3 * PAGE_SIZE)
+    data = _pattern(150)
+    write_snapshot(tmp_path, data, epoch_id=1, source="t", chunk_pages=chunk_pages)
+    rng = np.random.default_rng(chunk_pages)
+    ranges = [(0, 150), (3, 5), (63, 65), (149, 150)]
+    ranges += [tuple(sorted(rng.choice(151, 2, replace=False))) for _ in range(20)]
+    with Snapshot.open(tmp_path) as snap:
+        for a, b in ranges:
+            assert np.array_equal(snap.read_verified(a, b), data[a:b]), (a, b)
+        assert snap.read_verified(4, 4).shape == (0, PAGE_SIZE)
+        assert snap.verify() == snap.manifest.checksum
 
 
 def test_manifest_json_round_trip(tmp_path: Path) -> None:
     m = write_snapshot(tmp_path, _pattern(3), epoch_id=2, source="x")
     raw = json.loads((tmp_path / "manifest.json").read_text())
     assert raw["format"] == FORMAT_VERSION
-    assert raw["checksum"].startswith("blake2b-256:")
+    assert raw["checksum"].startswith("blake3-chunks:")
+    assert raw["chunk_pages"] == DEFAULT_CHUNK_PAGES and len(raw["chunk_hashes"]) == 1
     assert Manifest.from_dict(raw) == m
     assert Manifest.load(tmp_path / "manifest.json") == m
 
@@ -152,11 +185,13 @@ def test_write_from_chunks_and_snapshot(tmp_path: Path) -> None:
     data = _pattern(9)
     flat = data.tobytes()
     chunks = [flat[:100], data[0:0], flat[100:5000], bytearray(flat[5000:])]
-    m1 = write_snapshot(tmp_path / "a", iter(chunks), epoch_id=1, source="chunks", num_pages=9)
-    assert m1.checksum == _blake(flat)
+    # pieces of any size, cut across page and chunk boundaries, hash as the whole
+    m1 = write_snapshot(tmp_path / "a", iter(chunks), epoch_id=1, source="chunks", num_pages=9,
+                        chunk_pages=2)
+    assert m1.checksum == _checksum(flat, 2)
     with Snapshot.open(tmp_path / "a") as snap:
         assert np.array_equal(snap.pages(), data)
-        m2 = write_snapshot(tmp_path / "b", snap, epoch_id=2, source="copy")
+        m2 = write_snapshot(tmp_path / "b", snap, epoch_id=2, source="copy", chunk_pages=2)
     assert m2.checksum == m1.checksum and m2.epoch_id == 2
 
 
@@ -194,27 +229,39 @@ def test_rewrite_replaces_atomically_and_keeps_old_mapping(tmp_path: Path) -> No
     assert sorted(p.name for p in tmp_path.iterdir()) == ["manifest.json", "pages.bin"]
 
 
-def test_data_replaced_under_its_manifest_is_refused_at_open(tmp_path: Path) -> None:
-    write_snapshot(tmp_path / "a", _pattern(300), epoch_id=1, source="t")
-    write_snapshot(tmp_path / "b", 255 - _pattern(300), epoch_id=1, source="t")
-    # same size, same epoch, different pages: only the sampled pages tell them apart
+def test_data_replaced_under_its_manifest_is_refused_when_read(tmp_path: Path) -> None:
+    write_snapshot(tmp_path / "a", _pattern(300), epoch_id=1, source="t", chunk_pages=100)
+    write_snapshot(tmp_path / "b", 255 - _pattern(300), epoch_id=1, source="t", chunk_pages=100)
     os.replace(tmp_path / "b" / "pages.bin", tmp_path / "a" / "pages.bin")
-    with pytest.raises(SnapshotError, match="does not match its manifest"):
-        Snapshot.open(tmp_path / "a")
-    # a manifest written before the sample existed still opens (nothing to compare with)
-    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
-    del manifest["sample"]
-    (tmp_path / "a" / "manifest.json").write_text(json.dumps(manifest))
+    # opening reads no data; serving a range does, and names the file and the first bad chunk
     with Snapshot.open(tmp_path / "a") as snap:
-        assert snap.manifest.sample is None
-        assert snap.fingerprint() == snap.manifest.checksum
+        with pytest.raises(SnapshotError, match=r"a/pages\.bin: checksum mismatch in chunk 1 "):
+            snap.read_verified(150, 160)
+
+
+def test_format_1_manifest_is_read_as_derived(tmp_path: Path, caplog) -> None:
+    data = _pattern(300)
+    write_snapshot(tmp_path, data, epoch_id=6, source="t")
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    for field in ("chunk_pages", "chunk_hashes"):
+        del manifest[field]
+    manifest.update(format=1, checksum="blake2b-256:" + "0" * 64, sample="0" * 32)
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with Snapshot.open(tmp_path) as snap:
+        # its epoch and shape stay, its checksum (which named a file, not bytes) goes, and the
+        # chunk hashes come from the bytes: an admin rotation refuses it until it is rebuilt
+        assert (snap.epoch_id, snap.num_pages, snap.manifest.format) == (6, 300, FORMAT_VERSION)
+        assert snap.manifest.checksum is None
+        assert snap.fingerprint() == _checksum(data.tobytes())
+        assert np.array_equal(snap.read_verified(), data)
+    assert "format 1 manifest has no chunk hashes" in caplog.text
 
 
 def test_raw_file_fingerprint_names_its_data(tmp_path: Path) -> None:
     (tmp_path / "x.bin").write_bytes(_pattern(5).tobytes())
     (tmp_path / "y.bin").write_bytes((255 - _pattern(5)).tobytes())
     with Snapshot.open(tmp_path / "x.bin") as x, Snapshot.open(tmp_path / "y.bin") as y:
-        assert x.fingerprint().startswith("sampled:")
+        assert x.fingerprint() == _checksum(_pattern(5).tobytes())
         assert x.fingerprint() != y.fingerprint()
 
 
@@ -293,6 +340,13 @@ def test_bad_json_refused(tmp_path: Path) -> None:
         ({"epoch_id": "3"}, "must be an integer"),
         ({"epoch_id": -1}, "u64"),
         ({"checksum": "md5:00"}, "checksum"),
+        ({"checksum": "blake3-chunks:" + "0" * 64}, "not the root of chunk_hashes"),
+        ({"chunk_hashes": ["0" * 64]}, "not the root of chunk_hashes"),
+        ({"chunk_hashes": []}, "need 1"),
+        ({"chunk_hashes": ["zz"]}, "64 lowercase hex"),
+        ({"chunk_hashes": None}, "must be a list"),
+        ({"chunk_pages": 0}, "chunk_pages"),
+        ({"chunk_pages": 1}, "need 5"),
         ({"data_file": "../pages.bin"}, "plain file name"),
         ({"data_file": "/etc/passwd"}, "plain file name"),
     ],
@@ -324,7 +378,6 @@ def test_larger_domain_accepted(tmp_path: Path) -> None:
 
 def test_checksum_mismatch_refused_on_verify(tmp_path: Path) -> None:
     snap_dir = _good_snapshot(tmp_path, 200)
-    assert 7 not in sampled_pages(200)  # the cheap open-time check cannot see it
     with open(snap_dir / "pages.bin", "r+b") as fh:
         fh.seek(7 * PAGE_SIZE + 17)
         fh.write(b"\x99")
@@ -349,7 +402,7 @@ def test_bare_raw_whole_pages(tmp_path: Path) -> None:
         assert m.checksum is None and m.source == "raw:matrix.bin"
         assert isinstance(snap.pages(0, 6), np.memmap)
         assert np.array_equal(snap.pages(), data)
-        assert snap.verify() == _blake(data.tobytes())
+        assert snap.verify() == _checksum(data.tobytes()) == snap.fingerprint()
 
 
 @pytest.mark.parametrize("ragged", [1, 100, PAGE_SIZE - 1])
@@ -374,7 +427,8 @@ def test_bare_raw_ragged_tail_zero_padded(tmp_path: Path, full_pages: int, ragge
         if full_pages:
             # A range before the tail is still a view of the mapping, not a copy.
             assert isinstance(snap.pages(0, full_pages), np.memmap)
-        assert snap.verify() == _blake(padded.tobytes())
+        assert snap.verify() == _checksum(padded.tobytes())
+        assert np.array_equal(snap.read_verified(), padded)
 
 
 def test_bare_raw_refusals(tmp_path: Path) -> None:
@@ -391,7 +445,7 @@ def test_import_raw(tmp_path: Path) -> None:
     m = import_raw(raw, tmp_path / "snap", epoch_id=4, progress=False)
     padded = body + bytes(PAGE_SIZE - 123)
     assert (m.num_pages, m.epoch_id, m.source) == (4, 4, "raw:ref.bin")
-    assert m.checksum == _blake(padded)
+    assert m.checksum == _checksum(padded)
     assert (tmp_path / "snap" / "pages.bin").read_bytes() == padded
     with Snapshot.open(tmp_path / "snap", verify=True) as snap, Snapshot.open(raw) as bare:
         assert np.array_equal(snap.pages(), bare.pages())
@@ -427,17 +481,19 @@ def test_reading_one_range_of_a_huge_sparse_file(tmp_path: Path) -> None:
         fh.truncate(num_pages * PAGE_SIZE)
         fh.seek(12_345_678 * PAGE_SIZE)
         fh.write(_pattern(3).tobytes())
+    chunks = ("0" * 64,) * (num_pages // DEFAULT_CHUNK_PAGES)  # never read here
     m = Manifest(
-        format=1,
+        format=FORMAT_VERSION,
         epoch_id=9,
         num_pages=num_pages,
         page_size=PAGE_SIZE,
         domain_bits=24,
         data_file="pages.bin",
         data_bytes=num_pages * PAGE_SIZE,
-        checksum="blake2b-256:" + "0" * 64,
+        checksum=checksum_str(root_hex(num_pages, DEFAULT_CHUNK_PAGES, chunks)),
         created="2024-01-01T00:00:00+00:00",
         source="t",
+        chunk_hashes=chunks,
     )
     (snap_dir / "manifest.json").write_text(m.to_json())
     t0 = time.perf_counter()
