@@ -210,7 +210,7 @@ def _check_value(name: str, value: Any, where: str) -> None:
             and type(p[1]) is int and isinstance(p[2], str) and isinstance(p[3], str)
             for p in value)
     else:
-        ok = isinstance(value, str)
+        ok = isinstance(value, str) and value != ""
     if not ok:
         raise EpochLogError(f"{where}: bad value for field {name}: {str(value)[:80]!r}")
 
@@ -542,6 +542,15 @@ class EpochLog:
 
     def _add(self, append: Callable[[bytes], None], state: LogState, entry: LogEntry,
              batch: ChangeBatch | None = None) -> LogEntry:
+        frame = _frame(entry)
+        # the checks every reader applies, before anything is written: a record a reader
+        # would refuse must never reach the log (it would refuse every later read too)
+        if entry.seq != len(state.entries):
+            raise ValueError(f"record seq {entry.seq} where {len(state.entries)} is due")
+        try:
+            _decode(frame[_FRAME.size :], f"{self.path}: new record")
+        except EpochLogError as exc:
+            raise ValueError(str(exc)) from None
         if problem := _misfit(state, entry):
             raise EpochLogConflict(f"{self.path}: {problem}")
         if batch is not None and entry.blob:  # under the lock: `compact` deletes blobs
@@ -549,7 +558,7 @@ class EpochLog:
             flags = np.ascontiguousarray(batch.replace, np.uint8).tobytes()
             head = _BLOB.pack(BLOB_MAGIC, PAGE_SIZE, len(batch))
             self._write_file(entry.blob, (head, pages, flags, batch.data))
-        append(_frame(entry))
+        append(frame)
         _apply(state, entry)
         return entry
 
@@ -596,7 +605,10 @@ class EpochLog:
             raise ValueError(f"a decision is one of {DECISIONS}")
         with self._locked() as (append, state):
             pending = state.pending
-            if pending is None or pending.seq != proposal.seq or pending.pub != proposal.pub:
+            # the publisher names one attempt: a seq and a pub alone may recur after a
+            # compaction renumbered the records and the admin re-sent the publication
+            if pending is None or (pending.seq, pending.pub, pending.publisher) != (
+                    proposal.seq, proposal.pub, proposal.publisher):
                 raise EpochLogConflict(
                     f"{self.path}: publication {proposal.pub} (epoch {proposal.epoch_id}) was "
                     "decided by another publisher (its lease ran out)")
