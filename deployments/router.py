@@ -169,8 +169,10 @@ class Router:
         return await self._party.admin.status()
 
     async def stats(self) -> dict[str, Any]:
-        """Coalescing counters of this replica (benchmarks and tests)."""
-        return {**self._party.stats(), "pid": os.getpid()}
+        """Coalescing counters of this replica, its pid and the queries it holds now
+        (benchmarks and tests)."""
+        return {**self._party.stats(), "pid": os.getpid(),
+                "held_queries": self._party.held_queries}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metric (morphogen.autoscaling.router_policy)."""

@@ -125,7 +125,8 @@ def publish_to_parties(
     sleep: Callable[[float], None] = time.sleep,
 ) -> list[dict]:
     """`send` (one publication, one id) to every party in order, re-sending to a party that
-    answers 503 or cannot be reached until `retry_for_s` is spent; a 4xx is final. Raises
+    answers a 5xx or 429 (a 500 is what Serve answers when the router replica serving the
+    request dies) or cannot be reached until `retry_for_s` is spent; a 4xx is final. Raises
     PartiesDiverged when the parties name different identities afterwards (they did not hold
     the same data before: see `compare_parties`). Safe to call again with the same id: a party
     that has it answers it as done."""

@@ -4,7 +4,8 @@ retry. The clients in `morphogen.client` only move bytes and sleep.
 An operation (`ClientCore.get`, `get_with_epoch`, `read_info`) is a generator. It yields
 actions (`ReadEpoch`, `Send`, `Sleep`) and is sent their results: the pair of GET /epoch
 documents, the pair of decoded `Answer`s, or nothing. A failed action is thrown back in as a
-`Transient` (worth retrying: 503, 429, a dropped connection) or a `PirError` (a refusal).
+`Transient` (worth retrying: a 5xx or 429, a dropped connection or a timeout) or a `PirError`
+(a 4xx: the router refused the request itself).
 `drive` and `adrive` run an operation against a caller's `perform` function.
 
 What the core will vouch for: a page is returned only when A and B answered from the same epoch
@@ -17,9 +18,11 @@ advertise exactly that data in the planned domain and it still holds every wante
 wanted page past the new end raises `PageOutOfRange`; otherwise the pages are asked again with
 fresh keys. Servers without identities (the reference) are checked by epoch id alone.
 
-Every reason to retry (503, dropped connection, A and B on different epochs or identities,
-parties mid-rotation, a domain refusal, data that moved again) spends from one budget of
-`RetryPolicy.attempts` per request, so a call always ends.
+Every reason to retry (a 5xx or 429, a dropped connection, A and B on different epochs or
+identities, parties mid-rotation, a domain refusal, data that moved again) spends from one
+budget of `RetryPolicy.attempts` per request, so a call always ends. Each retry sends fresh keys
+to both parties: a read is safe to repeat, and a replica's death (Serve answers 500 for the
+requests it had in flight, or drops the connection) is only a slower answer.
 """
 
 from __future__ import annotations
@@ -50,7 +53,17 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    attempts: int = 5
+    """`attempts` tries per request, sleeping `backoff_s` doubled after each failure (at most
+    `max_backoff_s`, at least a server's Retry-After within that cap), jittered down to half.
+
+    The default sleeps 10.5 to 21 s in all before it gives up: long enough to ride out what a
+    replica's death does to the parties, at worst a publication whose router died on one party
+    after the other had it (the parties then serve different epochs until the admin's re-send
+    goes through, after the dead router's lease of `admin_lease_s`, 5 s by default, and the
+    publication itself), with room for a loaded machine. A read that outlasts the outage
+    succeeds at most one backoff (2 s) after it ends."""
+
+    attempts: int = 14
     backoff_s: float = 0.1
     max_backoff_s: float = 2.0
 
@@ -83,7 +96,8 @@ def give_up(attempts: int, last: Transient | None) -> PirUnavailable:
             f"{last}, still after {attempts} attempts: one party missed or reordered an update, "
             "or a snapshot was rebuilt under the same epoch id"
         )
-    return PirUnavailable(f"gave up after {attempts} attempts: {last or 'no attempt'}")
+    return PirUnavailable(f"gave up after {attempts} attempts: {last or 'no attempt'}",
+                          last.status if last is not None else None)
 
 
 # --------------------------------------------------------------------------- actions

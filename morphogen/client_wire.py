@@ -28,7 +28,12 @@ from morphogen.codec import (
 from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES, MAX_DOMAIN_BITS, PAGE_SIZE
 from morphogen.dpf import generate_keys
 
-RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# What a replica's death, an overloaded party or a restart looks like from outside: retried with
+# fresh keys to both parties (a read is safe to repeat). Serve answers 500 for a request whose
+# replica died under it (its Python proxy maps the actor's death to 500; its HAProxy ingress
+# rewrites 502/503/504 to 500), with no Retry-After, so a 500 is retried like a 502. Every
+# other 4xx is the router refusing the request itself and is final.
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 
 
 # --------------------------------------------------------------------------- errors
@@ -44,7 +49,8 @@ class PirError(Exception):
 
 
 class PirUnavailable(PirError):
-    """No consistent answer after every retry (epoch mismatch, 503, connection errors)."""
+    """No consistent answer after every retry (epoch mismatch, 5xx, connection errors);
+    `status` is the last HTTP status met, if the last failure was one."""
 
 
 class EpochMismatchError(PirUnavailable):
@@ -68,10 +74,12 @@ class Transient(Exception):
     """A failure worth retrying. `delay` is the server's Retry-After hint; `kind` says which
     error to give up with."""
 
-    def __init__(self, reason: str, delay: float | None = None, kind: str = "other") -> None:
+    def __init__(self, reason: str, delay: float | None = None, kind: str = "other",
+                 status: int | None = None) -> None:
         super().__init__(reason)
         self.delay = delay
         self.kind = kind
+        self.status = status
 
 
 def failure_for_status(
@@ -79,7 +87,7 @@ def failure_for_status(
 ) -> Exception:
     """What an HTTP error status means to the client: retry it or raise it."""
     if status in RETRY_STATUSES:
-        return Transient(f"HTTP {status} {code or ''}".strip(), retry_after)
+        return Transient(f"HTTP {status} {code or ''}".strip(), retry_after, status=status)
     return PirError(f"HTTP {status}: {message}", status, code)
 
 

@@ -153,6 +153,47 @@ def test_503_and_connection_errors_are_retried() -> None:
         assert c.get_page(7) == PAGES[7].tobytes()
 
 
+def _serve_500() -> httpx.Response:
+    """What Serve's proxy (and its HAProxy ingress) answers for a request whose replica died."""
+    return httpx.Response(500, text="Internal Server Error",
+                          headers={"content-type": "text/plain"})
+
+
+def test_a_replica_death_is_retried_with_fresh_keys_to_both_parties() -> None:
+    a, b = FakeServer(), FakeServer()
+    sent: dict[str, list[bytes]] = {"a": [], "b": []}
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            sent[request.url.host].append(request.content)
+        return (a if request.url.host == "a" else b)(request)
+
+    def dropped() -> httpx.Response:
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+
+    with PirClient("http://a", "http://b", transport=httpx.MockTransport(route),
+                   retry=FAST) as c:
+        c.info()
+        a.faults = [_serve_500, dropped, lambda: httpx.Response(504)]
+        assert c.get_page(7) == PAGES[7].tobytes()
+        b.faults = [lambda: httpx.Response(502)]
+        assert c.get_page(8) == PAGES[8].tobytes()
+    assert len(sent["a"]) == len(sent["b"]) == FAST.attempts + 2
+    assert len(set(sent["a"])) == len(set(sent["b"])) == FAST.attempts + 2  # fresh keys
+
+
+def test_a_5xx_that_lasts_gives_up_with_its_status() -> None:
+    a, b = FakeServer(), FakeServer()
+    with _client(a, b) as c:
+        c.info()
+        a.faults = [_serve_500] * FAST.attempts
+        with pytest.raises(PirUnavailable) as exc:
+            c.get_page(1)
+    assert exc.value.status == 500 and f"after {FAST.attempts} attempts: HTTP 500" in str(
+        exc.value)
+    assert a.faults == []
+
+
 def test_4xx_is_not_retried() -> None:
     a, b = FakeServer(), FakeServer()
 
