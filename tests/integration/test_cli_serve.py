@@ -39,6 +39,10 @@ def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
     port = free_port()
     env = dict(os.environ, MORPHOGEN_CACHE_DIR=str(tmp_path / "cache"), RAY_AUTH_MODE="disabled")
     env.pop("RAY_ADDRESS", None)
+    # its own cluster: HAProxy listeners on free ports, not those of this session's Serve (which
+    # runs already when an earlier test in the session started it)
+    for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+        env.pop(name, None)
     cmd = [sys.executable, "-m", "cluster.cli", "serve", "--matrix", str(raw), "--shards", "2",
            "--port", str(port), "--host", "127.0.0.1", "--num-cpus", "2", "--engine", "cpu",
            "--config", str(Path(__file__).parent / "serve_test.yaml")]
