@@ -9,7 +9,6 @@ access log off, and small CPU slots per replica so that everything fits on two c
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -143,18 +142,6 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
             pass
         time.sleep(interval_s)
     return False
-
-
-def random_changes(rng: random.Random, num_pages: int) -> list[tuple[int, str, bytes]]:
-    """1..4 page updates: XOR diffs and replacements of 1, 100 or 4096 bytes."""
-    out = []
-    for _ in range(rng.randint(1, 4)):
-        page = rng.randrange(num_pages)
-        if rng.random() < 0.6:
-            out.append((page, "diff", rng.randbytes(4096)))
-        else:
-            out.append((page, "data", rng.randbytes(rng.choice([1, 100, 4096]))))
-    return out
 
 
 def apply_changes(model: np.ndarray, changes: list[tuple[int, str, bytes]]) -> np.ndarray:

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from cluster.churn import random_changes
 from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
 from morphogen.snapshot.synthetic import synthetic_pages
 
-from .conftest import apply_changes, deploy, random_changes, rotation_snapshots, wait_until
+from .conftest import apply_changes, deploy, rotation_snapshots, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
