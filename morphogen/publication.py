@@ -123,7 +123,6 @@ class Publisher:
                                     if party.cfg.admin_failpoint_file else None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewers: set[asyncio.Task[None]] = set()
-        self._halted = False
 
     # ------------------------------------------------------------------ shards
 
@@ -204,7 +203,6 @@ class Publisher:
 
     def halt(self) -> None:
         """Stop renewing every lease (the crash tests: a publisher that froze is a dead one)."""
-        self._halted = True
         for task in list(self._renewers):
             task.cancel()
 
@@ -250,8 +248,10 @@ class Publisher:
                     proposal.epoch_id, prepare(proposal), aborts,
                     timeout_s=cfg.admin_timeout_s, retry_after=cfg.retry_after_s)
             except BaseException:
-                with _quietly():
+                try:
                     await asyncio.to_thread(self.log.decide, proposal, "abort")
+                except Exception as exc:  # noqa: BLE001 - decided already, or the log is gone
+                    log.warning("abort of %s not logged (%s)", proposal.pub, reason(exc))
                 raise
             await self._step("prepared")
             try:
@@ -416,16 +416,3 @@ class Publisher:
                 for i, replicas in zip(infos, by_shard, strict=True)
             ],
         }
-
-
-class _quietly:
-    """Swallow and log any failure of a best-effort step."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is not None and isinstance(exc, Exception):
-            log.warning("best-effort step failed (%s)", reason(exc))
-            return True
-        return False
