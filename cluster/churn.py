@@ -364,7 +364,9 @@ def _running(app: str, deployment: str) -> int:
     return int(states.get("RUNNING", 0)) if len(states) == 1 else -1
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
+def wait_until(predicate: Callable[[], bool], timeout_s: float,
+               interval_s: float = 0.25) -> bool:
+    """Whether `predicate` came true (an exception counts as not yet) within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -409,7 +411,7 @@ class _Killer:
         from ray import serve
 
         app, deployment = next(self._plan)
-        if not _wait(lambda: _running(app, deployment) == self.replicas, 90):
+        if not wait_until(lambda: _running(app, deployment) == self.replicas, 90, 0.2):
             raise RuntimeError(f"{app}/{deployment} did not get back to {self.replicas} replicas")
         handle = serve.get_deployment_handle(deployment, app_name=app)
         pid, when = None, "any time"
@@ -428,7 +430,7 @@ class _Killer:
             pid = int(method.remote().result(timeout_s=30)["pid"])
         os.kill(pid, signal.SIGKILL)
         at_s = time.monotonic() - started
-        _wait(lambda: _running(app, deployment) != self.replicas, 10, 0.1)
+        wait_until(lambda: _running(app, deployment) != self.replicas, 10, 0.1)
         return Kill(app, deployment, pid, when, at_s)
 
     @staticmethod
@@ -448,11 +450,11 @@ class _Killer:
         armed = self.failpoint(self.root, app)
         fired = Path(str(armed) + ".fired")
         armed.write_text(step)
-        if not _wait(fired.exists, timeout_s, 0.05):
+        if not wait_until(fired.exists, timeout_s, 0.05):
             armed.unlink(missing_ok=True)
-            if not _wait(fired.exists, 1.0, 0.05):  # a publisher may have taken it meanwhile
+            if not wait_until(fired.exists, 1.0, 0.05):  # a publisher may have taken it meanwhile
                 return None
-        _wait(lambda: fired.read_text().strip().isdigit(), 5.0, 0.02)
+        wait_until(lambda: fired.read_text().strip().isdigit(), 5.0, 0.02)
         pid = int(fired.read_text())
         fired.unlink()
         return pid
@@ -522,7 +524,7 @@ def _run(base_url: str, root: Path, plan: ChurnPlan, common: dict[str, Any],
         time.sleep(max(0.0, started + plan.duration_s - time.monotonic()))
         publisher.join()
         # the readers go on while the last replicas come back and reach the head
-        report.replicas_at_head = _wait(lambda: _all_at_head(urls), plan.settle_s, 0.5)
+        report.replicas_at_head = wait_until(lambda: _all_at_head(urls), plan.settle_s, 0.5)
         time.sleep(1.0)
     finally:
         publisher.join()

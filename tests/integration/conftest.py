@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from cluster.churn import wait_until  # noqa: F401 - the tests' one polling helper
 from cluster.local import fast_ingress_env, free_port  # noqa: E402 - no Ray import behind it
 from morphogen.snapshot.synthetic import build_synthetic
 
@@ -130,18 +130,6 @@ def pages(parties: ServeInstance):
     from morphogen.snapshot.synthetic import synthetic_pages
 
     return synthetic_pages(11, 0, NUM_PAGES)
-
-
-def wait_until(predicate, timeout_s: float, interval_s: float = 0.25) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return True
-        except Exception:  # noqa: BLE001 - not yet
-            pass
-        time.sleep(interval_s)
-    return False
 
 
 def apply_changes(model: np.ndarray, changes: list[tuple[int, str, bytes]]) -> np.ndarray:
