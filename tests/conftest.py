@@ -34,3 +34,26 @@ def compiled_cpu_kernels() -> None:
     dpf.eval_range(keys[0], 0, 16)
     dpf.eval_points(list(keys), np.arange(4))
     engine.create("cpu").load(np.zeros((16, 4096), np.uint8)).scan(list(keys))
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One S3 protocol server on 127.0.0.1 for the whole test session."""
+    from tests.s3.server import running_s3_server
+
+    with running_s3_server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch: pytest.MonkeyPatch):
+    """This process's environment pointed at the loopback S3 server; returns the server."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_bucket(s3_env) -> str:
+    """A fresh, empty bucket on the loopback S3 server (the environment points at it)."""
+    return s3_env.new_bucket()

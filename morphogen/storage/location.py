@@ -1,0 +1,120 @@
+"""A URI turned into an object store and a key prefix.
+
+obstore (Rust's ``object_store`` behind a thin Python layer) is the one library for every
+scheme: ranged GETs for the per-node chunk fetch, create-only PUTs (S3 ``If-None-Match: *``,
+GCS ``ifGenerationMatch=0``) for the log's write-once records, and no botocore/aiohttp stack
+in every replica. Credentials and endpoints come from the standard environment variables of
+each cloud (``AWS_*``, ``GOOGLE_*``), so a pod's service account or a mounted secret works
+without project settings; ``AWS_ENDPOINT_URL`` points S3 at MinIO, Ceph or a test server.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+REMOTE_SCHEMES = ("s3", "gs", "http", "https")
+
+
+class StorageError(RuntimeError):
+    """An object store could not be reached or refused a request; the message names the URI."""
+
+
+def is_remote(uri: str | os.PathLike[str]) -> bool:
+    """Whether ``uri`` names an object store rather than a local path (``file://`` is local)."""
+    scheme = urlsplit(str(uri)).scheme.lower()
+    return scheme in REMOTE_SCHEMES
+
+
+def local_path(uri: str | os.PathLike[str]) -> Path:
+    """The local path of a plain path or a ``file://`` URI."""
+    text = str(uri)
+    parts = urlsplit(text)
+    if parts.scheme.lower() == "file":
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"{text}: a file:// URI names a path on this node, "
+                             f"not on {parts.netloc}")
+        return Path(parts.path)
+    if parts.scheme:
+        raise ValueError(f"{text}: unsupported scheme {parts.scheme!r} (use a path, file://, "
+                         f"s3://, gs:// or https://)")
+    return Path(text)
+
+
+@dataclass(frozen=True)
+class Location:
+    """An object store and the key prefix under it that a URI names.
+
+    ``uri`` is kept as given (less a trailing slash) for messages; ``prefix`` has no leading or
+    trailing slash, and ``key(name)`` joins names under it.
+    """
+
+    uri: str
+    store: Any
+    prefix: str
+
+    def key(self, *names: str) -> str:
+        return "/".join(p for p in (self.prefix, *names) if p)
+
+    def child(self, name: str) -> Location:
+        return Location(f"{self.uri}/{name}", self.store, self.key(name))
+
+
+def _s3_store(bucket: str) -> Any:
+    from obstore.store import S3Store
+
+    config: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    client_options: dict[str, Any] = {}
+    if endpoint:
+        config["endpoint"] = endpoint
+        if endpoint.startswith("http://"):
+            client_options["allow_http"] = True
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        config["region"] = region
+    # the constructor also reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, web
+    # identity tokens (EKS IRSA) and the instance metadata service, in the usual order
+    return S3Store(bucket, config=config or None, client_options=client_options or None)
+
+
+def _gcs_store(bucket: str) -> Any:
+    from obstore.store import GCSStore
+
+    return GCSStore(bucket)  # GOOGLE_* variables, or the node's service account
+
+
+def _http_store(base: str) -> Any:
+    from obstore.store import HTTPStore
+
+    return HTTPStore.from_url(base)
+
+
+def open_location(uri: str | os.PathLike[str]) -> Location:
+    """The object store and prefix of ``s3://bucket/prefix``, ``gs://bucket/prefix``,
+    ``https://host/path`` or a local path / ``file://`` URI (a LocalStore rooted there)."""
+    text = str(uri).rstrip("/") or str(uri)
+    parts = urlsplit(text)
+    scheme = parts.scheme.lower()
+    try:
+        if scheme == "s3":
+            if not parts.netloc:
+                raise ValueError(f"{text}: no bucket (s3://BUCKET/PREFIX)")
+            return Location(text, _s3_store(parts.netloc), parts.path.strip("/"))
+        if scheme == "gs":
+            if not parts.netloc:
+                raise ValueError(f"{text}: no bucket (gs://BUCKET/PREFIX)")
+            return Location(text, _gcs_store(parts.netloc), parts.path.strip("/"))
+        if scheme in ("http", "https"):
+            return Location(text, _http_store(text), "")
+    except ValueError:
+        raise
+    except Exception as exc:  # obstore raises its own config errors: name the URI
+        raise StorageError(f"{text}: cannot open the object store: {exc}") from exc
+    from obstore.store import LocalStore
+
+    path = local_path(text)
+    return Location(text, LocalStore(path.resolve(), mkdir=True), "")
