@@ -1,4 +1,4 @@
-"""The `morphogen` command line: demo, serve, metrics-url, build, get, admin.
+"""The `morphogen` command line: demo, serve, metrics-url, build, get, admin, lookup, records.
 
 This module only parses: each command is a thin function over a `cluster` module. Errors are
 one line naming the input and the fix (`cluster.errors`), exit status 2 for bad input."""
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cluster import admin_view, inputs
+from cluster import admin_view, inputs, records
 from cluster.errors import CommandFailed, UsageError, report
 from cluster.report import eprint
 from cluster.shutdown import StopRequested
@@ -48,6 +48,9 @@ def cmd_metrics_url(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from morphogen.snapshot.manifest import SnapshotError
+
+    if args.records:
+        return records.build_records(args)
     from morphogen.snapshot.synthetic import build_synthetic
     from morphogen.snapshot.writer import import_raw
 
@@ -209,7 +212,8 @@ Send every operation to both parties (they are applied in the order of --server)
 BUILD_EXAMPLES = """\
 examples:
   morphogen build --synthetic 65536 --out /data/snap      # 256 MiB of pseudo-random pages
-  morphogen build --raw pages.bin --out /data/snap --epoch 7"""
+  morphogen build --raw pages.bin --out /data/snap --epoch 7
+  morphogen build --records accounts.jsonl --value-size 32 --signing-key owner.key --out /data/kw"""
 
 
 def _admin_options(p: argparse.ArgumentParser, after: bool) -> None:
@@ -383,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     bld.add_argument("--force", action="store_true",
                      help="overwrite a snapshot already in --out (servers mapping it keep the "
                           "old data; a restarted one maps the new)")
+    records.add_build_options(bld, src)
     bld.set_defaults(func=cmd_build)
 
     get = sub.add_parser("get", help="fetch pages privately from two servers",
@@ -404,7 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     get.set_defaults(func=cmd_get)
 
     _admin_parser(sub)
-    for p in (demo, mu, bld, get, *(sub.choices[n] for n in ("serve", "admin"))):
+    keyword_parsers = records.add_parsers(sub)
+    for p in (demo, mu, bld, get, *keyword_parsers,
+              *(sub.choices[n] for n in ("serve", "admin"))):
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of an unexpected error")
     return parser

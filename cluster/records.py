@@ -1,0 +1,221 @@
+"""The keyword commands: `build --records`, `lookup`, and `records keygen|apply|publish`.
+
+Thin over `morphogen.keyword`: parse, call, print one line per result; errors name the input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from cluster import inputs
+from cluster.errors import CommandFailed, UsageError
+from cluster.report import eprint
+
+RECORDS_FORMAT = ('JSON lines {"key": K, "value": V} or CSV rows K,V; a key or value is '
+                  '0x-prefixed hex or text')
+CHANGES_FORMAT = ('JSON lines {"op": "put", "key": K, "value": V} (insert or change) or '
+                  '{"op": "delete", "key": K}')
+
+
+def _key_arg(text: str) -> bytes:
+    from morphogen.keyword.records import RecordError, decode_field
+
+    try:
+        return decode_field(text, "KEY", "key")
+    except RecordError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def build_records(args: argparse.Namespace) -> int:
+    from morphogen.keyword import RecordError, TableFullError, build_table, read_records
+    from morphogen.keyword.owner import create_owner_dir
+    from morphogen.keyword.signing import load_signing_key
+
+    if not args.signing_key:
+        raise UsageError("--records needs --signing-key (make one: morphogen records keygen "
+                         "--out owner.key)")
+    if not args.value_size:
+        raise UsageError("--records needs --value-size (bytes of every value)")
+    try:
+        key = load_signing_key(args.signing_key)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--signing-key {exc}") from None
+    if (Path(args.out) / "owner.json").exists():
+        raise UsageError(f"--out {args.out} already holds a keyword table; build into a new "
+                         "directory")
+    try:
+        table = build_table(read_records(args.records, args.format), value_size=args.value_size,
+                            signing_key=key, layout=args.layout, row_size=args.row_size,
+                            num_buckets=args.buckets)
+        snapshot = create_owner_dir(table, args.out)
+    except (RecordError, TableFullError) as exc:
+        raise UsageError(f"--records {exc}") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    d, s = table.descriptor, table.stats
+    print(f"table {args.out}: {d.records} records in {d.geometry.num_buckets} {d.geometry.layout}"
+          f" buckets ({s.load:.1%} of {s.capacity} slots), {d.geometry.num_pages} pages, "
+          f"{s.seconds:.1f} s")
+    print(f"serve this snapshot on both parties: {snapshot}")
+    print(f"clients need the public key: {d.public_key.hex()}")
+    return 0
+
+
+def cmd_lookup(args: argparse.Namespace) -> int:
+    from morphogen.client import PirClient, PirError, PirUnavailable
+    from morphogen.keyword import KeywordClient, KeywordIntegrityError
+
+    url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
+    keys = [_key_arg(k) for k in args.keys]
+    try:
+        with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
+            values = KeywordClient(pir, args.public_key).get_many(keys)
+    except KeywordIntegrityError as exc:
+        raise CommandFailed(f"integrity: {exc}") from None
+    except PirUnavailable as exc:
+        raise CommandFailed(f"{exc} (check that both parties are serving)") from None
+    except (PirError, ValueError, OSError) as exc:
+        raise CommandFailed(str(exc)) from None
+    missing = 0
+    for text, value in zip(args.keys, values, strict=True):
+        if value is None:
+            missing += 1
+            print(f"{text}\tabsent")
+        else:
+            print(f"{text}\t0x{value.hex()}")
+    return 1 if missing and args.fail_absent else 0
+
+
+def cmd_records(args: argparse.Namespace) -> int:
+    if args.records_action == "keygen":
+        from morphogen.keyword.signing import generate_key_files
+
+        try:
+            private, public = generate_key_files(args.out)
+        except FileExistsError:
+            raise UsageError(f"--out {args.out} exists: a signing key is never overwritten "
+                             "(every table signed with it would be orphaned)") from None
+        print(f"signing key {private} (keep it private), public key {public}: "
+              f"{public.read_text().strip()}")
+        return 0
+    from morphogen.keyword.owner import OwnerTable
+
+    try:
+        owner = OwnerTable(args.owner)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--owner {exc}") from None
+    if args.records_action == "apply":
+        _apply(owner, args)
+    if args.records_action == "publish" or args.server:
+        _publish(owner, args)
+    return 0
+
+
+def _apply(owner, args: argparse.Namespace) -> None:
+    from morphogen.keyword import RecordError, TableFullError
+    from morphogen.keyword.owner import read_changes
+    from morphogen.keyword.signing import load_signing_key
+
+    try:
+        key = load_signing_key(args.signing_key)
+        changes = read_changes(args.changes)
+        version, batch = owner.apply(changes, key)
+    except (RecordError, TableFullError) as exc:
+        raise UsageError(f"{args.changes}: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    print(f"version {version}: {len(changes)} change(s), {len(batch)} page(s) re-signed")
+
+
+def _publish(owner, args: argparse.Namespace) -> None:
+    import httpx
+
+    from morphogen.admin_client import AdminClient, publish_to_parties
+    from morphogen.client import PirError
+    from morphogen.keyword.owner import publish
+
+    servers = [inputs.server_url("--server", u) for u in args.server or []]
+    if len(servers) < 2:
+        raise UsageError("publish to both parties: --server URL_A --server URL_B")
+    token = (inputs.admin_token(args.token_file, args.token_env) if args.token_file
+             else os.environ.get(args.token_env, "").strip())
+    if not token:
+        raise UsageError(f"no admin token (--token-file, or ${args.token_env})")
+    clients = [AdminClient(u, token) for u in servers]
+    try:
+        done = publish(owner, lambda pub, batch: publish_to_parties(
+            clients, lambda c: c.updates(batch, pub), retry_for_s=args.retry_for))
+    except (PirError, OSError, httpx.HTTPError) as exc:
+        raise CommandFailed(f"{type(exc).__name__}: {exc} (re-run `morphogen records publish`:"
+                            " a party that has a version answers it as done)") from None
+    finally:
+        for c in clients:
+            c.close()
+    if not done:
+        eprint("nothing to publish: both parties were sent every version")
+    for version, results in done:
+        epochs = ", ".join(f"{u} epoch {r.get('epoch_id')}" for u, r in
+                           zip(servers, results, strict=True))
+        print(f"version {version} published: {epochs}")
+
+
+def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclusiveGroup
+                      ) -> None:
+    src.add_argument("--records", metavar="FILE",
+                     help=f"records -> a signed keyword table ({RECORDS_FORMAT}); --out is then "
+                          "the owner directory")
+    bld.add_argument("--format", choices=["jsonl", "csv"], default=None,
+                     help="records file format (default: from its suffix)")
+    bld.add_argument("--value-size", type=inputs.positive_int, metavar="BYTES",
+                     help="bytes of every value (records)")
+    bld.add_argument("--signing-key", metavar="FILE", help="the owner's Ed25519 key (records)")
+    bld.add_argument("--layout", choices=["page", "row"], default="page",
+                     help="page: a bucket is a page (fills best); row: the reference's "
+                          "one-row buckets (records)")
+    bld.add_argument("--row-size", type=inputs.positive_int, default=0, metavar="BYTES",
+                     help="row bytes of the row layout, a divisor of 4096")
+    bld.add_argument("--buckets", type=inputs.positive_int, default=None, metavar="N",
+                     help="fixed bucket count (refused when the records do not fit; default: "
+                          "sized for the records)")
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    lk = sub.add_parser("lookup", help="look keys up privately in a keyword table, verified",
+                        description="Each key is one query of three keys to both parties; "
+                                    "every page of the answer is checked against the owner's "
+                                    "signature. Prints KEY<TAB>0xVALUE or KEY<TAB>absent.")
+    lk.add_argument("--server-a", required=True, metavar="URL", help="party A's URL")
+    lk.add_argument("--server-b", required=True, metavar="URL", help="party B's URL")
+    lk.add_argument("--public-key", required=True, metavar="HEX|FILE",
+                    help="the data owner's public key (64 hex digits, or the .pub file)")
+    lk.add_argument("--encoding", default="msgpack", choices=["json", "msgpack"])
+    lk.add_argument("--timeout", type=float, default=30.0, metavar="S")
+    lk.add_argument("--fail-absent", action="store_true", help="exit 1 when a key is absent")
+    lk.add_argument("keys", nargs="+", metavar="KEY", help="0x-hex or text")
+    lk.set_defaults(func=cmd_lookup)
+
+    rec = sub.add_parser("records", help="the data owner's keyword table: keys, changes, "
+                                         "publication",
+                         description=f"Changes file: {CHANGES_FORMAT}.")
+    acts = rec.add_subparsers(dest="records_action", required=True, metavar="ACTION")
+    kg = acts.add_parser("keygen", help="a new Ed25519 signing key (+ .pub beside it)")
+    kg.add_argument("--out", required=True, metavar="FILE")
+    ap = acts.add_parser("apply", help="apply a changes file as the next version (and publish "
+                                       "it with --server twice)")
+    ap.add_argument("--owner", required=True, metavar="DIR")
+    ap.add_argument("--signing-key", required=True, metavar="FILE")
+    ap.add_argument("changes", metavar="CHANGES")
+    pb = acts.add_parser("publish", help="send every unpublished version to both parties")
+    pb.add_argument("--owner", required=True, metavar="DIR")
+    for p in (ap, pb):
+        p.add_argument("--server", action="append", metavar="URL",
+                       help="a party's URL; twice (A, then B)")
+        p.add_argument("--token-file", metavar="FILE", default=None)
+        p.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN")
+        p.add_argument("--retry-for", type=float, default=120.0, metavar="S")
+    for p in (kg,):
+        p.set_defaults(server=None)
+    rec.set_defaults(func=cmd_records)
+    return [lk, rec]

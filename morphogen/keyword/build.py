@@ -1,0 +1,253 @@
+"""Records -> a signed cuckoo table over pages.
+
+Every record is placed in one of its three candidate buckets, with random-walk eviction when
+all three are full. Nothing is ever dropped and there is no stash: a build that cannot place
+every record draws new seeds, and after a few draws grows the table; a table of a fixed size
+that cannot hold them is refused with its numbers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.hashing import candidates_many, pack_keys
+from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry, Layout
+from morphogen.keyword.pages import root_of, sign_page, tags_of
+from morphogen.keyword.records import Record, RecordError, from_pairs
+from morphogen.keyword.signing import DATASET_SIZE, public_bytes
+
+MAX_KICKS = 1000
+SEED_DRAWS = 3  # per size, before growing
+GROWTH = 1.08
+DEFAULT_LOAD = {"page": 0.95, "row": 0.85}
+
+
+class TableFullError(ValueError):
+    """The records do not fit in a table of the size asked for."""
+
+
+@dataclass
+class BuildStats:
+    records: int
+    capacity: int
+    load: float
+    draws: int
+    seconds: float
+    attempts: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class KeywordTable:
+    """A built table: every page (the descriptor last), the descriptor, and the owner's index
+    from tag to key (what eviction needs; it never leaves the owner)."""
+
+    descriptor: Descriptor
+    pages: np.ndarray
+    keys: dict[bytes, bytes]
+    stats: BuildStats | None = None
+
+
+@numba.njit(cache=True)
+def _place(cands, cap, occ, fill, order, max_kicks, rng_seed):
+    # random-walk cuckoo insertion over buckets of cap[b] slots; returns the record left
+    # without a slot, or -1 when every record found one
+    np.random.seed(rng_seed)
+    for r in order:
+        cur = r
+        last = -1
+        placed = False
+        for _ in range(max_kicks):
+            best = -1
+            best_free = 0
+            for j in range(3):
+                b = cands[cur, j]
+                free = cap[b] - fill[b]
+                if free > best_free:
+                    best = b
+                    best_free = free
+            if best >= 0:
+                occ[best, fill[best]] = cur
+                fill[best] += 1
+                placed = True
+                break
+            n_ok = 0
+            for j in range(3):
+                b = cands[cur, j]
+                if cap[b] > 0 and b != last:
+                    n_ok += 1
+            if n_ok == 0:
+                for j in range(3):
+                    if cap[cands[cur, j]] > 0:
+                        n_ok += 1
+                if n_ok == 0:
+                    return cur  # all three candidates are dead rows
+                last = -1
+            pick = np.random.randint(n_ok)
+            b = -1
+            for j in range(3):
+                c = cands[cur, j]
+                if cap[c] > 0 and c != last:
+                    if pick == 0:
+                        b = c
+                        break
+                    pick -= 1
+            s = np.random.randint(cap[b])
+            victim = occ[b, s]
+            occ[b, s] = cur
+            cur = victim
+            last = b
+        if not placed:
+            return cur
+    return -1
+
+
+@numba.njit(cache=True)
+def _write_slots(pages, occ, fill, bucket_page, slot_off, tags, values):
+    slot_size = tags.shape[1] + values.shape[1]
+    for b in range(occ.shape[0]):
+        p = bucket_page[b]
+        for s in range(fill[b]):
+            r = occ[b, s]
+            off = slot_off[b] + s * slot_size
+            for i in range(tags.shape[1]):
+                pages[p, off + i] = tags[r, i]
+            for i in range(values.shape[1]):
+                pages[p, off + tags.shape[1] + i] = values[r, i]
+
+
+def _collect(records: Iterable[Record] | Iterable[tuple], value_size: int
+             ) -> tuple[list[bytes], np.ndarray, list[str]]:
+    keys: list[bytes] = []
+    values = bytearray()
+    wheres: list[str] = []
+    for rec in records:
+        if not isinstance(rec, Record):
+            rec = next(from_pairs([rec]))._replace(where=f"record {len(keys)}")
+        if len(rec.value) != value_size:
+            raise RecordError(f"{rec.where}: value is {len(rec.value)} bytes; this table's "
+                              f"values are {value_size} bytes")
+        if not rec.key:
+            raise RecordError(f"{rec.where}: empty key")
+        keys.append(bytes(rec.key))
+        values += rec.value
+        wheres.append(rec.where)
+    return keys, np.frombuffer(bytes(values), np.uint8).reshape(len(keys), value_size), wheres
+
+
+def _refuse_duplicates(tags: np.ndarray, keys: list[bytes], wheres: list[str]) -> None:
+    if len(keys) < 2:
+        return
+    view = np.ascontiguousarray(tags).view(np.dtype((np.void, TAG_SIZE))).reshape(-1)
+    order = np.argsort(view, kind="stable")
+    same = np.nonzero(view[order[1:]] == view[order[:-1]])[0]
+    if len(same):
+        a, b = int(order[same[0]]), int(order[same[0] + 1])
+        what = "the same key" if keys[a] == keys[b] else "keys whose 128-bit tags collide"
+        raise RecordError(f"{wheres[b]}: {what} as {wheres[a]} (key 0x{keys[b].hex()[:64]}); "
+                          "every key appears once")
+    if (view == np.void(EMPTY_TAG)).any():
+        i = int(np.nonzero(view == np.void(EMPTY_TAG))[0][0])
+        raise RecordError(f"{wheres[i]}: the key's tag is all zeros (the empty-slot marker)")
+
+
+def _sizes(n: int, layout: Layout, value_size: int, row_size: int, load: float) -> int:
+    probe = Geometry(layout, value_size, 1 << 20, row_size)
+    per_bucket = probe.capacity / probe.num_buckets
+    return max(1, int(np.ceil(n / (per_bucket * load))))
+
+
+def build_table(
+    records: Iterable[Record] | Iterable[tuple[bytes | str, bytes | str]],
+    *,
+    value_size: int,
+    signing_key: Ed25519PrivateKey,
+    layout: Layout = "page",
+    row_size: int = 0,
+    num_buckets: int | None = None,
+    load: float | None = None,
+    seeds: tuple[int, int, int] | None = None,
+    dataset: bytes | None = None,
+) -> KeywordTable:
+    """Place every record, sign every page, and return the table.
+
+    `num_buckets` fixes the size (TableFullError when the records do not fit); otherwise the
+    size is chosen for `load` (default 0.95 of the slots for pages, 0.85 for rows) and grown
+    when three seed draws cannot place every record. `seeds` fixes the seeds (tests).
+    """
+    t0 = time.perf_counter()
+    if layout == "row" and row_size == 0:
+        raise ValueError("the row layout needs row_size (a divisor of 4096)")
+    Geometry(layout, value_size, 1, row_size)  # checks the shape before reading any record
+    keys, values, wheres = _collect(records, value_size)
+    dataset = dataset or secrets.token_bytes(DATASET_SIZE)
+    tags = tags_of(dataset, keys)
+    _refuse_duplicates(tags, keys, wheres)
+    flat, offsets = pack_keys(keys)
+    n = len(keys)
+    fixed = num_buckets is not None
+    buckets = num_buckets or _sizes(n, layout, value_size, row_size, load or DEFAULT_LOAD[layout])
+    attempts: list[dict] = []
+    while True:
+        geometry = Geometry(layout, value_size, buckets, row_size)
+        if n > geometry.capacity:
+            failed_at = None
+        else:
+            cap = _capacities(geometry)
+            failed_at = None
+            for _ in range(1 if seeds else SEED_DRAWS):
+                draw = seeds or tuple(secrets.randbits(64) for _ in range(3))
+                cands = candidates_many(flat, offsets, draw, buckets)
+                occ = np.full((buckets, int(cap.max(initial=0))), -1, np.int64)
+                fill = np.zeros(buckets, np.int32)
+                order = np.arange(n, dtype=np.int64)
+                left = _place(cands, cap, occ, fill, order, MAX_KICKS, secrets.randbits(31))
+                attempts.append({"num_buckets": buckets, "placed": bool(left < 0)})
+                if left < 0:
+                    return _finish(geometry, draw, dataset, keys, tags, values, occ, fill,
+                                   signing_key, attempts, t0)
+                failed_at = wheres[int(left)]
+        if fixed:
+            raise TableFullError(
+                f"{n} records do not fit in {buckets} buckets ({geometry.capacity} slots, "
+                f"{n / max(geometry.capacity, 1):.1%} full"
+                + (f"; the first unplaced was {failed_at}" if failed_at else "")
+                + f"): rebuild with more buckets, e.g. num_buckets="
+                f"{_sizes(n, layout, value_size, row_size, DEFAULT_LOAD[layout])}")
+        buckets = int(buckets * GROWTH) + 1
+
+
+def _capacities(geometry: Geometry) -> np.ndarray:
+    if geometry.layout == "page":
+        return np.full(geometry.num_buckets, geometry.slots_per_bucket, np.int32)
+    rows = np.arange(geometry.num_buckets) % geometry.rows_per_page
+    return (rows < geometry.usable_rows).astype(np.int32)
+
+
+def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key, attempts, t0):
+    pages = np.zeros((geometry.num_pages, PAGE_SIZE), np.uint8)
+    bucket_ids = np.arange(geometry.num_buckets, dtype=np.int64)
+    bucket_page = bucket_ids // geometry.rows_per_page
+    if geometry.layout == "page":
+        slot_off = np.zeros(geometry.num_buckets, np.int64)
+    else:
+        slot_off = (bucket_ids % geometry.rows_per_page) * geometry.row_size
+    _write_slots(pages, occ, fill, bucket_page, slot_off, tags, values)
+    for index in range(geometry.data_pages):
+        sign_page(signing_key, dataset, index, pages[index])
+    root = root_of(pages[:geometry.data_pages])
+    desc = Descriptor(dataset, 1, geometry, tuple(int(s) for s in seeds),
+                      public_bytes(signing_key.public_key()), root, len(keys))
+    pages[geometry.descriptor_page] = np.frombuffer(desc.to_page(signing_key), np.uint8)
+    stats = BuildStats(len(keys), geometry.capacity, len(keys) / geometry.capacity,
+                       len(attempts), time.perf_counter() - t0, attempts)
+    index = {tags[i].tobytes(): k for i, k in enumerate(keys)}
+    return KeywordTable(desc, pages, index, stats)

@@ -1,0 +1,109 @@
+"""The table descriptor: what a client needs to look a key up, signed by the data owner.
+
+It lives in the table's last page: magic, length, canonical JSON, zero padding, signature. A
+client that holds only the owner's public key reads it like any page, checks the signature and
+that the key it names is the one it trusts, and then knows the seeds and the geometry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.keyword.layout import BODY_SIZE, Geometry
+from morphogen.keyword.signing import (
+    DATASET_SIZE,
+    descriptor_message,
+    public_bytes,
+    verify,
+)
+
+MAGIC = b"MGKWDSC1"
+FORMAT = "morphogen-keyword/1"
+TAG_SCHEME = "blake3-128(domain|dataset|key)"
+SIGNATURE_SCHEME = "ed25519(page-v1: domain|dataset|index|body)"
+
+
+class KeywordIntegrityError(RuntimeError):
+    """What the servers answered is not what the data owner signed."""
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    dataset: bytes
+    version: int
+    geometry: Geometry
+    seeds: tuple[int, int, int]
+    public_key: bytes
+    root: str
+    records: int
+
+    def to_dict(self) -> dict:
+        return {
+            "format": FORMAT,
+            "dataset": self.dataset.hex(),
+            "version": self.version,
+            **self.geometry.to_dict(),
+            "num_pages": self.geometry.num_pages,
+            "seeds": [str(s) for s in self.seeds],  # 64-bit: strings survive every JSON reader
+            "tag": TAG_SCHEME,
+            "signature": SIGNATURE_SCHEME,
+            "public_key": self.public_key.hex(),
+            "root": self.root,
+            "records": self.records,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Descriptor:
+        if d.get("format") != FORMAT or d.get("tag") != TAG_SCHEME \
+                or d.get("signature") != SIGNATURE_SCHEME:
+            raise ValueError(f"not a {FORMAT} descriptor (format {d.get('format')!r})")
+        geometry = Geometry(d["layout"], int(d["value_size"]), int(d["num_buckets"]),
+                            int(d.get("row_size", 0)))
+        if int(d["num_pages"]) != geometry.num_pages:
+            raise ValueError("the descriptor's page count does not match its geometry")
+        seeds = tuple(int(s) for s in d["seeds"])
+        if len(seeds) != 3:
+            raise ValueError("a descriptor has three seeds")
+        dataset = bytes.fromhex(d["dataset"])
+        if len(dataset) != DATASET_SIZE:
+            raise ValueError("a dataset id is 16 bytes")
+        return cls(dataset, int(d["version"]), geometry, seeds,  # type: ignore[arg-type]
+                   bytes.fromhex(d["public_key"]), str(d["root"]), int(d["records"]))
+
+    def bumped(self, root: str, records: int) -> Descriptor:
+        return replace(self, version=self.version + 1, root=root, records=records)
+
+    def to_page(self, key: Ed25519PrivateKey) -> bytes:
+        if public_bytes(key.public_key()) != self.public_key:
+            raise ValueError("the signing key is not the one the descriptor names")
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        if len(MAGIC) + 4 + len(text) > BODY_SIZE:
+            raise ValueError("the descriptor does not fit in a page")
+        body = (MAGIC + len(text).to_bytes(4, "little") + text).ljust(BODY_SIZE, b"\0")
+        return body + key.sign(descriptor_message(body))
+
+    @classmethod
+    def from_page(cls, page: bytes, trusted: Ed25519PublicKey) -> Descriptor:
+        """The descriptor in `page`, or KeywordIntegrityError when the owner did not sign it."""
+        if len(page) != PAGE_SIZE:
+            raise KeywordIntegrityError("the descriptor page is not 4096 bytes")
+        body, sig = page[:BODY_SIZE], page[BODY_SIZE:]
+        if not verify(trusted, bytes(sig), descriptor_message(body)):
+            raise KeywordIntegrityError("the table descriptor is not signed by the trusted "
+                                        "owner key (wrong key, not a keyword table, or a "
+                                        "server answered wrongly)")
+        if body[:len(MAGIC)] != MAGIC:
+            raise KeywordIntegrityError("the signed descriptor page has no descriptor")
+        size = int.from_bytes(body[len(MAGIC):len(MAGIC) + 4], "little")
+        raw = bytes(body[len(MAGIC) + 4:len(MAGIC) + 4 + size])
+        try:
+            desc = cls.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise KeywordIntegrityError(f"the signed descriptor is malformed: {exc}") from None
+        if desc.public_key != public_bytes(trusted):
+            raise KeywordIntegrityError("the descriptor names another owner key")
+        return desc

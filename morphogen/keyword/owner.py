@@ -1,0 +1,315 @@
+"""The data owner's copy of a keyword table, and the updates made to it.
+
+The owner directory holds one complete version per directory and a pointer to the current
+one::
+
+    owner.json        {"current": 3, "published": 2, ...}   replaced atomically
+    v000001/snapshot  the table as the parties serve it (manifest.json + pages.bin)
+    v000001/keys.msgpack  tag -> key (eviction needs the keys; they never leave the owner)
+    v000002/...       + batch.msgpack: the page updates that turn version 1 into version 2
+
+An update never touches a version in place: it builds the next version in a temporary
+directory, renames it into place, and only then moves the pointer, so a crash at any step
+leaves the owner at the old version or the new, never between. Publishing sends every version
+after `published` to both parties in order, each under one idempotency id, so re-running it
+after a crash or a refusal sends nothing twice. A lock file keeps two owner processes apart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgpack
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from filelock import FileLock
+
+from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
+from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.hashing import candidates
+from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
+from morphogen.keyword.pages import free_slot, root_of, sign_page, slot_of, tag_of
+from morphogen.keyword.records import RecordError, decode_field
+from morphogen.keyword.signing import public_bytes
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.writer import write_snapshot
+
+OWNER_FILE = "owner.json"
+OWNER_FORMAT = "morphogen-keyword-owner/1"
+
+
+@dataclass(frozen=True)
+class Change:
+    """`put` inserts or changes a key's value; `delete` removes the key."""
+
+    op: str
+    key: bytes
+    value: bytes = b""
+    where: str = ""
+
+
+def read_changes(path: str | os.PathLike[str]) -> list[Change]:
+    """JSON lines: ``{"op": "put", "key": .., "value": ..}`` or ``{"op": "delete", "key": ..}``
+    (keys and values as in records files: 0x-hex or text)."""
+    out = []
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path.name}:{n}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{where}: not JSON ({exc.msg})") from None
+            op = obj.get("op") if isinstance(obj, dict) else None
+            if op not in ("put", "delete") or "key" not in obj or (op == "put"
+                                                                   and "value" not in obj):
+                raise RecordError(f'{where}: expected {{"op": "put", "key": .., "value": ..}} '
+                                  f'or {{"op": "delete", "key": ..}}')
+            out.append(Change(op, decode_field(obj["key"], where, "key"),
+                              decode_field(obj.get("value", ""), where, "value"), where))
+    return out
+
+
+def _vdir(root: Path, version: int) -> Path:
+    return root / f"v{version:06d}"
+
+
+def _write_json_atomic(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    with tmp.open("w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_version(root: Path, version: int, pages: np.ndarray, keys: dict[bytes, bytes],
+                   batch: list[tuple[int, str, bytes]] | None) -> Path:
+    final = _vdir(root, version)
+    tmp = root / f".{final.name}.tmp-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    write_snapshot(tmp / "snapshot", pages, epoch_id=version, source="morphogen keyword table")
+    with (tmp / "keys.msgpack").open("wb") as f:
+        msgpack.pack({"tags": b"".join(keys), "keys": list(keys.values())}, f,
+                     use_bin_type=True)
+        f.flush()
+        os.fsync(f.fileno())
+    if batch is not None:
+        with (tmp / "batch.msgpack").open("wb") as f:
+            msgpack.pack([[p, k, d] for p, k, d in batch], f, use_bin_type=True)
+            f.flush()
+            os.fsync(f.fileno())
+    if final.exists():  # left by a crash after the rename, before the pointer moved
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    return final
+
+
+def create_owner_dir(table: KeywordTable, root: str | os.PathLike[str]) -> Path:
+    """Write a freshly built table as version 1 of a new owner directory; returns the
+    snapshot directory the parties serve."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    if (root / OWNER_FILE).exists():
+        raise FileExistsError(f"{root} already holds a keyword table ({OWNER_FILE}); build into "
+                              "a new directory")
+    with FileLock(str(root / ".lock")):
+        final = _write_version(root, 1, table.pages, table.keys, None)
+        _write_json_atomic(root / OWNER_FILE, {
+            "format": OWNER_FORMAT, "dataset": table.descriptor.dataset.hex(),
+            "public_key": table.descriptor.public_key.hex(), "current": 1, "published": 1})
+    return final / "snapshot"
+
+
+class OwnerTable:
+    """The current version of an owner directory, to change and to publish."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        path = self.root / OWNER_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{self.root}: not a keyword owner directory (no "
+                                    f"{OWNER_FILE}; `morphogen build --records` makes one)")
+        self.state = json.loads(path.read_text())
+        if self.state.get("format") != OWNER_FORMAT:
+            raise ValueError(f"{path}: not a {OWNER_FORMAT} file")
+        self._lock = FileLock(str(self.root / ".lock"))
+
+    @property
+    def current(self) -> int:
+        return int(self.state["current"])
+
+    def snapshot_dir(self, version: int | None = None) -> Path:
+        return _vdir(self.root, version or self.current) / "snapshot"
+
+    def _load(self) -> tuple[Descriptor, np.ndarray, dict[bytes, bytes]]:
+        with Snapshot.open(self.snapshot_dir()) as snap:
+            pages = np.array(snap.read_verified(), dtype=np.uint8)
+        raw = msgpack.unpackb((_vdir(self.root, self.current) / "keys.msgpack").read_bytes(),
+                              raw=False)
+        tags = raw["tags"]
+        keys = {tags[i * TAG_SIZE:(i + 1) * TAG_SIZE]: k for i, k in enumerate(raw["keys"])}
+        desc = Descriptor.from_dict(_descriptor_dict(pages[-1]))
+        return desc, pages, keys
+
+    def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
+              rng: Callable[[int], int] | None = None) -> tuple[int, list[tuple[int, str, bytes]]]:
+        """Apply `changes` in order to a copy of the current version and make it the next
+        version. Returns (new version, its page-update batch). Nothing is written when any
+        change fails (a full table, an absent key to delete, a wrong value size)."""
+        rng = rng or secrets.randbelow
+        with self._lock:
+            self.state = json.loads((self.root / OWNER_FILE).read_text())
+            desc, pages, keys = self._load()
+            if public_bytes(signing_key.public_key()) != desc.public_key:
+                raise ValueError("this signing key is not the table's owner key")
+            editor = _Editor(desc, pages, keys, rng)
+            for change in changes:
+                editor.apply(change)
+            if not editor.dirty:
+                return self.current, []
+            g = desc.geometry
+            for index in sorted(editor.dirty):
+                sign_page(signing_key, desc.dataset, index, pages[index])
+            new_desc = desc.bumped(root_of(pages[:g.data_pages]), len(keys))
+            pages[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
+            changed = sorted(editor.dirty) + [g.descriptor_page]
+            batch = [(i, "data", pages[i].tobytes()) for i in changed]
+            version = self.current + 1
+            _write_version(self.root, version, pages, keys, batch)
+            self.state["current"] = version
+            _write_json_atomic(self.root / OWNER_FILE, self.state)
+            return version, batch
+
+    def unpublished(self) -> list[tuple[int, str, list[tuple[int, str, bytes]]]]:
+        """(version, publication id, batch) of every version the parties may not have yet."""
+        out = []
+        for v in range(int(self.state["published"]) + 1, self.current + 1):
+            raw = msgpack.unpackb((_vdir(self.root, v) / "batch.msgpack").read_bytes(), raw=False)
+            out.append((v, f"kw-{self.state['dataset'][:16]}-v{v}",
+                        [(int(p), str(k), bytes(d)) for p, k, d in raw]))
+        return out
+
+    def mark_published(self, version: int) -> None:
+        with self._lock:
+            self.state = json.loads((self.root / OWNER_FILE).read_text())
+            if version > int(self.state["published"]):
+                self.state["published"] = version
+                _write_json_atomic(self.root / OWNER_FILE, self.state)
+
+
+def _descriptor_dict(page: np.ndarray) -> dict:
+    from morphogen.keyword.descriptor import MAGIC
+
+    raw = page.tobytes()
+    size = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 4], "little")
+    return json.loads(raw[len(MAGIC) + 4:len(MAGIC) + 4 + size])
+
+
+class _Editor:
+    """Inserts, changes and deletes on the owner's in-memory pages, recording dirty pages."""
+
+    def __init__(self, desc: Descriptor, pages: np.ndarray, keys: dict[bytes, bytes],
+                 rng: Callable[[int], int]) -> None:
+        self.desc, self.pages, self.keys, self.rng = desc, pages, keys, rng
+        self.g = desc.geometry
+        self.dirty: set[int] = set()
+
+    def _slot(self, bucket: int, slot: int) -> tuple[int, int]:
+        return self.g.bucket_page(bucket), self.g.slot_offset(bucket, slot)
+
+    def _write(self, bucket: int, slot: int, tag: bytes, value: bytes) -> None:
+        page, off = self._slot(bucket, slot)
+        self.pages[page, off:off + TAG_SIZE] = np.frombuffer(tag, np.uint8)
+        self.pages[page, off + TAG_SIZE:off + self.g.slot_size] = np.frombuffer(value, np.uint8)
+        self.dirty.add(page)
+
+    def _read(self, bucket: int, slot: int) -> tuple[bytes, bytes]:
+        page, off = self._slot(bucket, slot)
+        raw = self.pages[page, off:off + self.g.slot_size].tobytes()
+        return raw[:TAG_SIZE], raw[TAG_SIZE:]
+
+    def _find(self, key: bytes, tag: bytes) -> tuple[int, int] | None:
+        for b in candidates(key, self.desc.seeds, self.g.num_buckets):
+            s = slot_of(self.g, self.pages[self.g.bucket_page(b)], b, tag)
+            if s is not None:
+                return b, s
+        return None
+
+    def apply(self, change: Change) -> None:
+        where = change.where or f"key 0x{change.key.hex()[:64]}"
+        tag = tag_of(self.desc.dataset, change.key)
+        at = self._find(change.key, tag)
+        if change.op == "delete":
+            if at is None:
+                raise RecordError(f"{where}: delete of a key the table does not hold")
+            self._write(*at, EMPTY_TAG, bytes(self.g.value_size))
+            del self.keys[tag]
+            return
+        if len(change.value) != self.g.value_size:
+            raise RecordError(f"{where}: value is {len(change.value)} bytes; this table's "
+                              f"values are {self.g.value_size} bytes")
+        if at is not None:
+            self._write(*at, tag, change.value)
+            return
+        self.keys[tag] = change.key  # before the chain: it may evict this very record again
+        self._insert(tag, change.key, change.value, where)
+
+    def _insert(self, tag: bytes, key: bytes, value: bytes, where: str) -> None:
+        # an eviction chain moves records between their candidates; every page it touches is
+        # in this version's one batch, so no reader sees the chain half done
+        cur = (tag, key, value)
+        last = -1
+        for _ in range(MAX_KICKS):
+            cands = candidates(cur[1], self.desc.seeds, self.g.num_buckets)
+            for b in cands:
+                s = free_slot(self.g, self.pages[self.g.bucket_page(b)], b)
+                if s is not None:
+                    self._write(b, s, cur[0], cur[2])
+                    return
+            live = [b for b in cands if self.g.bucket_capacity(b) and b != last] or \
+                [b for b in cands if self.g.bucket_capacity(b)]
+            if not live:
+                break
+            b = live[self.rng(len(live))]
+            s = self.rng(self.g.bucket_capacity(b))
+            victim_tag, victim_value = self._read(b, s)
+            self._write(b, s, cur[0], cur[2])
+            cur = (victim_tag, self.keys[victim_tag], victim_value)
+            last = b
+        g = self.g
+        raise TableFullError(
+            f"{where}: the table is full ({len(self.keys)} records in {g.capacity} slots, "
+            f"{len(self.keys) / g.capacity:.1%}); no eviction chain of {MAX_KICKS} moves found "
+            "a slot. Nothing was changed. Rebuild bigger: `morphogen build --records` with "
+            f"--buckets {int(g.num_buckets * 1.25) + 1} (or without --buckets to size it for "
+            "the records), then rotate both parties to the new snapshot")
+
+
+def publish(owner: OwnerTable, send: Callable[[str, list[tuple[int, str, bytes]]], Sequence[dict]]
+            ) -> list[tuple[int, Sequence[dict]]]:
+    """Send every unpublished version, in order, through `send(publication_id, batch)` (which
+    delivers to both parties), marking each published once `send` returns."""
+    done = []
+    for version, pub, batch in owner.unpublished():
+        done.append((version, send(pub, batch)))
+        owner.mark_published(version)
+    return done

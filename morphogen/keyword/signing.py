@@ -1,0 +1,88 @@
+"""The data owner's Ed25519 key and the exact bytes each signature covers.
+
+A data page's signature binds the dataset id, the page's index and its content, so a page
+cannot be moved to another index or another table; the descriptor's signature binds its own
+content under another domain, so neither can stand in for the other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from morphogen.keyword.layout import BODY_SIZE
+
+PAGE_DOMAIN = b"morphogen-keyword-page-v1\0"
+DESCRIPTOR_DOMAIN = b"morphogen-keyword-descriptor-v1\0"
+DATASET_SIZE = 16
+
+
+def page_message(dataset: bytes, index: int, body: bytes | memoryview) -> bytes:
+    if len(dataset) != DATASET_SIZE:
+        raise ValueError(f"a dataset id is {DATASET_SIZE} bytes")
+    if len(body) != BODY_SIZE:
+        raise ValueError(f"a page body is {BODY_SIZE} bytes")
+    return PAGE_DOMAIN + dataset + index.to_bytes(8, "little") + bytes(body)
+
+
+def descriptor_message(body: bytes | memoryview) -> bytes:
+    return DESCRIPTOR_DOMAIN + bytes(body)
+
+
+def public_bytes(key: Ed25519PublicKey) -> bytes:
+    return key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def load_public_key(source: str | os.PathLike[str] | bytes) -> Ed25519PublicKey:
+    """A public key from 32 raw bytes, 64 hex digits, or a file holding the hex."""
+    if isinstance(source, bytes) and len(source) == 32:
+        return Ed25519PublicKey.from_public_bytes(source)
+    text = source.decode() if isinstance(source, bytes) else str(source)
+    if not _is_hex_key(text):
+        path = Path(text)
+        if not path.is_file():
+            raise ValueError(f"{text}: neither 64 hex digits of an Ed25519 public key nor a "
+                             "file holding them")
+        text = path.read_text().strip()
+        if not _is_hex_key(text):
+            raise ValueError(f"{source}: does not hold 64 hex digits of an Ed25519 public key")
+    return Ed25519PublicKey.from_public_bytes(bytes.fromhex(text.strip()))
+
+
+def _is_hex_key(text: str) -> bool:
+    text = text.strip()
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def generate_key_files(private_path: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """A new signing key at `private_path` (hex, mode 0600, never overwritten) and its public
+    key beside it (`.pub`). Returns both paths."""
+    private_path = Path(private_path)
+    public_path = private_path.with_suffix(".pub")
+    key = Ed25519PrivateKey.generate()
+    seed = key.private_bytes_raw().hex()
+    # O_EXCL: an existing key is the owner's identity; replacing it would orphan every table
+    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(seed + "\n")
+    public_path.write_text(public_bytes(key.public_key()).hex() + "\n")
+    return private_path, public_path
+
+
+def load_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:
+    text = Path(path).read_text().strip()
+    if not _is_hex_key(text):
+        raise ValueError(f"{path}: does not hold 64 hex digits of an Ed25519 signing key")
+    return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(text))
+
+
+def verify(key: Ed25519PublicKey, signature: bytes, message: bytes) -> bool:
+    try:
+        key.verify(signature, message)
+    except InvalidSignature:
+        return False
+    return True
