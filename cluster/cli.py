@@ -356,6 +356,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="scan engine (default auto)")
     demo.add_argument("--seed", type=int, default=0, help="synthetic data and page choice")
     demo.add_argument("--port", type=int, default=0, help="HTTP port (0: a free one)")
+    demo.add_argument("--records", type=int, default=2000, metavar="N",
+                      help="synthetic accounts in the keyword lookup part (0 skips it)")
     demo.set_defaults(func=cmd_demo)
 
     _serve_parser(sub)

@@ -226,10 +226,7 @@ def build_table(
 
 
 def _capacities(geometry: Geometry) -> np.ndarray:
-    if geometry.layout == "page":
-        return np.full(geometry.num_buckets, geometry.slots_per_bucket, np.int32)
-    rows = np.arange(geometry.num_buckets) % geometry.rows_per_page
-    return (rows < geometry.usable_rows).astype(np.int32)
+    return np.full(geometry.num_buckets, geometry.slots_per_bucket, np.int32)
 
 
 def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key, attempts, t0):
@@ -242,7 +239,7 @@ def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key
         slot_off = (bucket_ids % geometry.rows_per_page) * geometry.row_size
     _write_slots(pages, occ, fill, bucket_page, slot_off, tags, values)
     for index in range(geometry.data_pages):
-        sign_page(signing_key, dataset, index, pages[index])
+        sign_page(signing_key, geometry, dataset, index, pages[index])
     root = root_of(pages[:geometry.data_pages])
     desc = Descriptor(dataset, 1, geometry, tuple(int(s) for s in seeds),
                       public_bytes(signing_key.public_key()), root, len(keys))

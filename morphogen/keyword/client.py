@@ -18,8 +18,8 @@ from morphogen.keyword.verify import check, descriptor_of, plan
 
 
 def _chunks(keys: Sequence[bytes], max_queries: int) -> list[Sequence[bytes]]:
-    per = max(1, max_queries // 3)
-    return [keys[i:i + per] for i in range(0, len(keys), per)]
+    # a query of the wire protocol is three keys: one lookup is exactly one query
+    return [keys[i:i + max_queries] for i in range(0, len(keys), max_queries)]
 
 
 class _Core:
@@ -35,6 +35,10 @@ class _Core:
         self._descriptor = descriptor_of(page, self.trusted, num_pages)
         self._descriptor_epoch = epoch
         return self._descriptor
+
+    def _limit(self, info: Any) -> int:
+        own = getattr(getattr(self.pir, "_core", None), "max_batch_queries", None)
+        return min(own or info.max_batch_queries, info.max_batch_queries)
 
     def _stale(self, epoch: int) -> bool:
         return self._descriptor_epoch is not None and epoch != self._descriptor_epoch
@@ -59,10 +63,10 @@ class KeywordClient(_Core):
         return self.get_many([key])[0]
 
     def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
-        """Values in key order; one request per `max_batch_queries // 3` keys."""
+        """Values in key order; one request per `max_batch_queries` keys."""
         keys = [bytes(k) for k in keys]
         out: list[bytes | None] = []
-        limit = self.pir.info().max_batch_queries
+        limit = self._limit(self.pir.info())
         for chunk in _chunks(keys, limit):
             out += self._lookup(chunk)
         return out
@@ -107,7 +111,7 @@ class AsyncKeywordClient(_Core):
     async def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         keys = [bytes(k) for k in keys]
         out: list[bytes | None] = []
-        limit = (await self._info()).max_batch_queries
+        limit = self._limit(await self._info())
         for chunk in _chunks(keys, limit):
             out += await self._lookup(chunk)
         return out

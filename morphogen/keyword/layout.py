@@ -7,7 +7,9 @@ lookup stays one query of three keys. Two bucket shapes:
   which lets the table fill far beyond what one-slot buckets reach.
 - ``row``: the reference's one-row buckets: ``rows_per_page = 4096 / row_size`` and bucket
   ``b`` is row ``b % rows_per_page`` of page ``b // rows_per_page``, so the reference's
-  addressing finds the page. Rows that overlap the signature hold nothing.
+  addressing finds the page. The signature is spread over the rows, ``64 / rows_per_page``
+  bytes at the end of each, so every row is a live bucket (a reserved signature row would
+  leave some keys with no live candidate at all).
 
 A slot is a 16-byte tag of the key followed by the value; an all-zero tag marks it empty. The
 table's last page is its signed descriptor, never a bucket.
@@ -47,13 +49,14 @@ class Geometry:
                 raise ValueError(f"value_size {self.value_size}: a slot ({self.slot_size} bytes "
                                  f"with its tag) does not fit in a page ({BODY_SIZE} usable)")
         else:
-            if self.row_size < 1 or PAGE_SIZE % self.row_size:
-                raise ValueError(f"row_size {self.row_size} must divide {PAGE_SIZE}")
-            if self.slot_size > self.row_size:
+            if self.row_size < SIGNATURE_SIZE or PAGE_SIZE % self.row_size:
+                raise ValueError(f"row_size {self.row_size} must divide {PAGE_SIZE} and be at "
+                                 f"least {SIGNATURE_SIZE} (each row carries a share of the "
+                                 "page's signature)")
+            if self.slot_size > self.row_size - self.signature_per_row:
                 raise ValueError(f"value_size {self.value_size} plus the {TAG_SIZE}-byte tag "
-                                 f"does not fit in a {self.row_size}-byte row")
-            if self.usable_rows < 1:
-                raise ValueError(f"row_size {self.row_size} leaves no row beside the signature")
+                                 f"does not fit in a {self.row_size}-byte row beside its "
+                                 f"{self.signature_per_row} signature bytes")
 
     @property
     def slot_size(self) -> int:
@@ -64,9 +67,8 @@ class Geometry:
         return PAGE_SIZE // self.row_size if self.layout == "row" else 1
 
     @property
-    def usable_rows(self) -> int:
-        """Rows of a page that lie wholly before the signature."""
-        return BODY_SIZE // self.row_size if self.layout == "row" else 1
+    def signature_per_row(self) -> int:
+        return SIGNATURE_SIZE // self.rows_per_page if self.layout == "row" else 0
 
     @property
     def slots_per_bucket(self) -> int:
@@ -88,18 +90,29 @@ class Geometry:
     @property
     def capacity(self) -> int:
         """Slots a record can occupy in the whole table."""
-        if self.layout == "page":
-            return self.num_buckets * self.slots_per_bucket
-        full, rest = divmod(self.num_buckets, self.rows_per_page)
-        return full * self.usable_rows + min(rest, self.usable_rows)
+        return self.num_buckets * self.slots_per_bucket
 
     def bucket_page(self, bucket: int) -> int:
         return bucket // self.rows_per_page
 
     def bucket_capacity(self, bucket: int) -> int:
+        return self.slots_per_bucket
+
+    def split(self, page: bytes | memoryview) -> tuple[bytes, bytes]:
+        """(the signed body, the signature) of a data page."""
+        page = bytes(page)
         if self.layout == "page":
-            return self.slots_per_bucket
-        return 1 if bucket % self.rows_per_page < self.usable_rows else 0
+            return page[:BODY_SIZE], page[BODY_SIZE:]
+        keep = self.row_size - self.signature_per_row
+        rows = [page[i:i + self.row_size] for i in range(0, PAGE_SIZE, self.row_size)]
+        return b"".join(r[:keep] for r in rows), b"".join(r[keep:] for r in rows)
+
+    def signature_positions(self) -> list[tuple[int, int]]:
+        """(offset, length) of each piece of the signature in a data page, in order."""
+        if self.layout == "page":
+            return [(BODY_SIZE, SIGNATURE_SIZE)]
+        keep = self.row_size - self.signature_per_row
+        return [(i + keep, self.signature_per_row) for i in range(0, PAGE_SIZE, self.row_size)]
 
     def slot_offset(self, bucket: int, slot: int) -> int:
         """Byte offset of a slot within its page."""

@@ -188,7 +188,7 @@ class OwnerTable:
                 return self.current, []
             g = desc.geometry
             for index in sorted(editor.dirty):
-                sign_page(signing_key, desc.dataset, index, pages[index])
+                sign_page(signing_key, g, desc.dataset, index, pages[index])
             new_desc = desc.bumped(root_of(pages[:g.data_pages]), len(keys))
             pages[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
             changed = sorted(editor.dirty) + [g.descriptor_page]

@@ -6,7 +6,7 @@ import blake3
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from morphogen.keyword.layout import BODY_SIZE, EMPTY_TAG, TAG_SIZE, Geometry
+from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
 from morphogen.keyword.signing import page_message
 
 TAG_DOMAIN = b"morphogen-keyword-tag-v1\0"
@@ -63,10 +63,15 @@ def free_slot(geometry: Geometry, page: bytes | memoryview, bucket: int) -> int 
     return None
 
 
-def sign_page(key: Ed25519PrivateKey, dataset: bytes, index: int, page: np.ndarray) -> None:
-    """Write the signature of `page` (a 4096-byte uint8 row) into its last 64 bytes."""
-    body = page[:BODY_SIZE].tobytes()
-    page[BODY_SIZE:] = np.frombuffer(key.sign(page_message(dataset, index, body)), np.uint8)
+def sign_page(key: Ed25519PrivateKey, geometry: Geometry, dataset: bytes, index: int,
+              page: np.ndarray) -> None:
+    """Write the signature of `page` (a 4096-byte uint8 row) into its signature bytes."""
+    body, _ = geometry.split(page.tobytes())
+    sig = np.frombuffer(key.sign(page_message(dataset, index, body)), np.uint8)
+    at = 0
+    for off, size in geometry.signature_positions():
+        page[off:off + size] = sig[at:at + size]
+        at += size
 
 
 def root_of(data_pages: np.ndarray) -> str:

@@ -17,7 +17,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError
 from morphogen.keyword.hashing import candidates
-from morphogen.keyword.layout import BODY_SIZE
 from morphogen.keyword.pages import find_value, tag_of
 from morphogen.keyword.signing import page_message, verify
 
@@ -43,10 +42,11 @@ def check(descriptor: Descriptor, trusted: Ed25519PublicKey, keys: Sequence[byte
     good = True
     for i, page in enumerate(pages):
         index = g.bucket_page(buckets[i // 3][i % 3])
-        ok = len(page) == PAGE_SIZE and verify(
-            trusted, bytes(page[BODY_SIZE:]),
-            page_message(descriptor.dataset, index, page[:BODY_SIZE]))
-        good &= ok
+        if len(page) != PAGE_SIZE:
+            good = False
+            continue
+        body, signature = g.split(page)
+        good &= verify(trusted, signature, page_message(descriptor.dataset, index, body))
     if not good:
         raise KeywordIntegrityError(ANSWER_FAILED)
     out: list[bytes | None] = []

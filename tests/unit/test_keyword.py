@@ -1,0 +1,285 @@
+"""Keyword tables: candidates as the reference computes them, builds that place every record,
+lookups that verify every page, and the owner's updates."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from morphogen.keyword import (
+    KeywordIntegrityError,
+    RecordError,
+    TableFullError,
+    build_table,
+    candidates,
+    read_records,
+)
+from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.hashing import candidates_many, pack_keys, seeded_hash
+from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, read_changes
+from morphogen.keyword.pages import tag_of
+from morphogen.keyword.verify import ANSWER_FAILED, check, plan
+from morphogen.snapshot.reader import Snapshot
+
+VECTORS = Path(__file__).parents[1] / "vectors" / "cuckoo_vectors.json"
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+
+
+def records(n: int, seed: int = 0, value_size: int = 32) -> dict[bytes, bytes]:
+    rng = random.Random(seed)
+    return {rng.randbytes(rng.choice([8, 20, 32])): rng.randbytes(value_size) for _ in range(n)}
+
+
+def lookup(table_pages: np.ndarray, desc: Descriptor, keys: list[bytes]) -> list[bytes | None]:
+    pages, buckets = plan(desc, keys)
+    return check(desc, KEY.public_key(), keys, buckets, [table_pages[p].tobytes() for p in pages])
+
+
+# -- candidates --------------------------------------------------------------------------------
+
+def test_candidates_match_the_reference_hasher() -> None:
+    vectors = json.loads(VECTORS.read_text())
+    assert f"{seeded_hash(b'account_42', 0x12345678):016x}" == "c4b4f98de2a4d4a6"
+    for v in vectors:
+        assert f"{seeded_hash(bytes.fromhex(v['key']), v['seed']):016x}" == v["hash"], v
+    seeds = [vectors[0]["seed"], vectors[1]["seed"], vectors[2]["seed"]]
+    keys = [bytes.fromhex(v["key"]) for v in vectors[::3]]
+    flat, offsets = pack_keys(keys)
+    for n in (1000, 1048576, 3000017):
+        expected = [[vectors[3 * i + s]["mod"][str(n)] for s in range(3)]
+                    for i in range(len(keys))]
+        assert [list(candidates(k, seeds, n)) for k in keys] == expected
+        assert candidates_many(flat, offsets, seeds, n).tolist() == expected
+
+
+def test_candidates_refuse_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="3 seeds"):
+        candidates(b"k", [1, 2], 10)
+    with pytest.raises(ValueError, match="at least 1"):
+        candidates(b"k", [1, 2, 3], 0)
+
+
+# -- build and look up -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout,row_size", [("page", 0), ("row", 64), ("row", 256)])
+def test_every_key_is_found_and_absent_keys_are_none(layout: str, row_size: int) -> None:
+    recs = records(3000, seed=len(layout) + row_size)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, layout=layout,
+                        row_size=row_size)
+    assert table.descriptor.records == 3000 and table.stats.load > 0.8
+    keys = list(recs)
+    assert lookup(table.pages, table.descriptor, keys) == [recs[k] for k in keys]
+    absent = [os.urandom(20) for _ in range(50)]
+    assert lookup(table.pages, table.descriptor, absent) == [None] * 50
+
+
+def test_the_row_layout_keeps_the_reference_bucket_to_page_mapping() -> None:
+    recs = records(500)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, layout="row", row_size=128)
+    g, d = table.descriptor.geometry, table.descriptor
+    assert g.rows_per_page == 32
+    for key in list(recs)[:50]:
+        buckets = candidates(key, d.seeds, g.num_buckets)
+        pages, _ = plan(d, [key])
+        assert pages == [b // 32 for b in buckets]
+        # the record sits at the start of one of its candidate rows
+        tag = tag_of(d.dataset, key)
+        assert any(table.pages[b // 32, (b % 32) * 128:(b % 32) * 128 + 16].tobytes() == tag
+                   for b in buckets)
+    assert g.signature_per_row == 2  # 64 signature bytes spread over 32 rows
+
+
+def test_rows_below_64_bytes_or_not_dividing_a_page_are_refused() -> None:
+    for row_size, match in ((32, "at least 64"), (96, "must divide"), (64, "does not fit")):
+        with pytest.raises(ValueError, match=match):
+            build_table([], value_size=48, signing_key=KEY, layout="row", row_size=row_size)
+
+
+@pytest.mark.parametrize("page_at", [0, 1, 2])
+def test_a_tampered_page_fails_every_lookup_the_same_way(page_at: int) -> None:
+    recs = records(2000)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY)
+    d = table.descriptor
+    present, absent = list(recs)[7], os.urandom(20)
+    errors = []
+    for key in (present, absent):
+        pages, buckets = plan(d, [key])
+        got = [table.pages[p].tobytes() for p in pages]
+        flipped = bytearray(got[page_at])
+        flipped[random.Random(page_at).randrange(4096)] ^= 0x10
+        got[page_at] = bytes(flipped)
+        with pytest.raises(KeywordIntegrityError) as exc:
+            check(d, KEY.public_key(), [key], buckets, got)
+        errors.append(str(exc.value))
+    assert errors == [ANSWER_FAILED, ANSWER_FAILED]
+
+
+def test_a_page_moved_to_another_index_or_table_is_refused() -> None:
+    recs = records(2000)
+    a = build_table(recs.items(), value_size=32, signing_key=KEY)
+    b = build_table(recs.items(), value_size=32, signing_key=KEY)  # same records, new dataset
+    key = list(recs)[3]
+    pages, buckets = plan(a.descriptor, [key])
+    swapped = [b.pages[p].tobytes() for p in pages]
+    with pytest.raises(KeywordIntegrityError):
+        check(a.descriptor, KEY.public_key(), [key], buckets, swapped)
+    other = (pages[0] + 1) % a.descriptor.geometry.data_pages
+    moved = [a.pages[other].tobytes()] + [a.pages[p].tobytes() for p in pages[1:]]
+    with pytest.raises(KeywordIntegrityError):
+        check(a.descriptor, KEY.public_key(), [key], buckets, moved)
+
+
+def test_the_descriptor_is_checked_against_the_trusted_key() -> None:
+    table = build_table(records(100).items(), value_size=32, signing_key=KEY)
+    page = table.pages[-1].tobytes()
+    assert Descriptor.from_page(page, KEY.public_key()) == table.descriptor
+    with pytest.raises(KeywordIntegrityError, match="not signed by the trusted"):
+        Descriptor.from_page(page, Ed25519PrivateKey.generate().public_key())
+    with pytest.raises(KeywordIntegrityError):
+        Descriptor.from_page(bytes(4096), KEY.public_key())
+
+
+def test_a_table_too_small_is_refused_with_its_numbers() -> None:
+    recs = records(1000)
+    with pytest.raises(TableFullError, match=r"1000 records do not fit in 900 buckets \(900 "
+                                             r"slots, 111.1% full\).*num_buckets=1177"):
+        build_table(recs.items(), value_size=32, signing_key=KEY, layout="row", row_size=64,
+                    num_buckets=900)
+    # without a fixed size the same records are placed, every one
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, layout="row", row_size=64,
+                        load=0.99)
+    assert table.descriptor.records == 1000
+    assert lookup(table.pages, table.descriptor, list(recs)) == list(recs.values())
+
+
+def test_duplicates_and_wrong_sizes_are_refused_naming_the_record(tmp_path: Path) -> None:
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"key": "alice", "value": "0x' + "11" * 4 + '"}\n\n'
+                    '{"key": "bob", "value": "0x' + "22" * 4 + '"}\n'
+                    '{"key": "alice", "value": "0x' + "33" * 4 + '"}\n')
+    with pytest.raises(RecordError, match=r"r.jsonl:4: the same key as r.jsonl:1"):
+        build_table(read_records(path), value_size=4, signing_key=KEY)
+    with pytest.raises(RecordError, match=r"r.jsonl:1: value is 4 bytes; this table's values "
+                                          r"are 8 bytes"):
+        build_table(read_records(path), value_size=8, signing_key=KEY)
+    csv = tmp_path / "r.csv"
+    csv.write_text("key,value\n0xab,0x0102\nbad\n")
+    with pytest.raises(RecordError, match="r.csv:3: expected two columns"):
+        list(read_records(csv))
+    with pytest.raises(RecordError, match="cannot tell the format"):
+        read_records(tmp_path / "r.txt")
+
+
+def test_records_files_in_both_formats_build_the_same_lookups(tmp_path: Path) -> None:
+    recs = records(300, value_size=8)
+    (tmp_path / "r.jsonl").write_text("".join(
+        json.dumps({"key": "0x" + k.hex(), "value": "0x" + v.hex()}) + "\n"
+        for k, v in recs.items()))
+    (tmp_path / "r.csv").write_text("key,value\n" + "".join(
+        f"0x{k.hex()},0x{v.hex()}\n" for k, v in recs.items()))
+    for name in ("r.jsonl", "r.csv"):
+        table = build_table(read_records(tmp_path / name), value_size=8, signing_key=KEY)
+        assert lookup(table.pages, table.descriptor, list(recs)) == list(recs.values())
+
+
+# -- the owner's updates -----------------------------------------------------------------------
+
+def _served(owner: OwnerTable) -> np.ndarray:
+    with Snapshot.open(owner.snapshot_dir()) as snap:
+        return np.array(snap.read_verified())
+
+
+@pytest.mark.parametrize("layout", ["page", "row"])
+def test_inserts_changes_and_deletes_make_a_new_version(tmp_path: Path, layout: str) -> None:
+    recs = records(2000, seed=5)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, layout=layout,
+                        row_size=64, load=0.85)
+    first = create_owner_dir(table, tmp_path / "owner")
+    v1 = (first / "pages.bin").read_bytes()
+    owner = OwnerTable(tmp_path / "owner")
+    rng = random.Random(9)
+    new = {rng.randbytes(20): rng.randbytes(32) for _ in range(120)}
+    changed = {k: rng.randbytes(32) for k in list(recs)[:10]}
+    deleted = list(recs)[10:20]
+    version, batch = owner.apply(
+        [Change("put", k, v) for k, v in {**new, **changed}.items()]
+        + [Change("delete", k) for k in deleted], KEY, rng=rng.randrange)
+    assert version == 2 and owner.current == 2
+    assert (first / "pages.bin").read_bytes() == v1  # version 1 untouched
+    recs.update(new)
+    recs.update(changed)
+    for k in deleted:
+        del recs[k]
+    pages = _served(owner)
+    desc = Descriptor.from_page(pages[-1].tobytes(), KEY.public_key())
+    assert desc.version == 2 and desc.records == len(recs)
+    assert lookup(pages, desc, list(recs)) == list(recs.values())
+    assert lookup(pages, desc, deleted) == [None] * 10
+    # the batch turns version 1 into version 2 exactly, descriptor page included
+    before = table.pages.copy()
+    for page, kind, data in batch:
+        assert kind == "data"
+        before[page] = np.frombuffer(data, np.uint8)
+    assert np.array_equal(before, pages)
+    assert batch[-1][0] == desc.geometry.descriptor_page
+    assert [v for v, _, _ in owner.unpublished()] == [2]
+
+
+def test_an_insert_evicts_along_a_chain_within_one_batch(tmp_path: Path) -> None:
+    # a nearly full one-row table: new keys mostly find their candidates taken
+    recs = records(800, seed=3)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, layout="row",
+                        row_size=64, load=0.88)
+    create_owner_dir(table, tmp_path / "owner")
+    owner = OwnerTable(tmp_path / "owner")
+    rng = random.Random(4)
+    moved = 0
+    for _ in range(4):
+        key, value = rng.randbytes(20), rng.randbytes(32)
+        _, batch = owner.apply([Change("put", key, value)], KEY, rng=rng.randrange)
+        moved = max(moved, len(batch) - 2)  # beyond the new record's page and the descriptor
+        recs[key] = value
+    assert moved > 0
+    pages = _served(owner)
+    desc = Descriptor.from_page(pages[-1].tobytes(), KEY.public_key())
+    assert lookup(pages, desc, list(recs)) == list(recs.values())
+
+
+def test_a_full_table_refuses_the_insert_and_changes_nothing(tmp_path: Path) -> None:
+    recs = records(600, seed=8)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, layout="row",
+                        row_size=64, load=0.9)
+    create_owner_dir(table, tmp_path / "owner")
+    owner = OwnerTable(tmp_path / "owner")
+    rng = random.Random(1)
+    with pytest.raises(TableFullError, match=r"the table is full.*Nothing was changed.*"
+                                             r"--buckets \d+"):
+        owner.apply([Change("put", rng.randbytes(20), rng.randbytes(32)) for _ in range(400)],
+                    KEY, rng=rng.randrange)
+    assert owner.current == 1 and OwnerTable(tmp_path / "owner").current == 1
+    assert not [p for p in (tmp_path / "owner").iterdir() if p.name.startswith("v0000002")]
+
+
+def test_bad_changes_are_refused_naming_the_line(tmp_path: Path) -> None:
+    recs = records(50)
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY), tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"op": "delete", "key": "nobody"}\n')
+    with pytest.raises(RecordError, match=r"c.jsonl:1: delete of a key the table does not hold"):
+        owner.apply(read_changes(f), KEY)
+    f.write_text('{"op": "put", "key": "x", "value": "0x00"}\n')
+    with pytest.raises(RecordError, match=r"c.jsonl:1: value is 1 bytes"):
+        owner.apply(read_changes(f), KEY)
+    f.write_text('{"op": "upsert", "key": "x"}\n')
+    with pytest.raises(RecordError, match="c.jsonl:1: expected"):
+        read_changes(f)
+    with pytest.raises(ValueError, match="not the table's owner key"):
+        owner.apply([Change("delete", list(recs)[0])], Ed25519PrivateKey.generate())
+    assert owner.current == 1
