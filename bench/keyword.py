@@ -1,0 +1,206 @@
+"""Keyword tables: build rate, load reached, lookups through HTTP against page reads, and the
+client's verification time.
+
+1. Build rate: records/s of `build_table` at `--records` (default 1 M) synthetic accounts
+   (20-byte addresses, 32-byte values), for both bucket layouts.
+2. Load factor reached with zero stash: the fullest fixed size at which a build still places
+   every record (bisection on the bucket count, `--load-records` records).
+3. Through HTTP, in one run on one local Ray: two parties serve a keyword table; lookups/s of
+   `KeywordClient.get_many` (one query of three keys per lookup, every page verified) against
+   page reads/s of `PirClient.get` with the same number of random three-page queries per
+   request, sequential and batched. Target: lookups/s >= 0.9 of page-query reads/s.
+4. Client verification per lookup: `verify.check` on three pages (signatures and slot scan).
+
+    python bench/keyword.py              # 1 M records, 20 s per HTTP measurement
+    python bench/keyword.py --quick      # 100 k records, short measurements
+Results: bench/results/keyword.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def build_rates(n: int, runs: int) -> dict:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from morphogen.keyword import build_table
+    from morphogen.keyword.accounts import synthetic_accounts
+
+    key = Ed25519PrivateKey.generate()
+    accounts = synthetic_accounts(n, seed=1)
+    out = {}
+    for layout, row_size in (("page", 0), ("row", 128)):
+        times, loads = [], []
+        for _ in range(runs):
+            t = time.perf_counter()
+            table = build_table(accounts, value_size=32, signing_key=key, layout=layout,
+                                row_size=row_size)
+            times.append(time.perf_counter() - t)
+            loads.append(table.stats.load)
+        med = statistics.median(times)
+        out[layout] = {"records": n, "seconds_median": round(med, 3),
+                       "records_per_s": round(n / med), "load_at_default_size": min(loads),
+                       "pages": table.descriptor.geometry.num_pages}
+        _log(f"[bench] build {layout}: {n} records in {med:.2f} s ({n / med:,.0f} records/s)")
+    return out
+
+
+def max_load(n: int) -> dict:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from morphogen.keyword import TableFullError, build_table
+    from morphogen.keyword.accounts import synthetic_accounts
+    from morphogen.keyword.layout import Geometry
+
+    key = Ed25519PrivateKey.generate()
+    accounts = synthetic_accounts(n, seed=2)
+    out = {}
+    for layout, row_size in (("page", 0), ("row", 128)):
+        per = Geometry(layout, 32, 1, row_size).slots_per_bucket
+        lo, hi = -(-n // per), int(n / per / 0.7) + 1  # lo: exactly full; hi: 70 % full
+        while hi - lo > max(1, lo // 500):
+            mid = (lo + hi) // 2
+            try:
+                build_table(accounts, value_size=32, signing_key=key, layout=layout,
+                            row_size=row_size, num_buckets=mid)
+                hi = mid
+            except TableFullError:
+                lo = mid
+        out[layout] = {"records": n, "num_buckets": hi, "load": round(n / (hi * per), 4),
+                       "stash": 0}
+        _log(f"[bench] fullest {layout} table: {n / (hi * per):.1%} with zero stash")
+    return out
+
+
+def verify_time(runs: int) -> dict:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from morphogen.keyword import build_table
+    from morphogen.keyword.accounts import synthetic_accounts
+    from morphogen.keyword.verify import check, plan
+
+    key = Ed25519PrivateKey.generate()
+    accounts = synthetic_accounts(20000, seed=3)
+    table = build_table(accounts, value_size=32, signing_key=key)
+    keys = [k for k, _ in accounts[:runs]]
+    plans = [plan(table.descriptor, [k]) for k in keys]
+    answers = [[table.pages[p].tobytes() for p in pages] for pages, _ in plans]
+    pub = key.public_key()
+    times = []
+    for k, (_, buckets), got in zip(keys, plans, answers, strict=True):
+        t = time.perf_counter()
+        check(table.descriptor, pub, [k], buckets, got)
+        times.append(time.perf_counter() - t)
+    med = statistics.median(times)
+    _log(f"[bench] client verification: {med * 1e6:.0f} us per lookup (3 signatures)")
+    return {"us_per_lookup_median": round(med * 1e6, 1)}
+
+
+def _rate(fn, seconds: float) -> tuple[float, int]:
+    fn()  # warm
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        done += fn()
+    return done / (time.perf_counter() - t0), done
+
+
+def http_rates(n: int, seconds: float, batch: int) -> dict:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from ray import serve
+
+    from cluster import local
+    from deployments.app import build_app
+    from morphogen.client import PirClient
+    from morphogen.config import PartyConfig
+    from morphogen.keyword import KeywordClient, build_table
+    from morphogen.keyword.accounts import synthetic_accounts
+    from morphogen.keyword.owner import create_owner_dir
+
+    key = Ed25519PrivateKey.generate()
+    accounts = dict(synthetic_accounts(n, seed=4))
+    table = build_table(accounts.items(), value_size=32, signing_key=key)
+    work = Path(tempfile.mkdtemp(prefix="morphogen-kwbench-"))
+    snapshot = create_owner_dir(table, work / "owner")
+    num_pages = table.descriptor.geometry.num_pages
+    keys = sorted(accounts)
+    rng = random.Random(5)
+    out = {"table_pages": num_pages}
+    with local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
+        for name in ("a", "b"):
+            cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
+                              engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
+                              graceful_shutdown_timeout_s=1.0)
+            serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
+        with PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack") as pir:
+            kc = KeywordClient(pir, key.public_key())
+            kc.descriptor()
+            for per_request in (1, batch):
+                def pages_fn(q=per_request) -> int:
+                    pir.get([rng.randrange(num_pages) for _ in range(3 * q)])
+                    return q
+
+                def lookups_fn(q=per_request) -> int:
+                    wanted = rng.sample(keys, q)
+                    got = kc.get_many(wanted)
+                    assert got == [accounts[k] for k in wanted]
+                    return q
+
+                # interleaved halves: drift on a shared machine hits both sides alike
+                page_rates, lookup_rates = [], []
+                for _ in range(3):
+                    page_rates.append(_rate(pages_fn, seconds / 6)[0])
+                    lookup_rates.append(_rate(lookups_fn, seconds / 6)[0])
+                pr, lr = statistics.median(page_rates), statistics.median(lookup_rates)
+                out[f"queries_per_request_{per_request}"] = {
+                    "page_queries_per_s": round(pr, 1), "lookups_per_s": round(lr, 1),
+                    "ratio": round(lr / pr, 3)}
+                _log(f"[bench] {per_request} per request: {lr:.1f} lookups/s against "
+                     f"{pr:.1f} page queries/s: {lr / pr:.2f}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--records", type=int, default=1_000_000)
+    ap.add_argument("--load-records", type=int, default=200_000)
+    ap.add_argument("--http-records", type=int, default=50_000)
+    ap.add_argument("--seconds", type=float, default=20.0, help="per HTTP measurement")
+    ap.add_argument("--batch", type=int, default=32, help="lookups per batched request")
+    ap.add_argument("--runs", type=int, default=3, help="builds per layout (median)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "keyword.json"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.records, args.load_records, args.http_records, args.seconds, args.runs = (
+            100_000, 20_000, 5_000, 6.0, 1)
+    result = {
+        "machine": f"{os.cpu_count()} cpus",
+        "build": build_rates(args.records, args.runs),
+        "max_load": max_load(args.load_records),
+        "verification": verify_time(2000),
+        "http": http_rates(args.http_records, args.seconds, args.batch),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
