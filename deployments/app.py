@@ -32,6 +32,7 @@ from morphogen.shard import warm_up
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshots import open_snapshot
+from morphogen.storage.location import is_remote
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ def build_app(args: PartyConfig) -> Application:
     try:
         # Refuses more shards than pages before any replica is scheduled.
         shard_ranges(snap.num_pages, cfg.num_shards)
-        if cfg.warm_up and not placed_on_gpu:
+        # a remote snapshot is only its manifest here: no pages fetched onto the builder's node
+        if cfg.warm_up and not placed_on_gpu and not is_remote(cfg.snapshot or ""):
             _warm_up(snap, engine, cfg)
     finally:
         snap.close()

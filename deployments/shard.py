@@ -12,6 +12,7 @@ autoscaled): they stay on one epoch through the log. The logic is
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -29,6 +30,7 @@ from morphogen.identity import EpochIdentity
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
 from morphogen.snapshots import open_snapshot
+from morphogen.storage.open import open_any
 
 log = logging.getLogger("ray.serve")
 
@@ -41,6 +43,7 @@ class Shard:
         core = ShardCore.open(
             snapshot, index, cfg.num_shards, engine_name, cfg.engine_options,
             chunk_pages=cfg.fold_chunk_pages, stale_stage_s=cfg.admin_stale_stage_s,
+            opener=functools.partial(open_any, cache_dir=cfg.snapshot_cache_path()),
         )
         core.self_test()  # fail the constructor (not the first query) on a broken engine
         self._replica = ShardReplica.start(

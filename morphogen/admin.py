@@ -32,6 +32,8 @@ from morphogen.dpf import DomainError
 from morphogen.epoch import EpochError, StagingConflict
 from morphogen.snapshot.manifest import Manifest, SnapshotError
 from morphogen.snapshot.reader import Snapshot
+from morphogen.storage.location import is_remote
+from morphogen.storage.open import open_any
 
 log = logging.getLogger(__name__)
 
@@ -129,15 +131,18 @@ def rotation_epoch(current: int, manifest_epoch: int) -> int:
 # --------------------------------------------------------------------------- snapshots
 
 
-def resolve_snapshot_path(requested: str, allowed_dir: str | None) -> Path:
+def resolve_snapshot_path(requested: str, allowed_dir: str | None) -> Path | str:
     """The real path of a requested snapshot, which must lie inside `allowed_dir` (symlinks
     resolved first, so a link cannot lead outside). 403 when rotation is off or the path
-    escapes; 422 when nothing is there."""
+    escapes; 422 when nothing is there. With an object-store prefix as `allowed_dir`, the
+    URI (or a name relative to the prefix) under it (`resolve_snapshot_uri`)."""
     if not allowed_dir:
         raise WireError(
             403, ErrorCode.FORBIDDEN,
             "snapshot rotation is disabled on this server (no admin_snapshot_dir configured)",
         )
+    if is_remote(allowed_dir) or is_remote(requested):
+        return resolve_snapshot_uri(requested, allowed_dir)
     base = Path(os.path.realpath(Path(allowed_dir).expanduser()))
     candidate = Path(requested).expanduser()
     if not candidate.is_absolute():
@@ -152,9 +157,39 @@ def resolve_snapshot_path(requested: str, allowed_dir: str | None) -> Path:
     return real
 
 
-def verify_snapshot(path: Path) -> Manifest:
+def resolve_snapshot_uri(requested: str, allowed: str) -> str:
+    """`requested` as a URI under the allowed prefix: a full URI must start with it, a name
+    is taken relative to it; no `..` or empty segments (an object key is taken literally, so
+    a prefix check is all that keeps a request inside)."""
+    if not is_remote(allowed):
+        raise WireError(403, ErrorCode.FORBIDDEN, "the snapshot URI is outside the allowed "
+                        "snapshot directory (admin_snapshot_dir is a local path)")
+    base = allowed.rstrip("/")
+    if requested.startswith(("/", "file:")):
+        raise WireError(403, ErrorCode.FORBIDDEN, "a local snapshot path, but the allowed "
+                        "snapshot prefix is in object storage")
+    uri = requested if is_remote(requested) else f"{base}/{requested}"
+    rest = uri[len(base):] if uri.startswith(base + "/") else None
+    if rest is None or any(seg in ("", ".", "..") for seg in rest[1:].rstrip("/").split("/")):
+        raise WireError(403, ErrorCode.FORBIDDEN,
+                        "the snapshot URI is outside the allowed snapshot prefix")
+    return uri.rstrip("/")
+
+
+def verify_snapshot(path: Path | str) -> Manifest:
     """Open the snapshot and recompute its checksum (reads every byte); its manifest when the
-    data matches. Blocking: run it in a thread. 422 with the reason otherwise."""
+    data matches. Blocking: run it in a thread. 422 with the reason otherwise.
+
+    A remote snapshot's manifest is checked here (chunk hashes, checksum, their root), not its
+    bytes: each shard replica checks every chunk of its range against those same hashes as it
+    fetches it, and a router downloading the whole snapshot to hash it would name nothing
+    more."""
+    if is_remote(path):
+        try:
+            with open_any(path) as remote:
+                return remote.manifest
+        except SnapshotError as exc:
+            raise WireError(422, ErrorCode.BAD_SNAPSHOT, f"snapshot refused: {exc}") from None
     try:
         snap = Snapshot.open(path, verify=True)
     except SnapshotError as exc:

@@ -75,13 +75,18 @@ class PartyConfig(BaseModel):
 
     # -- data: a snapshot path, or (when None) a synthetic snapshot built once in the cache.
     snapshot: str | None = Field(
-        None, description="manifest .json, snapshot directory or raw page file"
+        None, description="manifest .json, snapshot directory or raw page file; or a URI "
+        "(s3://, gs://, https://) of a snapshot's prefix or manifest, fetched by each replica "
+        "into snapshot_cache_dir, only the chunks of its own range"
     )
     synthetic_pages: int = Field(4096, ge=1, le=1 << 32, description="pages when synthetic")
     synthetic_seed: int = Field(0, ge=0)
     synthetic_epoch: int = Field(1, ge=0)
     cache_dir: str | None = Field(None, description="default: $MORPHOGEN_CACHE_DIR or ~/.cache")
     verify_snapshot: bool = Field(False, description="checksum the data at shard start")
+    snapshot_cache_dir: str | None = Field(
+        None, description="node-local directory for chunks of remote snapshots (default: "
+        "<cache_dir>/snapshots); every replica on a node shares it, one download per chunk")
 
     # -- shards
     num_shards: int = Field(2, ge=1, le=4096)
@@ -223,6 +228,11 @@ class PartyConfig(BaseModel):
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    def snapshot_cache_path(self) -> Path:
+        if self.snapshot_cache_dir:
+            return Path(self.snapshot_cache_dir).expanduser()
+        return self.cache_path() / "snapshots"
 
     def wants_gpu(self, cluster_gpus: float = 0.0) -> bool:
         """Whether shard replicas ask Ray for a GPU each."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from morphogen.identity import EpochIdentity
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot
+from morphogen.storage.open import open_any
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ class ShardCore:
         num_shards: int = 1,
         chunk_pages: int = DEFAULT_CHUNK_PAGES,
         stale_stage_s: float = DEFAULT_STALE_STAGE_S,
+        opener: Callable[..., Snapshot] = open_any,
     ) -> None:
         if not 0 <= first_page < stop_page <= snapshot.num_pages:
             raise ValueError(f"bad shard range [{first_page}, {stop_page})")
@@ -54,6 +56,7 @@ class ShardCore:
             raise ValueError(f"shard index {index} is not in 0..{num_shards - 1}")
         self.index = index
         self.num_shards = num_shards
+        self.opener = opener  # how a rotation's path or URI is opened (the node's chunk cache)
         self.engine = engines.create(engine_name, **(engine_options or {}))
         self.state = ShardState(
             self.engine, snapshot, first_page, stop_page,
@@ -150,7 +153,7 @@ class ShardCore:
         the range. `checksum`, when given, must be the manifest's, i.e. the root of its chunk
         hashes (what the caller verified and named in its target identity); the range loaded
         is then checked against those same chunk hashes."""
-        snapshot = Snapshot.open(path, verify=verify)
+        snapshot = self.opener(path, verify=verify)
         try:
             if checksum is not None and snapshot.manifest.checksum != checksum:
                 raise SnapshotError(

@@ -19,6 +19,8 @@ from morphogen.config import PartyConfig
 from morphogen.snapshot.manifest import MANIFEST_FILE
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic
+from morphogen.storage.location import is_remote, local_path
+from morphogen.storage.open import open_any
 
 
 def synthetic_dir(cfg: PartyConfig) -> Path:
@@ -58,9 +60,13 @@ def ensure_synthetic(cfg: PartyConfig, *, progress: bool = False) -> Path:
 def snapshot_path(cfg: PartyConfig, *, progress: bool = False) -> Path:
     """The configured snapshot path, or the synthetic one (built on first use)."""
     if cfg.snapshot is not None:
-        return Path(cfg.snapshot).expanduser()
+        return local_path(cfg.snapshot).expanduser()
     return ensure_synthetic(cfg, progress=progress)
 
 
 def open_snapshot(cfg: PartyConfig, *, verify: bool = False, progress: bool = False) -> Snapshot:
+    """The configured snapshot: a local one (or the synthetic one), or a remote one
+    (`morphogen.storage.remote_snapshot`) of which nothing but the manifest is read yet."""
+    if cfg.snapshot is not None and is_remote(cfg.snapshot):
+        return open_any(cfg.snapshot, verify=verify, cache_dir=cfg.snapshot_cache_path())
     return Snapshot.open(snapshot_path(cfg, progress=progress), verify=verify)

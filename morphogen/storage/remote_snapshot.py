@@ -1,0 +1,165 @@
+"""A snapshot in object storage (S3, GCS, HTTPS), read through the node's verified chunk cache.
+
+The same layout as on disk: ``manifest.json`` and the data object beside it, under a prefix
+(``s3://bucket/snapshots/epoch-7``) or named by the manifest's own URI. Opening reads only the
+manifest; a shard's `read_verified` fetches only the chunks its page range overlaps (once per
+node, `ChunkCache`) and reads them into private memory, hashing each again as it lands, so a
+cache file changed on disk is refused as a corrupted object would be. Only snapshots with
+chunk hashes (manifest format 2, what `morphogen build` writes) can be remote: a manifest
+without them names no bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import ExitStack
+from typing import Any
+
+import blake3
+import numpy as np
+import obstore
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.snapshot.hashes import chunk_count, chunk_pages_range
+from morphogen.snapshot.manifest import MANIFEST_FILE, Manifest, SnapshotError
+from morphogen.storage.chunk_cache import ChunkCache, chunk_file, node_name
+from morphogen.storage.location import StorageError, open_location
+
+log = logging.getLogger(__name__)
+
+
+def _split(uri: str) -> tuple[str, str]:
+    """(the snapshot's prefix URI, the manifest's name)."""
+    uri = uri.rstrip("/")
+    if uri.lower().endswith(".json"):
+        base, _, name = uri.rpartition("/")
+        return base, name
+    return uri, MANIFEST_FILE
+
+
+class RemoteSnapshot:
+    """Duck-typed as `morphogen.snapshot.reader.Snapshot` for what shards and routers use."""
+
+    def __init__(self, uri: str, manifest: Manifest, location: Any, cache: ChunkCache) -> None:
+        self.path = uri
+        self.manifest = manifest
+        self._location = location
+        self._cache = cache
+        self._stack = ExitStack()
+        self._stack.enter_context(cache.holding(manifest))
+        self._closed = False
+
+    @classmethod
+    def open(cls, uri: str, cache_dir: str, *, verify: bool = False) -> RemoteSnapshot:
+        base, name = _split(uri)
+        location = open_location(base)
+        try:
+            raw = bytes(obstore.get(location.store, location.key(name)).bytes())
+        except FileNotFoundError:
+            raise SnapshotError(f"{uri}: no snapshot manifest at {base}/{name}") from None
+        except Exception as exc:  # noqa: BLE001 - store errors name the URI
+            raise SnapshotError(f"{uri}: cannot read the manifest ({exc})") from None
+        try:
+            manifest = Manifest.from_dict(json.loads(raw), where=f"{base}/{name}")
+        except ValueError as exc:
+            raise SnapshotError(f"{uri}: {exc}") from None
+        if manifest.chunk_hashes is None or manifest.checksum is None:
+            raise SnapshotError(f"{uri}: a remote snapshot needs a manifest with chunk hashes "
+                                "and a checksum (write it with `morphogen build`)")
+        snap = cls(uri, manifest, location, ChunkCache(cache_dir))
+        if verify:
+            snap.verify()
+        return snap
+
+    # -- what a Snapshot offers
+    @property
+    def num_pages(self) -> int:
+        return self.manifest.num_pages
+
+    @property
+    def domain_bits(self) -> int:
+        return self.manifest.domain_bits
+
+    @property
+    def epoch_id(self) -> int:
+        return self.manifest.epoch_id
+
+    def __len__(self) -> int:
+        return self.manifest.num_pages
+
+    def __repr__(self) -> str:
+        return f"RemoteSnapshot({self.path!r}, epoch_id={self.epoch_id}, pages={self.num_pages})"
+
+    def fingerprint(self) -> str:
+        return self.manifest.root
+
+    def _read_range(self, start: int, end: int) -> bytes:
+        return obstore.get_range(self._location.store,
+                                 self._location.key(self.manifest.data_file),
+                                 start=start, end=end)
+
+    def chunks_of(self, start: int, stop: int) -> list[int]:
+        cp = self.manifest.chunk_pages
+        return list(range(start // cp, -(-stop // cp))) if stop > start else []
+
+    def fetch(self, start: int = 0, stop: int | None = None) -> None:
+        """Bring the chunks of pages [start, stop) into this node's cache (verified)."""
+        stop = self.num_pages if stop is None else stop
+        try:
+            self._cache.ensure(self.manifest, self.path, self._read_range,
+                               self.chunks_of(start, stop))
+        except StorageError as exc:
+            raise SnapshotError(f"node {node_name()}: {self.path}: {exc}") from None
+
+    def read_verified(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Pages [start, stop) as a private, read-only copy, every chunk hashed as it lands."""
+        self._check_open()
+        stop = self.num_pages if stop is None else stop
+        if not 0 <= start <= stop <= self.num_pages:
+            raise ValueError(f"page range [{start}, {stop}) is outside [0, {self.num_pages})")
+        self.fetch(start, stop)
+        root_dir = self._cache.root_dir(self.manifest)
+        out = np.empty((stop - start, PAGE_SIZE), np.uint8)
+        m = self.manifest
+        assert m.chunk_hashes is not None
+        for c in self.chunks_of(start, stop):
+            a, b = chunk_pages_range(c, m.num_pages, m.chunk_pages)
+            path = chunk_file(root_dir, c)
+            data = path.read_bytes()
+            if len(data) != (b - a) * PAGE_SIZE or blake3.blake3(
+                    data, max_threads=blake3.blake3.AUTO).hexdigest() != m.chunk_hashes[c]:
+                path.unlink(missing_ok=True)  # the next open fetches it again
+                raise SnapshotError(f"node {node_name()}: {self.path} chunk {c}: the cached "
+                                    f"copy {path} does not hash as the manifest says; removed")
+            rows = np.frombuffer(data, np.uint8).reshape(b - a, PAGE_SIZE)
+            lo, hi = max(a, start), min(b, stop)
+            out[lo - start:hi - start] = rows[lo - a:hi - a]
+        out.flags.writeable = False
+        return out
+
+    def pages(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        return self.read_verified(start, stop)
+
+    def verify(self, progress: Any = None) -> str:
+        """Fetch and check every chunk (the whole snapshot lands in this node's cache)."""
+        self.read_verified(0, self.num_pages)
+        return self.manifest.root
+
+    def chunk_count(self) -> int:
+        return chunk_count(self.num_pages, self.manifest.chunk_pages)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SnapshotError(f"{self.path}: snapshot is closed")
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._stack.close()
+
+    def __enter__(self) -> RemoteSnapshot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,168 @@
+"""Snapshots in object storage, through a real S3 protocol server on loopback: each replica
+fetches only its chunks, once per node, verified before use; a corrupted object or cache file
+is refused, naming node, URI and chunk."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import numpy as np
+import obstore
+import pytest
+
+from morphogen.admin import resolve_snapshot_path, verify_snapshot
+from morphogen.codec import WireError
+from morphogen.snapshot.manifest import SnapshotError
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic
+from morphogen.storage import open_location
+from morphogen.storage.chunk_cache import ChunkCache, chunk_file
+from morphogen.storage.open import open_any
+
+PAGES, CHUNK = 100, 16  # 7 chunks, the last one short
+
+
+def upload(local: Path, uri: str) -> None:
+    loc = open_location(uri)
+    for f in ("manifest.json", "pages.bin"):
+        obstore.put(loc.store, loc.key(f), (local / f).read_bytes())
+
+
+@pytest.fixture
+def remote(tmp_path: Path, s3_bucket: str) -> tuple[str, Snapshot]:
+    local = tmp_path / "snap"
+    build_synthetic(local, PAGES, seed=3, epoch_id=4, chunk_pages=CHUNK)
+    uri = f"s3://{s3_bucket}/snapshots/epoch-4"
+    upload(local, uri)
+    snap = Snapshot.open(local)
+    yield uri, snap
+    snap.close()
+
+
+def test_a_replica_fetches_only_the_chunks_of_its_range(remote, tmp_path: Path) -> None:
+    uri, local = remote
+    with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+        assert snap.num_pages == PAGES and snap.fingerprint() == local.fingerprint()
+        assert snap._cache.fetched_bytes == 0  # opening reads the manifest only
+        pages = snap.read_verified(20, 50)  # chunks 1, 2, 3
+        assert np.array_equal(pages, local.pages(20, 50))
+        assert snap._cache.fetched_bytes == 3 * CHUNK * 4096
+        assert not pages.flags.writeable
+        root = tmp_path / "cache" / local.manifest.root
+        assert sorted(p.name for p in root.glob("chunk-*")) == [
+            "chunk-000001", "chunk-000002", "chunk-000003"]
+
+
+def test_a_second_replica_on_the_node_downloads_nothing(remote, tmp_path: Path) -> None:
+    uri, local = remote
+    with open_any(uri, cache_dir=tmp_path / "cache") as first:
+        first.read_verified(0, 60)
+    with open_any(uri, cache_dir=tmp_path / "cache") as second:
+        assert np.array_equal(second.read_verified(10, 40), local.pages(10, 40))
+        assert second._cache.fetched_bytes == 0
+
+
+def test_a_killed_download_resumes_with_the_chunks_it_had(remote, tmp_path: Path) -> None:
+    uri, local = remote
+    with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+        snap.read_verified(0, PAGES)
+    root = tmp_path / "cache" / local.manifest.root
+    chunk_file(root, 5).unlink()
+    chunk_file(root, 6).unlink()
+    torn = root / ".chunk-000005.tmp-dead"
+    torn.write_bytes(b"half a chunk")  # what a kill in the middle of a write leaves
+    with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+        assert np.array_equal(snap.read_verified(0, PAGES), local.pages(0, PAGES))
+        assert snap._cache.fetched_bytes == (CHUNK + (PAGES - 6 * CHUNK)) * 4096
+    assert not torn.exists()
+
+
+def test_a_corrupted_object_is_refused_naming_node_uri_and_chunk(remote, tmp_path: Path) -> None:
+    uri, local = remote
+    data = bytearray((Path(local.data_path)).read_bytes())
+    data[2 * CHUNK * 4096 + 777] ^= 1  # one bit in chunk 2
+    loc = open_location(uri)
+    obstore.put(loc.store, loc.key("pages.bin"), bytes(data))
+    with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+        assert np.array_equal(snap.read_verified(0, 30), local.pages(0, 30))  # chunks 0, 1
+        with pytest.raises(SnapshotError) as exc:
+            snap.read_verified(30, 40)
+    msg = str(exc.value)
+    assert f"node {socket.gethostname()}" in msg and uri in msg and "chunk 2" in msg
+    assert not chunk_file(tmp_path / "cache" / local.manifest.root, 2).exists()
+
+
+def test_a_cache_file_changed_on_disk_is_refused_and_fetched_again(remote, tmp_path) -> None:
+    uri, local = remote
+    with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+        snap.read_verified(0, 16)
+    path = chunk_file(tmp_path / "cache" / local.manifest.root, 0)
+    raw = bytearray(path.read_bytes())
+    raw[5] ^= 0x80
+    path.write_bytes(bytes(raw))
+    with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+        with pytest.raises(SnapshotError, match="chunk 0: the cached copy"):
+            snap.read_verified(0, 16)
+        assert np.array_equal(snap.read_verified(0, 16), local.pages(0, 16))
+
+
+def test_missing_objects_and_buckets_are_named(s3_bucket: str, tmp_path: Path) -> None:
+    with pytest.raises(SnapshotError, match=f"s3://{s3_bucket}/nothing: no snapshot manifest"):
+        open_any(f"s3://{s3_bucket}/nothing", cache_dir=tmp_path)
+    with pytest.raises(SnapshotError, match="s3://no-such-bucket-here/x: no snapshot manifest"):
+        open_any("s3://no-such-bucket-here/x", cache_dir=tmp_path)
+
+
+def test_a_manifest_without_chunk_hashes_cannot_be_remote(s3_bucket, tmp_path) -> None:
+    import json
+
+    local = tmp_path / "s"
+    build_synthetic(local, 8, seed=1)
+    doc = json.loads((local / "manifest.json").read_text())
+    doc.update(format=1)
+    doc.pop("chunk_hashes", None)
+    doc.pop("chunk_pages", None)
+    doc["checksum"] = None
+    loc = open_location(f"s3://{s3_bucket}/old")
+    obstore.put(loc.store, loc.key("manifest.json"), json.dumps(doc).encode())
+    with pytest.raises(SnapshotError, match="needs a manifest with chunk hashes"):
+        open_any(f"s3://{s3_bucket}/old", cache_dir=tmp_path / "c")
+
+
+def test_snapshots_no_process_holds_are_evicted(remote, tmp_path: Path, s3_bucket) -> None:
+    uri, local = remote
+    other_local = tmp_path / "other"
+    build_synthetic(other_local, 40, seed=9, chunk_pages=CHUNK)
+    other_uri = f"s3://{s3_bucket}/snapshots/other"
+    upload(other_local, other_uri)
+    cache = tmp_path / "cache"
+    held = open_any(uri, cache_dir=cache)
+    held.read_verified(0, 10)
+    with open_any(other_uri, cache_dir=cache) as o:
+        o.read_verified(0, 10)
+        assert ChunkCache(cache).evict_unused() == []  # both in use
+    other_root = Snapshot.open(other_local).manifest.root
+    assert ChunkCache(cache).evict_unused() == [other_root]
+    assert (cache / local.manifest.root).is_dir()
+    held.close()
+    assert ChunkCache(cache).evict_unused() == [local.manifest.root]
+
+
+def test_rotation_uris_must_lie_under_the_allowed_prefix(remote) -> None:
+    uri, _ = remote
+    base = uri.rsplit("/", 1)[0]
+    assert resolve_snapshot_path("epoch-4", base) == uri
+    assert resolve_snapshot_path(uri + "/", base) == uri
+    for bad in ("../elsewhere", "s3://other-bucket/snapshots/epoch-4", base + "x/epoch-4",
+                "epoch-4/../../x", "/tmp/local"):
+        with pytest.raises(WireError) as exc:
+            resolve_snapshot_path(bad, base)
+        assert exc.value.status == 403, bad
+    with pytest.raises(WireError) as exc:
+        resolve_snapshot_path(uri, "/srv/snapshots")  # a URI against a local directory
+    assert exc.value.status == 403
+    assert verify_snapshot(uri).num_pages == PAGES
+    with pytest.raises(WireError) as exc:
+        verify_snapshot(base + "/none")
+    assert exc.value.status == 422
