@@ -190,8 +190,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     lk.add_argument("--server-b", required=True, metavar="URL", help="party B's URL")
     lk.add_argument("--public-key", required=True, metavar="HEX|FILE",
                     help="the data owner's public key (64 hex digits, or the .pub file)")
-    lk.add_argument("--encoding", default="msgpack", choices=["json", "msgpack"])
-    lk.add_argument("--timeout", type=float, default=30.0, metavar="S")
+    lk.add_argument("--encoding", default="msgpack", choices=["json", "msgpack"],
+                    help="request and answer body encoding (default msgpack)")
+    lk.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                    help="seconds per request (default 30)")
     lk.add_argument("--fail-absent", action="store_true", help="exit 1 when a key is absent")
     lk.add_argument("keys", nargs="+", metavar="KEY", help="0x-hex or text")
     lk.set_defaults(func=cmd_lookup)
@@ -201,20 +203,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                          description=f"Changes file: {CHANGES_FORMAT}.")
     acts = rec.add_subparsers(dest="records_action", required=True, metavar="ACTION")
     kg = acts.add_parser("keygen", help="a new Ed25519 signing key (+ .pub beside it)")
-    kg.add_argument("--out", required=True, metavar="FILE")
+    kg.add_argument("--out", required=True, metavar="FILE",
+                    help="the private key file to create (never overwritten); FILE.pub beside")
     ap = acts.add_parser("apply", help="apply a changes file as the next version (and publish "
                                        "it with --server twice)")
-    ap.add_argument("--owner", required=True, metavar="DIR")
-    ap.add_argument("--signing-key", required=True, metavar="FILE")
-    ap.add_argument("changes", metavar="CHANGES")
+    ap.add_argument("--owner", required=True, metavar="DIR",
+                    help="the owner directory `build --records` made")
+    ap.add_argument("--signing-key", required=True, metavar="FILE",
+                    help="the owner's Ed25519 key the table was built with")
+    ap.add_argument("changes", metavar="CHANGES", help="changes file (JSON lines, see above)")
     pb = acts.add_parser("publish", help="send every unpublished version to both parties")
-    pb.add_argument("--owner", required=True, metavar="DIR")
+    pb.add_argument("--owner", required=True, metavar="DIR",
+                    help="the owner directory `build --records` made")
     for p in (ap, pb):
         p.add_argument("--server", action="append", metavar="URL",
                        help="a party's URL; twice (A, then B)")
-        p.add_argument("--token-file", metavar="FILE", default=None)
-        p.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN")
-        p.add_argument("--retry-for", type=float, default=120.0, metavar="S")
+        p.add_argument("--token-file", metavar="FILE", default=None,
+                       help="file holding the parties' admin token")
+        p.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN",
+                       help="variable holding the token when no file is given")
+        p.add_argument("--retry-for", type=float, default=120.0, metavar="S",
+                       help="keep re-sending to an unavailable party this long (default 120)")
     for p in (kg,):
         p.set_defaults(server=None)
     rec.set_defaults(func=cmd_records)
