@@ -27,12 +27,17 @@ never published: readers ignore it and the next writer truncates it under the lo
 
 `EpochLog.in_memory()` keeps the same records in the process (a party without a log
 directory): one publisher and idempotent publication ids, nothing durable.
+
+With an object-store URI (`s3://bucket/prefix`, `gs://...`) the same records are write-once
+objects, one per record, and the next record's sequence number is the lock
+(`morphogen.storage.log_objects`): no shared file system needed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -53,10 +58,14 @@ import numpy as np
 from morphogen.changes import ChangeBatch
 from morphogen.constants import PAGE_SIZE
 from morphogen.identity import EpochIdentity, batch_digest
+from morphogen.storage.location import is_remote
+from morphogen.storage.log_objects import LogObjects, RaceLost
 
 log = logging.getLogger(__name__)
 
 LOG_FILE = "epochs.log"
+BLOBS = "blobs"  # the update batches' prefix in an object-store log
+RACE_RETRIES = 50
 MARKER_FILE = "log.json"
 LOG_FORMAT = 2
 FRAME_MAGIC = b"MGL2"
@@ -315,6 +324,21 @@ def _apply(state: LogState, e: LogEntry) -> None:
         state.aborted += 1
 
 
+def _retrying(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a write again, from a fresh read, when another writer took its record's seq
+    (object-store logs only: the directory's flock never loses)."""
+    @functools.wraps(method)
+    def run(self: EpochLog, *args: Any, **kwargs: Any) -> Any:
+        for _ in range(RACE_RETRIES):
+            try:
+                return method(self, *args, **kwargs)
+            except RaceLost:
+                continue
+        raise EpochLogError(f"{self._where()}: {RACE_RETRIES} writes in a row lost the race "
+                            "for the next record")
+    return run
+
+
 class EpochLog:
     """The log in `directory`.
 
@@ -326,8 +350,17 @@ class EpochLog:
     def __init__(self, directory: str | os.PathLike[str] | None, *, create: bool = True,
                  log_id: str | None = None) -> None:
         self._memory: list[bytes] | None = None
+        self._objects: LogObjects | None = None
         self._blobs: dict[str, bytes] = {}
         self._mutex = threading.Lock()
+        if directory is not None and is_remote(directory):
+            self._objects = LogObjects(str(directory))
+            self.directory = self._objects.uri  # type: ignore[assignment] - a URI, for messages
+            self.path = f"{self._objects.uri}/records"  # type: ignore[assignment]
+            if create:
+                self._write_marker()
+            self.log_id = self._read_marker(log_id)
+            return
         if directory is None:  # in_memory()
             self.directory = Path("<memory>")
             self.path = self.directory / LOG_FILE
@@ -354,6 +387,18 @@ class EpochLog:
         return f"node {socket.gethostname()}: {self.directory}"
 
     def _write_marker(self) -> None:
+        if self._objects is not None:
+            try:
+                self._objects.get(MARKER_FILE)
+                return
+            except FileNotFoundError:
+                pass
+            if self._objects.read()[0]:
+                raise EpochLogError(f"{self._where()}: epoch log records without a "
+                                    f"{MARKER_FILE}: not a log this version wrote")
+            body = json.dumps({"format": LOG_FORMAT, "log_id": secrets.token_hex(8)}).encode()
+            self._objects.create(MARKER_FILE, body)  # write-once: a concurrent creator wins
+            return
         marker = self.directory / MARKER_FILE
         if marker.exists():
             return
@@ -375,6 +420,22 @@ class EpochLog:
         _fsync_dir(self.directory)
 
     def _read_marker(self, expect: str | None) -> str:
+        if self._objects is not None:
+            try:
+                data = json.loads(self._objects.get(MARKER_FILE))
+                log_id, fmt = str(data["log_id"]), int(data["format"])
+            except FileNotFoundError:
+                raise EpochLogError(
+                    f"{self._where()}: not an epoch log (no {MARKER_FILE}): the application "
+                    "creates it; check the URI and that this node's credentials reach "
+                    "it") from None
+            except (ValueError, KeyError, TypeError) as exc:
+                raise EpochLogError(f"{self._where()}: unreadable {MARKER_FILE} ({exc})") \
+                    from None
+            except Exception as exc:  # noqa: BLE001 - the store's errors, with the URI
+                raise EpochLogError(f"{self._where()}: cannot read the epoch log ({exc})") \
+                    from None
+            return self._check_marker(log_id, fmt, expect)
         if not self.directory.is_dir():
             raise EpochLogError(
                 f"{self._where()}: no epoch log directory (epoch_log_dir must be a directory "
@@ -388,6 +449,9 @@ class EpochLog:
                 "the party's shared epoch log directory") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise EpochLogError(f"{self._where()}: unreadable {MARKER_FILE} ({exc})") from None
+        return self._check_marker(log_id, fmt, expect)
+
+    def _check_marker(self, log_id: str, fmt: int, expect: str | None) -> str:
         if fmt != LOG_FORMAT:
             raise EpochLogError(f"{self._where()}: epoch log format {fmt}, this version "
                                 f"reads {LOG_FORMAT}")
@@ -437,6 +501,14 @@ class EpochLog:
         if self._memory is not None:
             with self._mutex:
                 return b"".join(self._memory)
+        if self._objects is not None:
+            try:
+                return self._objects.read()[0]
+            except (ValueError, RuntimeError) as exc:
+                raise EpochLogError(f"{self._where()}: {exc}") from None
+            except Exception as exc:  # noqa: BLE001 - the store's errors, with the URI
+                raise EpochLogError(f"{self._where()}: cannot read the epoch log ({exc})") \
+                    from None
         try:
             return self.path.read_bytes()
         except FileNotFoundError:
@@ -463,7 +535,8 @@ class EpochLog:
         """The update batch of an `updates` entry, checked against its record."""
         if entry.kind != "updates" or entry.blob is None:
             raise EpochLogError(f"{self.path}: record {entry.seq} is not an update batch")
-        path = self.directory / entry.blob
+        path = (f"{self.directory}/{BLOBS}/{entry.blob}" if self._objects is not None
+                else self.directory / entry.blob)
         try:
             raw = self._read_blob(entry.blob)
         except OSError as exc:
@@ -493,6 +566,8 @@ class EpochLog:
                 if name not in self._blobs:
                     raise FileNotFoundError(2, "no such blob")
                 return self._blobs[name]
+        if self._objects is not None:
+            return self._objects.get(f"{BLOBS}/{name}")
         return (self.directory / name).read_bytes()
 
     # -- writing
@@ -503,6 +578,22 @@ class EpochLog:
             with self._mutex:
                 memory = self._memory
                 yield memory.append, self._scan(b"".join(memory))[0]
+            return
+        if self._objects is not None:
+            objects = self._objects
+            with self._mutex:  # one writer per process; other processes race for the seq
+                try:
+                    raw, gen = objects.read()
+                except (ValueError, RuntimeError) as exc:
+                    raise EpochLogError(f"{self._where()}: {exc}") from None
+                state, _ = self._scan(raw)  # objects are whole: no torn tail
+
+                def create(frame: bytes) -> None:
+                    # the next seq is the lock: RaceLost when another writer created it first
+                    objects.append(gen, len(state.entries), frame)
+
+                self._generation = gen
+                yield create, state
             return
         if not (self.directory / MARKER_FILE).exists():
             self._read_marker(None)  # never write into a directory that is not a log
@@ -562,6 +653,7 @@ class EpochLog:
         _apply(state, entry)
         return entry
 
+    @_retrying
     def propose(self, pub: str, request: str, publisher: str, lease_s: float,
                 build: Callable[[LogEntry | None, int], tuple[LogEntry, ChangeBatch | None]],
                 ) -> Published | LogEntry:
@@ -591,6 +683,7 @@ class EpochLog:
                                 "publisher": publisher, "lease_ms": now_ms() + int(lease_s * 1000)})
             return self._add(append, state, entry, batch)
 
+    @_retrying
     def renew(self, proposal: LogEntry, lease_s: float) -> None:
         """Extend the lease of `proposal` (raises EpochLogConflict when it was decided)."""
         with self._locked() as (append, state):
@@ -598,6 +691,7 @@ class EpochLog:
                 len(state.entries), "renew", proposal.epoch_id, of=proposal.seq,
                 publisher=proposal.publisher, lease_ms=now_ms() + int(lease_s * 1000)))
 
+    @_retrying
     def decide(self, proposal: LogEntry, outcome: str) -> None:
         """Write the outcome of `proposal`, once; raises EpochLogConflict when it was decided
         already (another publisher aborted it after its lease ran out)."""
@@ -615,6 +709,7 @@ class EpochLog:
             self._add(append, state, LogEntry(len(state.entries), outcome, proposal.epoch_id,
                                               of=proposal.seq))
 
+    @_retrying
     def abort_expired(self) -> LogEntry | None:
         """Abort the undecided proposal when its lease has run out; returns it (else None)."""
         with self._locked() as (append, state):
@@ -639,6 +734,11 @@ class EpochLog:
         if self._memory is not None:
             self._blobs[name] = b"".join(parts)
             return
+        if self._objects is not None:
+            # an update batch's name holds its epoch and digest: a second writer of the same
+            # name writes the same bytes, so a plain put is safe
+            self._objects.put(f"{BLOBS}/{name}", b"".join(parts))
+            return
         tmp = self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{name}"
         try:
             with open(tmp, "wb") as fh:
@@ -651,6 +751,7 @@ class EpochLog:
             tmp.unlink(missing_ok=True)
         _fsync_dir(self.directory)
 
+    @_retrying
     def compact(self) -> int:
         """Rewrite the log to hold a history record (the committed publication ids, newest
         `HISTORY_MAX`) and the committed entries from the last rotation on, renumbered, and
@@ -677,7 +778,17 @@ class EpochLog:
             # is in place, a writer may lock it and write a blob this sweep must not see.
             # Only dropped records name the blobs removed, and replay never reads those.
             used = {e.blob for e in kept}
-            if self._memory is not None:
+            if self._objects is not None:
+                # the seal is one more record: a writer that read before it loses its seq
+                # and reads again, now from the sealed state
+                self._objects.seal(self._generation, len(state.entries),
+                                   b"".join(_frame(e) for e in records))
+                dropped = {e.blob for e in state.entries if e.blob and e.blob not in used}
+                # only dropped records' blobs: a blob written for a proposal not yet appended
+                # is never named by one (epochs only grow past a committed rotation)
+                self._objects.delete([f"{BLOBS}/{b}" for b in sorted(dropped)])
+                self._objects.drop_generations_before(self._generation)
+            elif self._memory is not None:
                 self._blobs = {k: v for k, v in self._blobs.items() if k in used}
                 self._memory[:] = [_frame(e) for e in records]
             else:

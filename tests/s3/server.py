@@ -8,6 +8,7 @@ the server runs once per test session, in a thread of the test process.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +50,9 @@ class S3Server:
 @contextmanager
 def running_s3_server() -> Iterator[S3Server]:
     from moto.server import ThreadedMotoServer
+
+    # one line per request otherwise, in every log a test captures
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

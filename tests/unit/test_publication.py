@@ -36,6 +36,15 @@ def world(tmp_path: Path):
     return make_world(tmp_path)
 
 
+@pytest.fixture(params=["dir", "s3"])
+def logs(request: pytest.FixtureRequest, tmp_path: Path):
+    """Where a party's epoch log lives: a shared directory, or an S3 prefix (loopback)."""
+    if request.param == "s3":
+        bucket = request.getfixturevalue("s3_bucket")
+        return lambda name: f"s3://{bucket}/{name}"
+    return lambda name: tmp_path / name
+
+
 class Freeze:
     """A publisher that stops for good at step `at` (a crashed router): it renews no lease and
     takes no further step. `reached` is set when it got there."""
@@ -67,10 +76,10 @@ async def _read(party: Party, model: np.ndarray, pages: list[int]) -> str:
     return answer["identity"]
 
 
-def test_case3a_two_routers_publishing_at_once_apply_each_batch_once(world):
+def test_case3a_two_routers_publishing_at_once_apply_each_batch_once(world, logs):
     root, snaps = world
-    r1, links = make_party(snaps, root / "log", replicas=2, admin_lease_s=LEASE_S)
-    r2 = second_router(snaps, root / "log", links)
+    r1, links = make_party(snaps, logs("log"), replicas=2, admin_lease_s=LEASE_S)
+    r2 = second_router(snaps, logs("log"), links)
     rng = np.random.default_rng(1)
     x, y = random_batch(rng, 3, NUM_PAGES), random_batch(rng, 3, NUM_PAGES)
     go = asyncio.Event()
@@ -100,16 +109,16 @@ def test_case3a_two_routers_publishing_at_once_apply_each_batch_once(world):
     assert again["duplicate"] and again["identity"] == out_x["identity"]
     assert again["applied"] == 0
     assert ident == out_y["identity"] and served(links) == {out_y["identity"]}
-    assert [e.pub for e in EpochLog(root / "log").live()] == ["pub-x", "pub-y"]
+    assert [e.pub for e in EpochLog(logs("log")).live()] == ["pub-x", "pub-y"]
 
 
-def test_case3b_a_router_dead_after_the_append_and_the_admin_resending(world):
+def test_case3b_a_router_dead_after_the_append_and_the_admin_resending(world, logs):
     """Router 1 dies right after logging x; the admin re-sends x (same id) to router 2 of A,
     and sends it to B: both parties end on one identity with x applied once."""
     root, snaps = world
-    a1, links_a = make_party(snaps, root / "log-a", admin_lease_s=LEASE_S)
-    a2 = second_router(snaps, root / "log-a", links_a)
-    b, links_b = make_party(snaps, root / "log-b", admin_lease_s=LEASE_S)
+    a1, links_a = make_party(snaps, logs("log-a"), admin_lease_s=LEASE_S)
+    a2 = second_router(snaps, logs("log-a"), links_a)
+    b, links_b = make_party(snaps, logs("log-b"), admin_lease_s=LEASE_S)
     x = random_batch(np.random.default_rng(2), 4, NUM_PAGES)
     freeze = Freeze(a1, "proposed")
 
@@ -129,7 +138,7 @@ def test_case3b_a_router_dead_after_the_append_and_the_admin_resending(world):
     assert out_a["identity"] == out_b["identity"] and out_a["epoch_id"] == 2
     assert ids == {out_a["identity"]}
     assert took < LEASE_S + 2  # the dead router's proposal is aborted once its lease ends
-    kinds = [(e.kind, e.pub) for e in EpochLog(root / "log-a").entries() if e.kind != "renew"]
+    kinds = [(e.kind, e.pub) for e in EpochLog(logs("log-a")).entries() if e.kind != "renew"]
     assert kinds == [("updates", "pub-x"), ("abort", None), ("updates", "pub-x"),
                      ("commit", None)]
 

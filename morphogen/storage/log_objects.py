@@ -1,0 +1,181 @@
+"""The epoch log's records as write-once objects (S3 ``If-None-Match: *``, GCS
+``ifGenerationMatch=0``): a party's log with no shared file system.
+
+Keys under the log's prefix::
+
+    log.json                        the marker, created once (create-only)
+    records/g000000/000000000000    record 0, the frame bytes of the directory backend
+    records/g000000/000000000001    record 1 ...
+    records/g000000/000000000007    a seal: the compacted records generation 1 starts with
+    records/g000001/000000000003    the next record after them (its seq follows the seal's)
+    blobs/updates-...bin        update batches, written before the record that names them
+
+The sequence number is the lock. Every writer reads the records, decides its step on that
+state and creates the object of the next sequence number; of two writers only one can create
+it, the other gets `RaceLost`, reads again and decides again on the new state: exactly what
+the directory backend's flock gives, with the object store as the arbiter. A compaction is one
+more such record, the seal, holding the whole compacted state: once it exists nobody can
+append to its generation, and the next record goes to the next generation. Generations
+before the sealed one are deleted afterwards; a reader that loses an object to that deletion
+reads again. Records are immutable, so what was read is kept and only new keys are fetched.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from morphogen.storage.location import Location, open_location
+
+SEAL_MAGIC = b"MGLSEAL1"
+
+
+class RaceLost(Exception):
+    """Another writer created the record this one wanted: read again and decide again."""
+
+
+class Vanished(Exception):
+    """An object listed a moment ago is gone (a compaction deleted an old generation)."""
+
+
+RECORDS = "records"
+
+
+def _record_key(gen: int, seq: int) -> str:
+    return f"{RECORDS}/g{gen:06d}/{seq:012d}"
+
+
+def _parse(name: str) -> tuple[int, int] | None:
+    top, _, rest = name.partition("/")
+    if top != RECORDS:
+        return None
+    gen, _, seq = rest.partition("/")
+    if len(gen) == 7 and gen[0] == "g" and gen[1:].isdigit() and len(seq) == 12 \
+            and seq.isdigit():
+        return int(gen[1:]), int(seq)
+    return None
+
+
+class LogObjects:
+    """One log's objects under a URI prefix."""
+
+    def __init__(self, uri: str) -> None:
+        import obstore  # here, not at import: the engines' machines may lack it
+
+        self._ob: Any = obstore
+        self.location: Location = open_location(uri)
+        self.uri = self.location.uri
+        self._cache: dict[str, bytes] = {}
+        self._mutex = threading.Lock()
+
+    def _key(self, name: str) -> str:
+        return self.location.key(name)
+
+    # -- single objects
+    def get(self, name: str) -> bytes:
+        """The object's bytes; FileNotFoundError when absent."""
+        return bytes(self._ob.get(self.location.store, self._key(name)).bytes())
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Create `name` holding `data` unless it exists; whether this call created it."""
+        from obstore.exceptions import AlreadyExistsError
+
+        try:
+            self._ob.put(self.location.store, self._key(name), data, mode="create")
+        except AlreadyExistsError:
+            return False
+        return True
+
+    def put(self, name: str, data: bytes) -> None:
+        self._ob.put(self.location.store, self._key(name), data)
+
+    def delete(self, names: list[str]) -> None:
+        for name in names:
+            try:
+                self._ob.delete(self.location.store, self._key(name))
+            except FileNotFoundError:
+                pass
+
+    # -- records
+    def _names(self) -> list[tuple[int, int, str]]:
+        prefix = self._key(RECORDS)  # a path prefix: obstore lists whole segments
+        out = []
+        for meta in self._ob.list(self.location.store, prefix=prefix).collect():
+            name = meta["path"][len(self.location.prefix) + 1:] if self.location.prefix \
+                else meta["path"]
+            parsed = _parse(name)
+            if parsed is not None:
+                out.append((*parsed, name))
+        out.sort()
+        return out
+
+    def _read(self, name: str) -> bytes:
+        with self._mutex:
+            hit = self._cache.get(name)
+        if hit is not None:
+            return hit
+        try:
+            data = self.get(name)
+        except FileNotFoundError:
+            raise Vanished(name) from None
+        with self._mutex:
+            self._cache[name] = data
+        return data
+
+    def read(self) -> tuple[bytes, int]:
+        """(the frames of the live generation, base records first; that generation), where
+        the next record goes. Reads again when a compaction deletes what it was reading."""
+        for _ in range(20):
+            try:
+                return self._read_once()
+            except Vanished:
+                continue
+        raise RuntimeError(f"{self.uri}: the log kept changing under 20 reads in a row")
+
+    def _read_once(self) -> tuple[bytes, int]:
+        names = self._names()
+        if not names:
+            return b"", 0
+        last = max(g for g, _, _ in names)
+        own = [(s, n) for g, s, n in names if g == last]
+        tail = self._read(own[-1][1])
+        if tail.startswith(SEAL_MAGIC):  # sealed: the seal holds the whole state
+            return tail[len(SEAL_MAGIC):], last + 1
+        parts: list[bytes] = []
+        if last > 0:
+            prior = [(s, n) for g, s, n in names if g == last - 1]
+            if not prior:
+                raise Vanished(f"{RECORDS}/g{last - 1:06d}")
+            seal = self._read(prior[-1][1])
+            if not seal.startswith(SEAL_MAGIC):
+                raise ValueError(f"{self.uri}: generation {last - 1} ends without a seal "
+                                 "(corrupt log)")
+            parts.append(seal[len(SEAL_MAGIC):])
+        for i, (_seq, name) in enumerate(own):
+            data = self._read(name)
+            if data.startswith(SEAL_MAGIC):
+                if i != len(own) - 1:
+                    raise ValueError(f"{self.uri}: records after the seal {name} (corrupt log)")
+                return data[len(SEAL_MAGIC):], last + 1
+            parts.append(data)
+        return b"".join(parts), last
+
+    def append(self, gen: int, seq: int, frame: bytes) -> None:
+        if not self.create(_record_key(gen, seq), frame):
+            raise RaceLost(_record_key(gen, seq))
+        with self._mutex:
+            self._cache[_record_key(gen, seq)] = frame
+
+    def seal(self, gen: int, seq: int, frames: bytes) -> None:
+        """End generation `gen` with the compacted records the next one starts from."""
+        self.append(gen, seq, SEAL_MAGIC + frames)
+
+    def drop_generations_before(self, gen: int) -> int:
+        """Delete the records of generations before `gen` (sealed and replaced)."""
+        old = [n for g, _, n in self._names() if g < gen]
+        self.delete(old)
+        with self._mutex:
+            for n in old:
+                self._cache.pop(n, None)
+        return len(old)
+
