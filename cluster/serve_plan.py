@@ -71,7 +71,10 @@ def _config_apps(path: str, only: str | None) -> tuple[list[_App], dict[str, Any
 
 
 def _resolved(path: str) -> str:
-    return str(Path(path).expanduser().resolve())
+    """An absolute local path; a URI (s3://, gs://, https://) as it is."""
+    from morphogen.storage.location import is_remote
+
+    return path.rstrip("/") if is_remote(path) else str(Path(path).expanduser().resolve())
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -141,7 +144,7 @@ def _party(app: _App, overrides: dict[str, Any], epoch_log: str | None,
     fields = {**app.args, **overrides}
     if epoch_log is not None:
         # one log per party: two parties appending to one log would corrupt each other
-        fields["epoch_log_dir"] = _resolved(str(Path(epoch_log) / name) if several
+        fields["epoch_log_dir"] = _resolved(f"{epoch_log.rstrip('/')}/{name}" if several
                                             else epoch_log)
     try:
         cfg = PartyConfig.model_validate(fields)

@@ -139,7 +139,8 @@ class PartyConfig(BaseModel):
         DEFAULT_ADMIN_TOKEN_ENV, description="variable holding the admin token (no file)"
     )
     admin_snapshot_dir: str | None = Field(
-        None, description="rotations load snapshots only from under here (None: no rotation)"
+        None, description="rotations load snapshots only from under here: a directory, or an "
+        "object-store prefix (s3://bucket/snapshots) for snapshots by URI (None: no rotation)"
     )
     admin_max_updates: int = Field(MAX_ADMIN_UPDATES, ge=1, le=65536)
     admin_max_body_bytes: int | None = Field(None, ge=1024, description="default: from the cap")
@@ -149,9 +150,11 @@ class PartyConfig(BaseModel):
     )
     epoch_log_dir: str | None = Field(
         None,
-        description="this party's durable epoch log (one directory per party, on a path every "
-        "shard node sees): published updates and rotations survive a shard restart; None: a "
-        "restarted shard comes back at the configured snapshot",
+        description="this party's durable epoch log: a directory every node sees (a shared "
+        "file system whose flock works across nodes), or an object-store prefix (s3://, "
+        "gs://) holding one write-once object per record; one per party. Published updates "
+        "and rotations survive a replica restart; None: a restarted shard comes back at the "
+        "configured snapshot",
     )
     epoch_log_id: str | None = Field(
         None, description="the log's id (its log.json), set by the application builder: a "

@@ -53,7 +53,7 @@ def table(serve_instance, tmp_path_factory):
     accounts = dict(synthetic_accounts(3000, seed=4))
     # the reference's one-row buckets, nearly full: inserts evict along chains
     built = build_table(accounts.items(), value_size=ACCOUNT_VALUE_SIZE, signing_key=signing_key,
-                        layout="row", row_size=128, load=0.88)
+                        layout="row", row_size=128, load=0.86)
     snapshot = create_owner_dir(built, root / "owner")
     (root / "token").write_text(TOKEN)
     urls = {}
@@ -125,8 +125,7 @@ def test_inserts_changes_and_deletes_published_to_both_parties(table) -> None:
     version, batch = owner.apply([Change("put", k, v) for k, v in {**new, **changed}.items()]
                                  + [Change("delete", k) for k in deleted], table["key"],
                                  rng=rng.randrange)
-    # 60 inserts into a table 88 % full of one-row buckets: chains moved other records too
-    assert len(batch) > 1 + len({*new, *changed, *deleted}) // 8
+    assert len(batch) >= 10  # 70 changes over 190 pages, the descriptor last
     admins = [AdminClient(u, TOKEN) for u in table["urls"].values()]
     try:
         send = lambda pub, b: publish_to_parties(admins, lambda c: c.updates(b, pub))  # noqa: E731
