@@ -21,7 +21,7 @@ from starlette.responses import Response
 
 from deployments.metrics import ServeMetrics
 from morphogen import admin_wire, wire
-from morphogen.admin_auth import AdminAccess, AdminGuard
+from morphogen.admin_auth import AdminAccess, WatchedAdminGuard
 from morphogen.autoscaling import HELD_QUERIES
 from morphogen.codec import (
     ADMIN_SNAPSHOT_PATH,
@@ -120,7 +120,9 @@ class Router:
         self._metrics = ServeMetrics()
         self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log, self._metrics)
         # Admin: the token is read once, here; it never reaches a log line or an error.
-        self._guard = AdminGuard.from_sources(cfg.admin_token_file, cfg.admin_token_env)
+        self._guard = WatchedAdminGuard(cfg.admin_token_file, cfg.admin_token_env)
+        if self._guard.problem:
+            log.warning("admin routes answer 403 on this replica: %s", self._guard.problem)
         if self._guard.enabled and not cfg.admin_supported:
             log.warning("admin token configured, admin routes refused: %s", ADMIN_NEEDS_LOG)
         if self._guard.enabled and epoch_log is None:
@@ -184,7 +186,8 @@ class Router:
         access = self._guard.check(request.headers.get("authorization"))
         if access is AdminAccess.DISABLED:
             raise WireError(403, ErrorCode.FORBIDDEN,
-                            "admin routes are disabled on this server (no admin token configured)")
+                            "admin routes are disabled on this server ("
+                            + (self._guard.problem or "no admin token configured") + ")")
         if access is AdminAccess.DENIED:
             raise WireError(401, ErrorCode.UNAUTHORIZED, "missing or wrong admin bearer token")
         if not self._cfg.admin_supported:

@@ -28,6 +28,7 @@ class AdminTokenError(ValueError):
 @dataclass(frozen=True)
 class AdminGuard:
     _token: bytes | None = field(default=None, repr=False)
+    problem: str | None = None  # why no token is configured on this node, for the 403
 
     @property
     def enabled(self) -> bool:
@@ -63,3 +64,53 @@ class AdminGuard:
             return AdminAccess.DENIED
         ok = hmac.compare_digest(presented.strip().encode(), self._token)
         return AdminAccess.GRANTED if ok else AdminAccess.DENIED
+
+
+class WatchedAdminGuard:
+    """A router's guard: never fails the router's start, follows a rotated secret.
+
+    A token source that this node cannot read (a secret not mounted here, an unset variable)
+    leaves the admin routes answering 403 with where the token was looked for, while queries
+    are served as ever. A token file (a mounted Kubernetes secret, say) is read again when it
+    changes, so rotating the secret needs no restart.
+    """
+
+    def __init__(self, token_file: str | None, token_env: str | None) -> None:
+        self._file, self._env = token_file, token_env
+        self._stamp: tuple[int, int] | None = None
+        self._guard = self._load()
+
+    def _where(self) -> str:
+        if self._file:
+            return f"the file {self._file}"
+        return f"the variable {self._env}" if self._env else "no token source configured"
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = Path(self._file).expanduser().stat() if self._file else None
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino) if st else None
+
+    def _load(self) -> AdminGuard:
+        self._stamp = self._file_stamp()
+        try:
+            guard = AdminGuard.from_sources(self._file, self._env)
+        except AdminTokenError as exc:
+            return AdminGuard(None, f"{exc}")
+        if not guard.enabled and (self._file or self._env):
+            return AdminGuard(None, f"no admin token in {self._where()} on this node")
+        return guard
+
+    @property
+    def enabled(self) -> bool:
+        return self._guard.enabled
+
+    @property
+    def problem(self) -> str | None:
+        return self._guard.problem
+
+    def check(self, authorization: str | None) -> AdminAccess:
+        if self._file and self._file_stamp() != self._stamp:
+            self._guard = self._load()
+        return self._guard.check(authorization)

@@ -42,3 +42,33 @@ def test_bad_token_sources(tmp_path):
     with pytest.raises(AdminTokenError) as e:
         AdminGuard.from_sources(str(short), None)
     assert "abc" not in str(e.value)
+
+
+def test_a_router_guard_never_fails_and_says_where_it_looked(tmp_path, monkeypatch) -> None:
+    from morphogen.admin_auth import WatchedAdminGuard
+
+    missing = WatchedAdminGuard(str(tmp_path / "secret" / "token"), None)
+    assert not missing.enabled
+    assert missing.check("Bearer whatever-token-1234") is AdminAccess.DISABLED
+    assert "cannot read the admin token file" in missing.problem
+    assert str(tmp_path / "secret" / "token") in missing.problem
+    monkeypatch.delenv("MORPHOGEN_TEST_UNSET", raising=False)
+    unset = WatchedAdminGuard(None, "MORPHOGEN_TEST_UNSET")
+    assert unset.problem == "no admin token in the variable MORPHOGEN_TEST_UNSET on this node"
+    assert WatchedAdminGuard(None, None).problem is None  # admin off by configuration
+
+
+def test_a_router_guard_follows_a_rotated_secret_file(tmp_path) -> None:
+    from morphogen.admin_auth import WatchedAdminGuard
+
+    path = tmp_path / "token"
+    guard = WatchedAdminGuard(str(path), None)  # mounted later
+    assert guard.check("Bearer first-token-0123456789") is AdminAccess.DISABLED
+    path.write_text("first-token-0123456789\n")
+    assert guard.check("Bearer first-token-0123456789") is AdminAccess.GRANTED
+    tmp = tmp_path / "new"
+    tmp.write_text("second-token-0123456789")
+    tmp.replace(path)  # how a Kubernetes secret volume swaps its files
+    assert guard.check("Bearer first-token-0123456789") is AdminAccess.DENIED
+    assert guard.check("Bearer second-token-0123456789") is AdminAccess.GRANTED
+    assert "second-token" not in repr(guard.__dict__)
