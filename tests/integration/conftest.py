@@ -71,7 +71,10 @@ class ServeInstance:
 
 
 @pytest.fixture(scope="session")
-def serve_instance() -> Iterator[ServeInstance]:
+def serve_instance(s3_server) -> Iterator[ServeInstance]:
+    # every Ray worker inherits this environment: replicas reach the loopback S3 server
+    # (snapshots and epoch logs by URI) exactly as pods reach theirs, from AWS_* variables
+    os.environ.update(s3_server.env())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ray = pytest.importorskip("ray")
