@@ -99,6 +99,22 @@ class PartyConfig(BaseModel):
         "auto", description="gpu: one GPU per shard replica; auto: gpu when the engine is gpu"
     )
     shard_num_cpus: float = Field(0.5, ge=0, description="CPU slots per shard replica")
+    # -- where shard replicas may run on a GPU cluster (Ray actor options)
+    shard_accelerator_type: str | None = Field(
+        None, description="GPU model shards need, as Ray names it (H100, A100, L4, ...): the "
+        "node must carry the accelerator_type:<name> resource")
+    shard_resources: dict[str, float] = Field(
+        default_factory=dict, description="custom Ray resources per shard replica, e.g. "
+        "{gpu_pool: 1} to keep shards on nodes that advertise it")
+    shard_label_selector: dict[str, str] = Field(
+        default_factory=dict, description="node labels a shard replica must run on (Ray "
+        "label selectors, e.g. {ray.io/accelerator-type: H100})")
+    shard_max_replicas_per_node: int | None = Field(
+        None, ge=1, description="at most this many shard replicas on one node (spreads "
+        "copies of a shard over nodes)")
+    shard_runtime_env: dict[str, Any] | None = Field(
+        None, description="runtime_env of the shard replicas, e.g. {pip: [\"morphogen"
+        "[gpu-cuda12]\"]} where the image lacks CuPy (an image with it is faster to start)")
     shard_threads: int = Field(1, ge=1, le=64, description="concurrent scans per replica")
     shard_max_ongoing_requests: int = Field(16, ge=1)
     engine_options: dict[str, Any] = Field(default_factory=dict)
@@ -195,6 +211,13 @@ class PartyConfig(BaseModel):
             )
         if self.admin_token_file is not None and not self.admin_supported:
             raise ValueError(ADMIN_NEEDS_LOG)
+        if self.shard_autoscaling is not None and self.placement == "auto" \
+                and self.engine != "gpu":
+            raise ValueError(
+                "shard_autoscaling needs an explicit placement: with placement auto, a party "
+                "built where no GPU is seen yet (scale from zero) would place its shards on "
+                "CPU and never ask the autoscaler for a GPU node. Set placement: gpu (each "
+                "replica asks for a GPU) or placement: cpu (CPU replicas, on purpose)")
         return self
 
     @property
@@ -275,10 +298,12 @@ def autoscaling_config(spec: Autoscaling, default_target: float,
 
 def shard_scaling(cfg: PartyConfig) -> dict[str, Any]:
     """Serve options that size a shard deployment: a fixed count or an autoscaling config."""
+    per_node = ({"max_replicas_per_node": cfg.shard_max_replicas_per_node}
+                if cfg.shard_max_replicas_per_node else {})
     if cfg.shard_autoscaling is None:
-        return {"num_replicas": cfg.shard_replicas}
+        return {"num_replicas": cfg.shard_replicas, **per_node}
     return {"autoscaling_config": autoscaling_config(
-        cfg.shard_autoscaling, float(cfg.coalesce_max_in_flight))}
+        cfg.shard_autoscaling, float(cfg.coalesce_max_in_flight)), **per_node}
 
 
 def router_scaling(cfg: PartyConfig) -> dict[str, Any]:
@@ -292,9 +317,18 @@ def router_scaling(cfg: PartyConfig) -> dict[str, Any]:
 def shard_actor_options(cfg: PartyConfig, cluster_gpus: float = 0.0) -> dict[str, Any]:
     """Ray actor options of one shard replica: one whole GPU per replica on GPU placement (one
     GPU actor per device), fractional CPU slots otherwise."""
+    out: dict[str, Any] = {"num_cpus": cfg.shard_num_cpus}
     if cfg.wants_gpu(cluster_gpus):
-        return {"num_gpus": 1, "num_cpus": cfg.shard_num_cpus}
-    return {"num_cpus": cfg.shard_num_cpus}
+        out["num_gpus"] = 1
+    if cfg.shard_accelerator_type:
+        out["accelerator_type"] = cfg.shard_accelerator_type
+    if cfg.shard_resources:
+        out["resources"] = dict(cfg.shard_resources)
+    if cfg.shard_label_selector:
+        out["label_selector"] = dict(cfg.shard_label_selector)
+    if cfg.shard_runtime_env:
+        out["runtime_env"] = dict(cfg.shard_runtime_env)
+    return out
 
 
 def resolved_engine(cfg: PartyConfig, gpu_placed: bool) -> str:

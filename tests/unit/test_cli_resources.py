@@ -41,7 +41,8 @@ def test_replicas_and_autoscaling_count_what_starts() -> None:
     d = _demand(num_shards=2, shard_replicas=3, router_replicas=2)
     assert (d.shard_count, d.cpus) == (6, 6 * 0.5 + 2 * 0.25)
     scaled = _demand(num_shards=2, shard_autoscaling={"min_replicas": 2, "max_replicas": 8},
-                     router_autoscaling={"min_replicas": 1, "max_replicas": 4})
+                     router_autoscaling={"min_replicas": 1, "max_replicas": 4},
+                     placement="cpu")
     assert scaled.shard_count == 4
     assert "2 shards x 2 replicas x 0.5" in scaled.describe()
 

@@ -90,8 +90,9 @@ def test_admin_settings() -> None:
                        epoch_log_dir="/shared/log-a").admin_supported
     scaled = {"min_replicas": 1, "max_replicas": 4}
     with pytest.raises(ValidationError, match="need epoch_log_dir"):
-        PartyConfig(admin_token_file="/run/secrets/t", shard_autoscaling=scaled)
-    assert PartyConfig(shard_autoscaling={"max_replicas": 1}).admin_supported
+        PartyConfig(admin_token_file="/run/secrets/t", shard_autoscaling=scaled,
+                    placement="gpu")
+    assert PartyConfig(shard_autoscaling={"max_replicas": 1}, placement="gpu").admin_supported
 
 
 def test_autoscaling_options() -> None:
@@ -103,6 +104,7 @@ def test_autoscaling_options() -> None:
     cfg = PartyConfig(
         coalesce_max_in_flight=3, coalesce_max_queries=16,
         shard_autoscaling={"min_replicas": 1, "max_replicas": 4, "upscale_delay_s": 2},
+        placement="cpu",
         router_autoscaling={"max_replicas": 3, "target": 8, "initial_replicas": 2},
     )
     shard = shard_scaling(cfg)["autoscaling_config"]
@@ -113,7 +115,7 @@ def test_autoscaling_options() -> None:
     assert router["target_ongoing_requests"] == 8 and router["initial_replicas"] == 2
     assert router["policy"] == {"policy_function": ROUTER_AUTOSCALING_POLICY}
     with pytest.raises(ValidationError, match="max_replicas 1 < min_replicas 2"):
-        PartyConfig(shard_autoscaling={"min_replicas": 2, "max_replicas": 1})
+        PartyConfig(shard_autoscaling={"min_replicas": 2, "max_replicas": 1}, placement="gpu")
     with pytest.raises(ValidationError, match="initial_replicas"):
         PartyConfig(router_autoscaling={"max_replicas": 2, "initial_replicas": 3})
     # Serve accepts what we build, and imports the policy by its path
@@ -150,3 +152,39 @@ def test_grafana_dashboard_charts_every_emitted_metric() -> None:
                                                           "metrics.py").read_text()))
     charted = {m for m in emitted if f"ray_{m}" in exprs}
     assert emitted and charted == emitted, emitted - charted
+
+
+def test_autoscaled_shards_need_an_explicit_placement() -> None:
+    scaled = {"min_replicas": 1, "max_replicas": 4}
+    with pytest.raises(ValidationError, match="shard_autoscaling needs an explicit placement"):
+        PartyConfig(shard_autoscaling=scaled)
+    assert shard_actor_options(PartyConfig(shard_autoscaling=scaled, placement="gpu"),
+                               cluster_gpus=0)["num_gpus"] == 1  # asks even from zero GPUs
+    assert "num_gpus" not in shard_actor_options(
+        PartyConfig(shard_autoscaling=scaled, placement="cpu"))
+    assert PartyConfig(shard_autoscaling=scaled, engine="gpu").wants_gpu(0)
+
+
+def test_gpu_cluster_placement_options_reach_the_shards() -> None:
+    from ray.serve import deployment
+
+    from morphogen.config import shard_scaling
+
+    cfg = PartyConfig(placement="gpu", shard_accelerator_type="H100",
+                      shard_resources={"pir_pool": 1}, shard_max_replicas_per_node=2,
+                      shard_label_selector={"ray.io/accelerator-type": "H100"},
+                      shard_runtime_env={"env_vars": {"MORPHOGEN_GPU_KERNEL": "sliced"}},
+                      shard_replicas=4)
+    opts = shard_actor_options(cfg, cluster_gpus=0)
+    assert opts == {"num_cpus": 0.5, "num_gpus": 1, "accelerator_type": "H100",
+                    "resources": {"pir_pool": 1}, "label_selector": {
+                        "ray.io/accelerator-type": "H100"},
+                    "runtime_env": {"env_vars": {"MORPHOGEN_GPU_KERNEL": "sliced"}}}
+    assert shard_scaling(cfg) == {"num_replicas": 4, "max_replicas_per_node": 2}
+
+    # Serve takes them as they are
+    @deployment
+    class Probe:
+        pass
+
+    Probe.options(ray_actor_options=opts, **shard_scaling(cfg))
