@@ -289,8 +289,10 @@ def _serve_parser(sub: Any) -> None:
                      help="durable epoch log: admin updates and rotations survive shard "
                           "restarts (with several parties, one subdirectory each)")
     net = srv.add_argument_group("cluster and HTTP")
-    net.add_argument("--host", help="HTTP host to bind (default 127.0.0.1; 0.0.0.0 for every "
-                                    "interface)")
+    net.add_argument("--host", help="HTTP host to bind (default 127.0.0.1 on a cluster serve "
+                                    "starts; 0.0.0.0, every interface, when it joins one with "
+                                    "--address or $RAY_ADDRESS and Serve does not run there "
+                                    "yet)")
     net.add_argument("--port", type=inputs.positive_int,
                      help="HTTP port (default 8000); with --address, the port Serve already "
                           "uses on that cluster (another one is refused)")

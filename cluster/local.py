@@ -132,7 +132,9 @@ def start(
         else:
             if metrics_port is not None:
                 kwargs["_metrics_export_port"] = metrics_port
-            ray.init(num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir,
+            # "local": a cluster of our own even where $RAY_ADDRESS names another (a pod),
+            # since `stop` takes down everything on the cluster this function started
+            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir,
                      include_dashboard=False, **kwargs)
     if quiet:
         quiet_ray_logs()  # ray.init reconfigures its loggers

@@ -14,6 +14,7 @@ from cluster.inputs import raw_page_file
 from deployments.naming import app_name, check_app_name, check_route_prefix
 
 DEFAULT_HOST = "127.0.0.1"
+JOINED_HOST = "0.0.0.0"  # on someone else's cluster the ingress reaches the node from outside
 DEFAULT_PORT = 8000
 
 
@@ -170,7 +171,8 @@ def plan(args: argparse.Namespace) -> ServePlan:
             raise UsageError(f"two parties would share the {what} {sorted(dup)[0]}: every "
                              "party needs its own (--parties a,b, or distinct names and "
                              "route_prefix in the config file)")
-    host = args.host or http.get("host") or DEFAULT_HOST
+    joining = getattr(args, "address", None) is not None
+    host = args.host or http.get("host") or (JOINED_HOST if joining else DEFAULT_HOST)
     port = args.port if args.port is not None else int(http.get("port") or DEFAULT_PORT)
     given = args.host is not None or args.port is not None or bool(http)
     return ServePlan(parties, host, port, given)

@@ -186,7 +186,15 @@ def _stop(stopper: Stopper, plan: serve_plan.ServePlan, owns: bool,
     return clean or not started
 
 
+def joined_address(args: argparse.Namespace) -> str | None:
+    """The cluster this process joins: --address, else $RAY_ADDRESS (set in every KubeRay
+    pod); None: it starts a cluster of its own. Only a cluster it started is its to stop."""
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    return args.address or (env if env and env != "local" else None)
+
+
 def run(args: argparse.Namespace) -> int:
+    args.address = joined_address(args)
     plan = serve_plan.plan(args)
     summaries = [_snapshot_summary(p, args.matrix) for p in plan.parties]
     owns = args.address is None

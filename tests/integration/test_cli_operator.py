@@ -120,6 +120,18 @@ def test_two_parties_on_one_machine_and_a_third_joining(tmp_path: Path) -> None:
         assert _status(f"{base}/c/health") == 404
         assert _status(f"{url_a}/health") == 200 and _status(f"{url_b}/health") == 200
 
+        # a pod's way: no --address, $RAY_ADDRESS set; it joins (never starts or stops Ray)
+        # and its Ctrl-C removes its own party only
+        joined = CliProcess(["serve", "--name", "d", "--matrix", snap,
+                             "--config", SERVE_TEST_CONFIG], {**env, "RAY_ADDRESS": address},
+                            tmp_path / "d.log")
+        joined.wait_for(r"^ready", 120)
+        assert f"party d: {base}/d\n" in joined.output
+        sent = joined.signal(signal.SIGINT)
+        assert joined.wait_exit(sent, STOP_BOUND_S + 30) == 0, joined.output
+        assert _status(f"{base}/d/health") == 404
+        assert _status(f"{url_a}/health") == 200 and _status(f"{url_b}/health") == 200
+
         # a driver of one's own joins with the setting serve printed
         code = (f"import ray; ray.init(address={address!r}, logging_level='ERROR'); "
                 "print(int(ray.cluster_resources()['CPU']))")

@@ -93,3 +93,24 @@ def test_a_bad_config_field_names_the_file_and_field(tmp_path: Path) -> None:
     bad.write_text(yaml.safe_dump({"applications": [{"name": "a", "args": {"num_shard": 2}}]}))
     with pytest.raises(UsageError, match=r"--config .*bad.yaml application a: num_shard: Extra"):
         _plan("--config", str(bad))
+
+
+def test_ray_address_in_the_environment_means_joining(monkeypatch) -> None:
+    import argparse
+
+    from cluster.serve_run import joined_address
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert joined_address(argparse.Namespace(address=None)) is None
+    assert joined_address(argparse.Namespace(address="h:1")) == "h:1"
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    assert joined_address(argparse.Namespace(address=None)) == "10.0.0.5:6379"
+    assert joined_address(argparse.Namespace(address="h:1")) == "h:1"
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert joined_address(argparse.Namespace(address=None)) is None
+
+
+def test_a_joining_serve_binds_where_the_ingress_reaches_it() -> None:
+    assert _plan().host == "127.0.0.1"  # a cluster of its own: this machine only
+    assert _plan("--address", "10.0.0.5:6379").host == "0.0.0.0"
+    assert _plan("--address", "10.0.0.5:6379", "--host", "10.0.0.5").host == "10.0.0.5"
