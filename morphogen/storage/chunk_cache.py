@@ -26,7 +26,7 @@ import secrets
 import shutil
 import socket
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import blake3
@@ -67,9 +67,12 @@ class ChunkCache:
         return self.dir / manifest.root
 
     def ensure(self, manifest: Manifest, uri: str, read_range: Callable[[int, int], bytes],
-               chunks: Sequence[int]) -> Path:
+               chunks: Sequence[int],
+               sink: Callable[[int, bytearray], None] | None = None) -> Path:
         """Every chunk in `chunks` present and verified in this node's cache; returns the
-        snapshot's cache directory. `read_range(start, end)` reads bytes of the data object."""
+        snapshot's cache directory. `read_range(start, end)` reads bytes of the data object.
+        `sink(index, data)` receives each chunk this call fetched, once verified (the caller
+        then need not read it back and hash it again)."""
         root_dir = self.root_dir(manifest)
         root_dir.mkdir(parents=True, exist_ok=True)
         missing = [c for c in chunks if not chunk_file(root_dir, c).is_file()]
@@ -83,9 +86,22 @@ class ChunkCache:
             log.info("%s: fetching %d chunk(s), %.1f MiB of %s into %s", node_name(),
                      len(missing), total / 2**20, uri, root_dir)
             done = 0
+            # every part of a window of chunks is in flight at once (the raw GET rate needs
+            # FETCH_THREADS requests outstanding, whatever the chunk size), and a chunk is
+            # hashed and written while the parts of the next ones download
+            per_chunk = max(1, manifest.chunk_pages * PAGE_SIZE // PART_BYTES)
+            window = max(2, -(-FETCH_THREADS // per_chunk) + 1)
             with ThreadPoolExecutor(FETCH_THREADS, thread_name_prefix="chunk-fetch") as pool:
-                for c in missing:
-                    self._fetch(manifest, uri, read_range, root_dir, c, pool)
+                pending: list[tuple[int, list]] = []
+                todo = list(missing)
+                while todo or pending:
+                    while todo and len(pending) < window:
+                        c = todo.pop(0)
+                        pending.append((c, self._start(manifest, read_range, c, pool)))
+                    c, parts = pending.pop(0)
+                    data = self._finish(manifest, uri, root_dir, c, parts)
+                    if sink is not None:
+                        sink(c, data)
                     done += self._chunk_bytes(manifest, c)
                     if self.on_progress is not None:
                         self.on_progress(done, total)
@@ -99,20 +115,39 @@ class ChunkCache:
         a, b = chunk_pages_range(index, manifest.num_pages, manifest.chunk_pages)
         return (b - a) * PAGE_SIZE
 
-    def _fetch(self, manifest: Manifest, uri: str, read_range: Callable[[int, int], bytes],
-               root_dir: Path, index: int, pool: ThreadPoolExecutor) -> None:
+    @staticmethod
+    def _span(manifest: Manifest, index: int) -> tuple[int, int, int, int]:
         a, b = chunk_pages_range(index, manifest.num_pages, manifest.chunk_pages)
-        start, end = a * PAGE_SIZE, min(b * PAGE_SIZE, manifest.data_bytes)
+        return a, b, a * PAGE_SIZE, min(b * PAGE_SIZE, manifest.data_bytes)
+
+    def _start(self, manifest: Manifest, read_range: Callable[[int, int], bytes], index: int,
+               pool: ThreadPoolExecutor) -> list[Future]:
+        _, _, start, end = self._span(manifest, index)
+        return [pool.submit(read_range, s, min(end, s + PART_BYTES))
+                for s in range(start, end, PART_BYTES)]
+
+    def _finish(self, manifest: Manifest, uri: str, root_dir: Path, index: int,
+                parts: list[Future]) -> bytearray:
+        a, b, start, end = self._span(manifest, index)
         where = f"node {node_name()}: {uri} chunk {index} (pages [{a}, {b}))"
-        parts = [(s, min(end, s + PART_BYTES)) for s in range(start, end, PART_BYTES)]
+        # one buffer the size of the chunk, zero-padded (a ragged last page hashes so), each
+        # part copied in once
+        data = bytearray((b - a) * PAGE_SIZE)
+        at = 0
         try:
-            data = b"".join(pool.map(lambda r: bytes(read_range(*r)), parts))
+            for f in parts:
+                got = memoryview(f.result())
+                if at + len(got) > end - start:
+                    raise ValueError("the object is longer than its manifest says")
+                data[at:at + len(got)] = got
+                at += len(got)
         except Exception as exc:  # noqa: BLE001 - every store error becomes one named failure
+            for f in parts:
+                f.cancel()
             raise ChunkFetchError(f"{where}: fetch failed: {exc}") from None
-        if len(data) != end - start:
-            raise ChunkFetchError(f"{where}: got {len(data)} bytes, expected {end - start} "
+        if at != end - start:
+            raise ChunkFetchError(f"{where}: got {at} bytes, expected {end - start} "
                                   "(the object is shorter than its manifest says)")
-        data += bytes((b - a) * PAGE_SIZE - len(data))  # a ragged last page hashes zero-padded
         assert manifest.chunk_hashes is not None
         if blake3.blake3(data, max_threads=blake3.blake3.AUTO).hexdigest() != \
                 manifest.chunk_hashes[index]:
@@ -120,7 +155,8 @@ class ChunkCache:
                                   "says (object corrupted or replaced under its manifest); "
                                   "nothing of it is used")
         _write_atomic(chunk_file(root_dir, index), data)
-        self.fetched_bytes += len(data)
+        self.fetched_bytes += at
+        return data
 
     # -- which snapshots this node still needs
 
@@ -167,7 +203,7 @@ class ChunkCache:
         return removed
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _write_atomic(path: Path, data: bytes | bytearray) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
     with open(tmp, "wb") as f:
         f.write(data)

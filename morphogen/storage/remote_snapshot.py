@@ -103,12 +103,13 @@ class RemoteSnapshot:
         cp = self.manifest.chunk_pages
         return list(range(start // cp, -(-stop // cp))) if stop > start else []
 
-    def fetch(self, start: int = 0, stop: int | None = None) -> None:
+    def fetch(self, start: int = 0, stop: int | None = None,
+              sink: Any = None) -> None:
         """Bring the chunks of pages [start, stop) into this node's cache (verified)."""
         stop = self.num_pages if stop is None else stop
         try:
             self._cache.ensure(self.manifest, self.path, self._read_range,
-                               self.chunks_of(start, stop))
+                               self.chunks_of(start, stop), sink)
         except StorageError as exc:
             raise SnapshotError(f"node {node_name()}: {self.path}: {exc}") from None
 
@@ -118,23 +119,32 @@ class RemoteSnapshot:
         stop = self.num_pages if stop is None else stop
         if not 0 <= start <= stop <= self.num_pages:
             raise ValueError(f"page range [{start}, {stop}) is outside [0, {self.num_pages})")
-        self.fetch(start, stop)
-        root_dir = self._cache.root_dir(self.manifest)
         out = np.empty((stop - start, PAGE_SIZE), np.uint8)
         m = self.manifest
         assert m.chunk_hashes is not None
+        landed: set[int] = set()
+
+        def place(c: int, data: bytes | bytearray) -> None:
+            a, b = chunk_pages_range(c, m.num_pages, m.chunk_pages)
+            rows = np.frombuffer(data, np.uint8).reshape(b - a, PAGE_SIZE)
+            lo, hi = max(a, start), min(b, stop)
+            out[lo - start:hi - start] = rows[lo - a:hi - a]
+            landed.add(c)
+
+        self.fetch(start, stop, sink=place)  # fetched now: verified on the way in
+        root_dir = self._cache.root_dir(self.manifest)
         for c in self.chunks_of(start, stop):
+            if c in landed:
+                continue
             a, b = chunk_pages_range(c, m.num_pages, m.chunk_pages)
             path = chunk_file(root_dir, c)
-            data = path.read_bytes()
+            data = path.read_bytes()  # from the cache: checked again, a disk can rot
             if len(data) != (b - a) * PAGE_SIZE or blake3.blake3(
                     data, max_threads=blake3.blake3.AUTO).hexdigest() != m.chunk_hashes[c]:
                 path.unlink(missing_ok=True)  # the next open fetches it again
                 raise SnapshotError(f"node {node_name()}: {self.path} chunk {c}: the cached "
                                     f"copy {path} does not hash as the manifest says; removed")
-            rows = np.frombuffer(data, np.uint8).reshape(b - a, PAGE_SIZE)
-            lo, hi = max(a, start), min(b, stop)
-            out[lo - start:hi - start] = rows[lo - a:hi - a]
+            place(c, data)
         out.flags.writeable = False
         return out
 
