@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -53,16 +55,21 @@ FAST_METRICS = {
 }
 
 
-def party_configs(snaps: Path, logs: Path, token: Path, pages: int) -> tuple[dict, dict]:
+def party_configs(snaps: str, logs: str, caches: Path, pages: int) -> tuple[dict, dict]:
+    """Snapshots and logs by URI (an S3 prefix): no node sees them on a disk. Each node
+    caches the chunks it fetches in a directory of its own (`{node}`), as on separate
+    machines; the admin token comes from the environment every node gets."""
     common: dict[str, Any] = {
-        "snapshot": str(snaps / "base"),
+        "snapshot": f"{snaps}/base",
         "num_shards": 2,
         "engine": "cpu",
         "engine_options": {"threads": 1},
         "shard_num_cpus": 0.1,
         "router_num_cpus": 0.1,
-        "admin_token_file": str(token),
-        "admin_snapshot_dir": str(snaps),
+        "admin_token_file": None,
+        "admin_token_env": "MORPHOGEN_ADMIN_TOKEN",
+        "admin_snapshot_dir": snaps,
+        "snapshot_cache_dir": str(caches / "{node}"),
         "health_check_period_s": 2.0,
         "graceful_shutdown_timeout_s": 1.0,
         "retry_backoff_ms": 50.0,
@@ -73,14 +80,14 @@ def party_configs(snaps: Path, logs: Path, token: Path, pages: int) -> tuple[dic
     party_a = {
         **common,
         "placement": "gpu",  # one (logical) GPU per shard replica: only worker nodes have them
-        "epoch_log_dir": str(logs / "a"),
+        "epoch_log_dir": f"{logs}/a",
         # two replicas of each shard fill the first worker node's 4 GPUs: any replica more
         # needs a node the autoscaler adds
         "shard_autoscaling": {"min_replicas": MIN_SHARD_REPLICAS, "max_replicas": 4,
                               "target": 1.0, **scaled},
         "router_autoscaling": {"min_replicas": 1, "max_replicas": 3, "target": 1.0, **scaled},
     }
-    party_b = {**common, "placement": "cpu", "epoch_log_dir": str(logs / "b")}
+    party_b = {**common, "placement": "cpu", "epoch_log_dir": f"{logs}/b"}
     return party_a, party_b
 
 
@@ -219,18 +226,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     steps = [(int(c), float(s)) for c, s in (x.split(":") for x in args.steps.split(","))]
     work = Path(tempfile.mkdtemp(prefix="mg-autoscale-"))
-    snaps = work / "snaps"
-    build_synthetic(snaps / "base", 300, seed=31, epoch_id=1, progress=False)
-    build_synthetic(snaps / "next", 300, seed=32, epoch_id=1, progress=False)
-    token = work / "token"
-    token.write_text(TOKEN)
+    bucket, env, s3 = object_store(args)
+    snaps = f"s3://{bucket}/snaps"
+    for name, seed in (("base", 31), ("next", 32)):
+        build_synthetic(work / name, 300, seed=seed, epoch_id=1, progress=False,
+                        chunk_pages=32)
+        upload(work / name, f"{snaps}/{name}")
+        shutil.rmtree(work / name)  # the bucket is the only copy: no node can read a path
+    env = {**env, **FAST_METRICS, "MORPHOGEN_ADMIN_TOKEN": TOKEN}
+    os.environ.update(env)
     fake = None
     if args.address is None:
-        fake = fake_cluster.start(env=FAST_METRICS)
+        fake = fake_cluster.start(env=env)
     rows: list[dict[str, Any]] = []
     try:
         cluster = local.start(address=args.address or fake.address, disable_auth=True)
-        cfg_a, cfg_b = party_configs(snaps, work / "logs", token, 300)
+        cfg_a, cfg_b = party_configs(snaps, f"s3://{bucket}/logs", work / "node-cache", 300)
         serve.run(build_app(cfg_b), name="b", route_prefix="/b")
         serve.run(build_app(cfg_a), name="a", route_prefix="/a")
         url_a, url_b = cluster.app_url("/a"), cluster.app_url("/b")
@@ -328,6 +339,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "every_replica_at_head": at_head,
             "replicas_on_head_node": sum(1 for n in nodes if n == head_node),
             "replica_nodes": sorted(set(nodes)),
+            # every node fetched its shards' chunks into a cache of its own
+            "node_caches": sorted(p.name for p in (work / "node-cache").iterdir()
+                                  if any(p.glob("*/chunk-*"))),
         }
         serve.delete("a")
         serve.delete("b")
@@ -335,7 +349,34 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if fake is not None:
             fake.stop()
+        if s3 is not None:
+            s3.__exit__(None, None, None)
+        shutil.rmtree(work, ignore_errors=True)
     return {"rows": rows, "summary": summary}
+
+
+def object_store(args: argparse.Namespace) -> tuple[str, dict[str, str], Any]:
+    """(a bucket, the environment that reaches it, the server to stop or None): an S3
+    protocol server on loopback for the fake cluster, or `--s3-endpoint` (credentials from
+    the environment) for a real one."""
+    if args.s3_endpoint:
+        return args.s3_bucket, {"AWS_ENDPOINT_URL": args.s3_endpoint}, None
+    from tests.s3.server import running_s3_server
+
+    server = running_s3_server()
+    s3 = server.__enter__()
+    s3.boto().create_bucket(Bucket=args.s3_bucket)
+    return args.s3_bucket, s3.env(), server
+
+
+def upload(local_dir: Path, uri: str) -> None:
+    import obstore
+
+    from morphogen.storage import open_location
+
+    loc = open_location(uri)
+    for f in ("manifest.json", "pages.bin"):
+        obstore.put(loc.store, loc.key(f), (local_dir / f).read_bytes())
 
 
 def step_done(is_high: bool, elapsed: float, seconds: float, hold_s: float,
@@ -369,6 +410,9 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the summary here")
     p.add_argument("--verbose", action="store_true", help="print every sample")
     p.add_argument("--out", default=str(RESULTS / "autoscale"), help="CSV/PNG path stem")
+    p.add_argument("--s3-endpoint", default=None,
+                   help="snapshots and logs on this S3 endpoint (default: a loopback server)")
+    p.add_argument("--s3-bucket", default="morphogen-autoscale")
     args = p.parse_args()
     if args.quick:
         args.steps, args.hold_s = "2:8,14:30,0:1", 180.0

@@ -10,6 +10,7 @@ by the router replicas when no `admin_token_file` is configured.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,18 @@ EngineName = Literal["auto", "reference", "cpu", "gpu"]
 # Serve's custom policy for the router: replicas from the queries its coalescers hold.
 ROUTER_AUTOSCALING_POLICY = "morphogen.autoscaling:router_policy"
 Placement = Literal["auto", "cpu", "gpu"]
+
+
+def node_label() -> str:
+    """This process's Ray node id where Ray runs (a replica), else the host name."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return str(ray.get_runtime_context().get_node_id())[:16]
+    except Exception:  # noqa: BLE001 - no Ray, or no node: the host names the node
+        pass
+    return socket.gethostname()
 
 
 def default_cache_dir() -> Path:
@@ -86,7 +99,8 @@ class PartyConfig(BaseModel):
     verify_snapshot: bool = Field(False, description="checksum the data at shard start")
     snapshot_cache_dir: str | None = Field(
         None, description="node-local directory for chunks of remote snapshots (default: "
-        "<cache_dir>/snapshots); every replica on a node shares it, one download per chunk")
+        "<cache_dir>/snapshots); every replica on a node shares it, one download per chunk. "
+        "{node} in it stands for the Ray node id (nodes that share a disk, one cache each)")
 
     # -- shards
     num_shards: int = Field(2, ge=1, le=4096)
@@ -257,7 +271,7 @@ class PartyConfig(BaseModel):
 
     def snapshot_cache_path(self) -> Path:
         if self.snapshot_cache_dir:
-            return Path(self.snapshot_cache_dir).expanduser()
+            return Path(self.snapshot_cache_dir.replace("{node}", node_label())).expanduser()
         return self.cache_path() / "snapshots"
 
     def wants_gpu(self, cluster_gpus: float = 0.0) -> bool:

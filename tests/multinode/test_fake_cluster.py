@@ -6,6 +6,10 @@ shard replicas (`placement: gpu`, one GPU each, CPU engine) wait for one. `bench
 load rises, the router and the shards scale up, nodes are added, update batches and a rotation
 are published meanwhile, then the load stops and everything scales back down. Every page a
 client accepted was checked against the matrix of the epoch its answer named.
+
+No node sees the snapshots or the epoch logs on a disk: they live only in an S3 bucket (a
+protocol server on loopback), each node fetches its shards' chunks into a cache directory of
+its own, and the admin token comes from the environment.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ def test_load_adds_nodes_and_replicas_that_land_on_them(scenario) -> None:
     assert s["seconds_to_new_shard_replica"] is not None
     assert s["replicas_on_head_node"] == 0  # the head has no GPU: shards only on workers
     assert s["replica_nodes"]
+    # every node a shard replica served from fetched its own chunks (nothing shared on disk)
+    assert {n[:16] for n in s["replica_nodes"]} <= set(s["node_caches"]), s
 
 
 def test_publications_during_the_load_reach_every_replica_and_no_page_is_wrong(scenario) -> None:
