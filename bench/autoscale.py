@@ -227,14 +227,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     steps = [(int(c), float(s)) for c, s in (x.split(":") for x in args.steps.split(","))]
     work = Path(tempfile.mkdtemp(prefix="mg-autoscale-"))
     bucket, env, s3 = object_store(args)
+    env = {**env, **FAST_METRICS, "MORPHOGEN_ADMIN_TOKEN": TOKEN}
+    os.environ.update(env)  # this process (uploads, the driver) and, below, every node
     snaps = f"s3://{bucket}/snaps"
     for name, seed in (("base", 31), ("next", 32)):
         build_synthetic(work / name, 300, seed=seed, epoch_id=1, progress=False,
                         chunk_pages=32)
         upload(work / name, f"{snaps}/{name}")
         shutil.rmtree(work / name)  # the bucket is the only copy: no node can read a path
-    env = {**env, **FAST_METRICS, "MORPHOGEN_ADMIN_TOKEN": TOKEN}
-    os.environ.update(env)
     fake = None
     if args.address is None:
         fake = fake_cluster.start(env=env)

@@ -164,10 +164,19 @@ class ChunkCache:
     def holding(self, manifest: Manifest):
         """Mark the snapshot in use by this process for the duration (a shared lock)."""
         root_dir = self.root_dir(manifest)
-        root_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(root_dir / ".in-use", os.O_CREAT | os.O_RDWR, 0o644)
-        try:
+        marker = root_dir / ".in-use"
+        while True:
+            root_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(marker, os.O_CREAT | os.O_RDWR, 0o644)
             fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                same = os.fstat(fd).st_ino == os.stat(marker).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # an eviction removed the directory between open and lock: again
+        try:
             yield
         finally:
             os.close(fd)

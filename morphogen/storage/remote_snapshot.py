@@ -68,6 +68,9 @@ class RemoteSnapshot:
             raise SnapshotError(f"{uri}: a remote snapshot needs a manifest with chunk hashes "
                                 "and a checksum (write it with `morphogen build`)")
         snap = cls(uri, manifest, location, ChunkCache(cache_dir))
+        # held from here on; what no process on this node holds any more (the snapshots of
+        # rotations since replaced everywhere here) goes, so a node keeps what it serves
+        snap._cache.evict_unused(keep=[manifest.root])
         if verify:
             snap.verify()
         return snap
