@@ -47,9 +47,19 @@ class ServeMetrics:
             "morphogen_catch_up_entries",
             description="epoch-log entries a shard replayed in its last catch-up (its lag)",
             tag_keys=("shard",))
+        self.fetched = metrics.Counter(
+            "morphogen_snapshot_fetched_bytes",
+            description="snapshot bytes fetched from object storage and verified")
+        self.fetch_left = metrics.Gauge(
+            "morphogen_snapshot_fetch_remaining_bytes",
+            description="bytes a replica's snapshot fetch still has to go")
         self.replay_s = metrics.Histogram(
             "morphogen_catch_up_seconds", description="time of a shard's epoch-log replay",
             boundaries=_LATENCY_S, tag_keys=("shard",))
+
+    def snapshot_fetch(self, nbytes: int, left: int) -> None:
+        self.fetched.inc(nbytes)
+        self.fetch_left.set(left)
 
     def request(self, route: str, status: int, seconds: float, queries: int) -> None:
         tags = {"route": route}

@@ -30,6 +30,7 @@ from morphogen.identity import EpochIdentity
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
 from morphogen.snapshots import open_snapshot
+from morphogen.storage.chunk_cache import observe_fetches
 from morphogen.storage.open import open_any
 
 log = logging.getLogger("ray.serve")
@@ -39,6 +40,8 @@ log = logging.getLogger("ray.serve")
 class Shard:
     def __init__(self, cfg: PartyConfig, index: int, engine_name: str) -> None:
         started = time.monotonic()
+        observer = ServeMetrics()
+        observe_fetches(observer.snapshot_fetch)  # a remote snapshot's chunks, as they land
         snapshot = open_snapshot(cfg, verify=cfg.verify_snapshot)
         core = ShardCore.open(
             snapshot, index, cfg.num_shards, engine_name, cfg.engine_options,
@@ -55,7 +58,7 @@ class Shard:
             retry_after_s=cfg.retry_after_s,
             fold_interval_s=cfg.fold_interval_s,
             fold_threshold=cfg.fold_threshold,
-            observer=ServeMetrics(),
+            observer=observer,
         )
         log.info(
             "shard %d/%d ready: pages [%d, %d), %s (%d log entries replayed), engine %s, %.1fs",

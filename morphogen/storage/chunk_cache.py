@@ -50,6 +50,15 @@ def chunk_file(root_dir: Path, index: int) -> Path:
     return root_dir / f"chunk-{index:06d}"
 
 
+_observers: list[Callable[[int, int], None]] = []
+
+
+def observe_fetches(fn: Callable[[int, int], None]) -> None:
+    """Call `fn(bytes_just_fetched, bytes_left)` after every chunk this process fetches (the
+    replica's metrics)."""
+    _observers.append(fn)
+
+
 class ChunkFetchError(SnapshotError):
     """A chunk could not be fetched or did not hash as the manifest says."""
 
@@ -102,9 +111,15 @@ class ChunkCache:
                     data = self._finish(manifest, uri, root_dir, c, parts)
                     if sink is not None:
                         sink(c, data)
-                    done += self._chunk_bytes(manifest, c)
+                    size = self._chunk_bytes(manifest, c)
+                    done += size
                     if self.on_progress is not None:
                         self.on_progress(done, total)
+                    for fn in _observers:
+                        fn(size, total - done)
+                    if 10 * done // total != 10 * (done - size) // total or done == total:
+                        log.info("%s: %s: %.0f%% of %.1f MiB fetched and verified", node_name(),
+                                 uri, 100 * done / total, total / 2**20)
             manifest_path = root_dir / "manifest.json"
             if not manifest_path.is_file():
                 _write_atomic(manifest_path, manifest.to_json().encode())
