@@ -167,3 +167,41 @@ def test_rotation_uris_must_lie_under_the_allowed_prefix(remote) -> None:
     with pytest.raises(WireError) as exc:
         verify_snapshot(base + "/none")
     assert exc.value.status == 422
+
+
+def test_a_download_killed_in_its_process_resumes_where_it_stopped(remote, tmp_path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    uri, local = remote
+    cache = tmp_path / "cache"
+    root = cache / local.manifest.root
+    # the child fetches everything, a chunk at a time, slowly enough to be killed halfway
+    code = (
+        "import time\n"
+        "from morphogen.storage import chunk_cache\n"
+        "finish = chunk_cache.ChunkCache._finish\n"
+        "def slow(self, *a, **k):\n"
+        "    out = finish(self, *a, **k)\n"
+        "    time.sleep(0.5)\n"
+        "    return out\n"
+        "chunk_cache.ChunkCache._finish = slow\n"
+        "from morphogen.storage.open import open_any\n"
+        f"with open_any({uri!r}, cache_dir={str(cache)!r}) as s:\n"
+        f"    s.read_verified(0, {PAGES})\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env)
+    deadline = time.monotonic() + 60
+    while len(list(root.glob("chunk-*"))) < 2:
+        assert child.poll() is None and time.monotonic() < deadline, "the child ended early"
+        time.sleep(0.01)
+    child.kill()  # SIGKILL: no cleanup, its download lock dies with it
+    child.wait()
+    had = sorted(root.glob("chunk-*"))
+    assert 2 <= len(had) < 7
+    with open_any(uri, cache_dir=cache) as snap:
+        assert np.array_equal(snap.read_verified(0, PAGES), local.pages(0, PAGES))
+        left = 7 - len(had)
+        assert snap._cache.fetched_bytes == (left - 1) * CHUNK * 4096 + (PAGES - 6 * CHUNK) * 4096
