@@ -57,6 +57,7 @@ import numpy as np
 
 from morphogen.changes import ChangeBatch
 from morphogen.constants import PAGE_SIZE
+from morphogen.durable import fsync_dir
 from morphogen.identity import EpochIdentity, batch_digest
 from morphogen.storage.location import is_remote
 from morphogen.storage.log_objects import LogObjects, RaceLost
@@ -200,14 +201,6 @@ def _frame(entry: LogEntry) -> bytes:
     payload = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     digest = hashlib.blake2b(payload, digest_size=16).digest()
     return _FRAME.pack(FRAME_MAGIC, len(payload), len(payload) ^ 0xFFFFFFFF, digest) + payload
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _check_value(name: str, value: Any, where: str) -> None:
@@ -417,7 +410,7 @@ class EpochLog:
             pass
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     def _read_marker(self, expect: str | None) -> str:
         if self._objects is not None:
@@ -620,7 +613,7 @@ class EpochLog:
                 os.ftruncate(fd, end)
                 os.fsync(fd)
             if end == 0:
-                _fsync_dir(self.directory)  # the records file may be new
+                fsync_dir(self.directory)  # the records file may be new
 
             def append(frame: bytes) -> None:
                 if os.write(fd, frame) != len(frame):
@@ -749,7 +742,7 @@ class EpochLog:
             os.replace(tmp, self.directory / name)
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
 
     @_retrying
     def compact(self) -> int:

@@ -30,6 +30,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock
 
+from morphogen.durable import fsync_dir, write_atomic
 from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates
@@ -83,21 +84,7 @@ def _vdir(root: Path, version: int) -> Path:
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with tmp.open("w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, json.dumps(obj, indent=1).encode())
 
 
 def _write_version(root: Path, version: int, pages: np.ndarray, keys: dict[bytes, bytes],
@@ -119,7 +106,7 @@ def _write_version(root: Path, version: int, pages: np.ndarray, keys: dict[bytes
     if final.exists():  # left by a crash after the rename, before the pointer moved
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
     return final
 
 

@@ -22,7 +22,8 @@ The modules, each imported directly (this package re-exports nothing):
 - `manifest`: what ``manifest.json`` holds (`Manifest`) and `SnapshotError`;
 - `hashes`: chunk hashes and their root (BLAKE3);
 - `verified`: page ranges read into private memory, checked chunk by chunk;
-- `reader`: an opened snapshot (`Snapshot`);
+- `opened`: what every opened snapshot offers, local or remote (`OpenedSnapshot`);
+- `reader`: an opened snapshot file (`Snapshot`);
 - `writer`: `write_snapshot` (any page source) and `import_raw` (a raw page file);
 - `synthetic`: deterministic pseudo-random pages and snapshots of them;
 - `chunks`: the piece size that writes stream in (not the hashed chunk);

@@ -22,6 +22,7 @@ from morphogen.snapshot.manifest import (
     Manifest,
     SnapshotError,
 )
+from morphogen.snapshot.opened import OpenedSnapshot
 from morphogen.snapshot.progress import Meter, Progress
 from morphogen.snapshot.verified import read_chunks
 
@@ -34,7 +35,7 @@ def _empty_pages() -> np.ndarray:
     return out
 
 
-class Snapshot:
+class Snapshot(OpenedSnapshot):
     """One opened snapshot: its page file, read-only mapped and held open.
 
     Use :meth:`open`. :meth:`pages` returns views into the mapping, so reading a range faults
@@ -184,23 +185,6 @@ class Snapshot:
                 os.close(fd)
         return cls(manifest, path, data_path, fd, whole, tail)
 
-    # -- attributes
-
-    @property
-    def num_pages(self) -> int:
-        return self.manifest.num_pages
-
-    @property
-    def domain_bits(self) -> int:
-        return self.manifest.domain_bits
-
-    @property
-    def epoch_id(self) -> int:
-        return self.manifest.epoch_id
-
-    def __len__(self) -> int:
-        return self.manifest.num_pages
-
     def __repr__(self) -> str:
         m = self.manifest
         return (
@@ -271,13 +255,6 @@ class Snapshot:
         self._read_chunks(0, self.num_pages, expected=self.manifest.chunk_hashes, meter=meter)
         return self.manifest.root
 
-    def fingerprint(self) -> str:
-        """What names this snapshot's data in an epoch identity: the root of its chunk hashes
-        (``blake3-chunks:<hex>``), which is the manifest's checksum when it has one. A shard
-        serves only bytes checked against these hashes (`read_verified`), so the name is the
-        bytes', whatever happens to the file afterwards."""
-        return self.manifest.root
-
     def _read_chunks(
         self,
         start: int,
@@ -291,10 +268,6 @@ class Snapshot:
         return read_chunks(self._fd, self.data_path, m.num_pages, m.data_bytes, m.chunk_pages,
                            start, stop, out=out, expected=expected, meter=meter)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SnapshotError(f"{self.path}: snapshot is closed")
-
     # -- lifetime
 
     def close(self) -> None:
@@ -304,9 +277,3 @@ class Snapshot:
         self._whole = None
         self._tail = None
         self._close_fd()
-
-    def __enter__(self) -> Snapshot:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

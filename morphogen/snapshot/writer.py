@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
+from morphogen.durable import fsync_dir
 from morphogen.snapshot.chunks import CHUNK_PAGES, as_bytes
 from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES, ChunkHasher, checksum_str, root_hex
 from morphogen.snapshot.layout import domain_bits_for
@@ -48,19 +49,6 @@ def _source_chunks(source: PageSource) -> tuple[Iterator[Any], int | None]:
 
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return  # not every platform lets a directory be opened; the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_snapshot(
@@ -163,7 +151,7 @@ def write_snapshot(
         manifest_path.unlink(missing_ok=True)
         os.replace(tmp_data, data_path)
         os.replace(tmp_manifest, manifest_path)
-        _fsync_dir(out)
+        fsync_dir(out)
     except BaseException:
         tmp_data.unlink(missing_ok=True)
         tmp_manifest.unlink(missing_ok=True)

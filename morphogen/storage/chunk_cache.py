@@ -22,7 +22,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import secrets
 import shutil
 import socket
 from collections.abc import Callable, Sequence
@@ -33,6 +32,7 @@ import blake3
 from filelock import FileLock, Timeout
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.durable import write_atomic
 from morphogen.snapshot.hashes import chunk_pages_range
 from morphogen.snapshot.manifest import Manifest, SnapshotError
 
@@ -122,7 +122,7 @@ class ChunkCache:
                                  uri, 100 * done / total, total / 2**20)
             manifest_path = root_dir / "manifest.json"
             if not manifest_path.is_file():
-                _write_atomic(manifest_path, manifest.to_json().encode())
+                write_atomic(manifest_path, manifest.to_json().encode())
         return root_dir
 
     @staticmethod
@@ -169,7 +169,7 @@ class ChunkCache:
             raise ChunkFetchError(f"{where}: the fetched bytes do not hash as the manifest "
                                   "says (object corrupted or replaced under its manifest); "
                                   "nothing of it is used")
-        _write_atomic(chunk_file(root_dir, index), data)
+        write_atomic(chunk_file(root_dir, index), data)
         self.fetched_bytes += at
         return data
 
@@ -225,12 +225,3 @@ class ChunkCache:
         if removed:
             log.info("%s: evicted cached snapshot(s) %s", node_name(), ", ".join(removed))
         return removed
-
-
-def _write_atomic(path: Path, data: bytes | bytearray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

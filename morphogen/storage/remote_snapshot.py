@@ -23,6 +23,7 @@ import obstore
 from morphogen.constants import PAGE_SIZE
 from morphogen.snapshot.hashes import chunk_count, chunk_pages_range
 from morphogen.snapshot.manifest import MANIFEST_FILE, Manifest, SnapshotError
+from morphogen.snapshot.opened import OpenedSnapshot
 from morphogen.storage.chunk_cache import ChunkCache, chunk_file, node_name
 from morphogen.storage.location import StorageError, open_location
 
@@ -38,8 +39,8 @@ def _split(uri: str) -> tuple[str, str]:
     return uri, MANIFEST_FILE
 
 
-class RemoteSnapshot:
-    """Duck-typed as `morphogen.snapshot.reader.Snapshot` for what shards and routers use."""
+class RemoteSnapshot(OpenedSnapshot):
+    """A snapshot whose bytes come from object storage through the node's chunk cache."""
 
     def __init__(self, uri: str, manifest: Manifest, location: Any, cache: ChunkCache) -> None:
         self.path = uri
@@ -75,27 +76,8 @@ class RemoteSnapshot:
             snap.verify()
         return snap
 
-    # -- what a Snapshot offers
-    @property
-    def num_pages(self) -> int:
-        return self.manifest.num_pages
-
-    @property
-    def domain_bits(self) -> int:
-        return self.manifest.domain_bits
-
-    @property
-    def epoch_id(self) -> int:
-        return self.manifest.epoch_id
-
-    def __len__(self) -> int:
-        return self.manifest.num_pages
-
     def __repr__(self) -> str:
         return f"RemoteSnapshot({self.path!r}, epoch_id={self.epoch_id}, pages={self.num_pages})"
-
-    def fingerprint(self) -> str:
-        return self.manifest.root
 
     def _read_range(self, start: int, end: int) -> bytes:
         return obstore.get_range(self._location.store,
@@ -162,17 +144,7 @@ class RemoteSnapshot:
     def chunk_count(self) -> int:
         return chunk_count(self.num_pages, self.manifest.chunk_pages)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise SnapshotError(f"{self.path}: snapshot is closed")
-
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._stack.close()
-
-    def __enter__(self) -> RemoteSnapshot:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
