@@ -24,10 +24,12 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 
 
 def write_atomic(path: str | os.PathLike[str],
-                 data: bytes | bytearray | memoryview | Iterable[bytes]) -> None:
-    """Replace `path` with `data` (bytes, or parts written in order), all or nothing."""
+                 data: bytes | bytearray | memoryview | Iterable[bytes], *,
+                 tmp: Path | None = None) -> None:
+    """Replace `path` with `data` (bytes, or parts written in order), all or nothing. `tmp`
+    names the temporary (in the same directory) where a caller sweeps its own leftovers."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
+    tmp = tmp or path.with_name(f".{path.name}.tmp-{secrets.token_hex(4)}")
     parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
     try:
         with open(tmp, "wb") as f:

@@ -57,7 +57,7 @@ import numpy as np
 
 from morphogen.changes import ChangeBatch
 from morphogen.constants import PAGE_SIZE
-from morphogen.durable import fsync_dir
+from morphogen.durable import fsync_dir, write_atomic
 from morphogen.identity import EpochIdentity, batch_digest
 from morphogen.storage.location import is_remote
 from morphogen.storage.log_objects import LogObjects, RaceLost
@@ -732,17 +732,8 @@ class EpochLog:
             # name writes the same bytes, so a plain put is safe
             self._objects.put(f"{BLOBS}/{name}", b"".join(parts))
             return
-        tmp = self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{name}"
-        try:
-            with open(tmp, "wb") as fh:
-                for part in parts:
-                    fh.write(part)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.directory / name)
-        finally:
-            tmp.unlink(missing_ok=True)
-        fsync_dir(self.directory)
+        write_atomic(self.directory / name, parts,
+                     tmp=self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{name}")
 
     @_retrying
     def compact(self) -> int:
