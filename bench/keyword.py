@@ -8,7 +8,9 @@ client's verification time.
 3. Through HTTP, in one run on one local Ray: two parties serve a keyword table; lookups/s of
    `KeywordClient.get_many` (one query of three keys per lookup, every page verified) against
    page reads/s of `PirClient.get` with the same number of random three-page queries per
-   request, sequential and batched. Target: lookups/s >= 0.9 of page-query reads/s.
+   request, sequential and batched, for a small table (where the scan is nearly free and the
+   client's signature checks show) and a 1 M-record one. Target: lookups/s >= 0.9 of
+   page-query reads/s.
 4. Client verification per lookup: `verify.check` on three pages (signatures and slot scan).
 
     python bench/keyword.py              # 1 M records, 20 s per HTTP measurement
@@ -119,58 +121,72 @@ def _rate(fn, seconds: float) -> tuple[float, int]:
     return done / (time.perf_counter() - t0), done
 
 
-def http_rates(n: int, seconds: float, batch: int) -> dict:
+def http_rates(sizes: list[int], seconds: float, batch: int) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from ray import serve
 
     from cluster import local
     from deployments.app import build_app
-    from morphogen.client import PirClient
     from morphogen.config import PartyConfig
-    from morphogen.keyword import KeywordClient, build_table
+    from morphogen.keyword import build_table
     from morphogen.keyword.accounts import synthetic_accounts
     from morphogen.keyword.owner import create_owner_dir
 
     key = Ed25519PrivateKey.generate()
-    accounts = dict(synthetic_accounts(n, seed=4))
-    table = build_table(accounts.items(), value_size=32, signing_key=key)
     work = Path(tempfile.mkdtemp(prefix="morphogen-kwbench-"))
-    snapshot = create_owner_dir(table, work / "owner")
-    num_pages = table.descriptor.geometry.num_pages
-    keys = sorted(accounts)
     rng = random.Random(5)
-    out = {"table_pages": num_pages}
+    out: dict = {}
     with local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
-        for name in ("a", "b"):
-            cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
-                              engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
-                              graceful_shutdown_timeout_s=1.0)
-            serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
-        with PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack") as pir:
-            kc = KeywordClient(pir, key.public_key())
-            kc.descriptor()
-            for per_request in (1, batch):
-                def pages_fn(q=per_request) -> int:
-                    pir.get([rng.randrange(num_pages) for _ in range(3 * q)])
-                    return q
+        for n in sizes:
+            # one table at a time on the machine: the other's parties would share its cores
+            accounts = dict(synthetic_accounts(n, seed=4))
+            table = build_table(accounts.items(), value_size=32, signing_key=key)
+            snapshot = create_owner_dir(table, work / f"owner-{n}")
+            num_pages = table.descriptor.geometry.num_pages
+            keys = sorted(accounts)
+            for name in ("a", "b"):
+                cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
+                                  engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
+                                  graceful_shutdown_timeout_s=1.0)
+                serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
+            out[f"records_{n}"] = _http_pair(cluster, key, accounts, keys, num_pages, rng,
+                                             seconds, batch)
+            for name in ("a", "b"):
+                serve.delete(name)
+    return out
 
-                def lookups_fn(q=per_request) -> int:
-                    wanted = rng.sample(keys, q)
-                    got = kc.get_many(wanted)
-                    assert got == [accounts[k] for k in wanted]
-                    return q
 
-                # interleaved halves: drift on a shared machine hits both sides alike
-                page_rates, lookup_rates = [], []
-                for _ in range(3):
-                    page_rates.append(_rate(pages_fn, seconds / 6)[0])
-                    lookup_rates.append(_rate(lookups_fn, seconds / 6)[0])
-                pr, lr = statistics.median(page_rates), statistics.median(lookup_rates)
-                out[f"queries_per_request_{per_request}"] = {
-                    "page_queries_per_s": round(pr, 1), "lookups_per_s": round(lr, 1),
-                    "ratio": round(lr / pr, 3)}
-                _log(f"[bench] {per_request} per request: {lr:.1f} lookups/s against "
-                     f"{pr:.1f} page queries/s: {lr / pr:.2f}")
+def _http_pair(cluster, key, accounts: dict, keys: list, num_pages: int, rng: random.Random,
+               seconds: float, batch: int) -> dict:
+    from morphogen.client import PirClient
+    from morphogen.keyword import KeywordClient
+
+    out: dict = {"table_pages": num_pages, "table_mib": round(num_pages * 4096 / 2**20, 1)}
+    with PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack") as pir:
+        kc = KeywordClient(pir, key.public_key())
+        kc.descriptor()
+        for per_request in (1, batch):
+            def pages_fn(q=per_request) -> int:
+                pir.get([rng.randrange(num_pages) for _ in range(3 * q)])
+                return q
+
+            def lookups_fn(q=per_request) -> int:
+                wanted = rng.sample(keys, q)
+                got = kc.get_many(wanted)
+                assert got == [accounts[k] for k in wanted]
+                return q
+
+            # interleaved halves: drift on a shared machine hits both sides alike
+            page_rates, lookup_rates = [], []
+            for _ in range(3):
+                page_rates.append(_rate(pages_fn, seconds / 6)[0])
+                lookup_rates.append(_rate(lookups_fn, seconds / 6)[0])
+            pr, lr = statistics.median(page_rates), statistics.median(lookup_rates)
+            out[f"queries_per_request_{per_request}"] = {
+                "page_queries_per_s": round(pr, 1), "lookups_per_s": round(lr, 1),
+                "ratio": round(lr / pr, 3)}
+            _log(f"[bench] {num_pages} pages, {per_request} per request: {lr:.1f} "
+                 f"lookups/s against {pr:.1f} page queries/s: {lr / pr:.2f}")
     return out
 
 
@@ -179,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--load-records", type=int, default=200_000)
-    ap.add_argument("--http-records", type=int, default=50_000)
+    ap.add_argument("--http-records", type=int, nargs="+", default=[50_000, 1_000_000],
+                    help="table sizes served in turn for the HTTP comparison")
     ap.add_argument("--seconds", type=float, default=20.0, help="per HTTP measurement")
     ap.add_argument("--batch", type=int, default=32, help="lookups per batched request")
     ap.add_argument("--runs", type=int, default=3, help="builds per layout (median)")
@@ -188,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.quick:
         args.records, args.load_records, args.http_records, args.seconds, args.runs = (
-            100_000, 20_000, 5_000, 6.0, 1)
+            100_000, 20_000, [5_000], 6.0, 1)
     result = {
         "machine": f"{os.cpu_count()} cpus",
         "build": build_rates(args.records, args.runs),

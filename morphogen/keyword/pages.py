@@ -33,16 +33,14 @@ def tags_of(dataset: bytes, keys: list[bytes]) -> np.ndarray:
 
 def find_value(geometry: Geometry, page: bytes | memoryview, bucket: int, tag: bytes
                ) -> bytes | None:
-    """The value stored under `tag` in `bucket` of `page`, or None. Reads every slot of the
-    bucket whatever it finds (the same work for a hit and a miss)."""
-    page = memoryview(page)
-    found = None
-    size = geometry.slot_size
-    for slot in range(geometry.bucket_capacity(bucket)):
-        off = geometry.slot_offset(bucket, slot)
-        if page[off:off + TAG_SIZE] == tag and found is None:
-            found = bytes(page[off + TAG_SIZE:off + size])
-    return found
+    """The value stored under `tag` in `bucket` of `page`, or None. Compares every slot of the
+    bucket at once whatever it finds (the same work for a hit and a miss)."""
+    n, size = geometry.bucket_capacity(bucket), geometry.slot_size
+    # a bucket's slots lie back to back from its first (a page's body, or one row)
+    slots = np.frombuffer(page, np.uint8, count=n * size,
+                          offset=geometry.slot_offset(bucket, 0)).reshape(n, size)
+    hits = np.flatnonzero((slots[:, :TAG_SIZE] == np.frombuffer(tag, np.uint8)).all(axis=1))
+    return slots[hits[0], TAG_SIZE:].tobytes() if hits.size else None
 
 
 def slot_of(geometry: Geometry, page: bytes | memoryview, bucket: int, tag: bytes) -> int | None:
