@@ -692,6 +692,11 @@ class EpochLog:
             raise ValueError(f"a decision is one of {DECISIONS}")
         with self._locked() as (append, state):
             pending = state.pending
+            done = state.pubs.get(proposal.pub or "")
+            if (outcome == "commit" and pending is None and done is not None
+                    and (done.epoch_id, done.identity, done.request)
+                    == (proposal.epoch_id, proposal.identity, proposal.request)):
+                return  # this commit landed before a retry (an object-store write in doubt)
             # the publisher names one attempt: a seq and a pub alone may recur after a
             # compaction renumbered the records and the admin re-sent the publication
             if pending is None or (pending.seq, pending.pub, pending.publisher) != (

@@ -161,10 +161,29 @@ class LogObjects:
         return b"".join(parts), last
 
     def append(self, gen: int, seq: int, frame: bytes) -> None:
-        if not self.create(_record_key(gen, seq), frame):
-            raise RaceLost(_record_key(gen, seq))
+        """Create record `seq` of generation `gen`; RaceLost unless it is where readers look.
+
+        A writer that read long ago (a stalled process) may create its seq in a generation
+        that compactions have since sealed and deleted: the key is free again, the create
+        succeeds, and no reader ever reads that generation. So the create counts only when,
+        listed afterwards, `gen` is the live generation, or the one just sealed by a seal
+        after `seq` (the sealer read this record). Further back the record may be an orphan:
+        RaceLost, and the caller reads again and decides again (its steps are idempotent).
+        """
+        key = _record_key(gen, seq)
+        if not self.create(key, frame):
+            raise RaceLost(key)
         with self._mutex:
-            self._cache[_record_key(gen, seq)] = frame
+            self._cache[key] = frame
+        names = self._names()
+        last = max(g for g, _, _ in names)
+        if last == gen:
+            return
+        if last == gen + 1:
+            own = [(s, n) for g, s, n in names if g == gen]
+            if own and own[-1][0] > seq and self._read(own[-1][1]).startswith(SEAL_MAGIC):
+                return
+        raise RaceLost(key)
 
     def seal(self, gen: int, seq: int, frames: bytes) -> None:
         """End generation `gen` with the compacted records the next one starts from."""

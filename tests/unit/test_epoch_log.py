@@ -434,7 +434,8 @@ def test_proposals_that_do_not_fit_are_refused_with_nothing_written(log: EpochLo
         log.decide(u3, "maybe")
     with pytest.raises(EpochLogConflict, match=re.escape(
             f"{log.path}: publication W-2 (epoch 3) was decided by another publisher")):
-        log.decide(u3, "commit")  # decided already
+        log.decide(u3, "abort")  # committed already
+    log.decide(u3, "commit")  # committed already, as asked: a retried commit, nothing written
     with pytest.raises(EpochLogConflict, match=re.escape(
             f"{log.path}: renew of record 2 (epoch 3) names no undecided proposal")):
         log.renew(u3, 60)
@@ -974,7 +975,8 @@ def test_renewal_extends_the_owners_lease(plog: EpochLog, rng) -> None:
             f"{log.path}: renew of record 2 (epoch 3) names no undecided proposal")):
         log.renew(p, 30)
     with pytest.raises(EpochLogConflict, match="was decided by another publisher"):
-        log.decide(p, "commit")
+        log.decide(p, "abort")
+    log.decide(p, "commit")  # committed already, as asked: nothing written
     assert [e.kind for e in log.entries()] == ["rotation", "commit", "updates", "renew",
                                                "commit"]
 
