@@ -773,8 +773,15 @@ class EpochLog:
                 self._objects.seal(self._generation, len(state.entries),
                                    b"".join(_frame(e) for e in records))
                 dropped = {e.blob for e in state.entries if e.blob and e.blob not in used}
-                # only dropped records' blobs: a blob written for a proposal not yet appended
-                # is never named by one (epochs only grow past a committed rotation)
+                # and the batches no record names that were made for an epoch the log has
+                # passed (a publisher died or stalled between upload and record): a writer
+                # still in flight builds on this head, so its batch's epoch is above it
+                head = state.head.epoch_id if state.head is not None else -1
+                for name in self._objects.names_under(BLOBS):
+                    blob = name.rpartition("/")[2]
+                    if (_BLOB_NAME.fullmatch(blob) and blob not in used
+                            and int(blob.split("-")[1]) <= head):
+                        dropped.add(blob)
                 self._objects.delete([f"{BLOBS}/{b}" for b in sorted(dropped)])
                 self._objects.drop_generations_before(self._generation)
             elif self._memory is not None:

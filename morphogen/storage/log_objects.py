@@ -96,6 +96,13 @@ class LogObjects:
             except FileNotFoundError:
                 pass
 
+    def names_under(self, folder: str) -> list[str]:
+        """The names of the objects in `folder` (relative to the log's prefix)."""
+        prefix = self._key(folder)
+        skip = len(self.location.prefix) + 1 if self.location.prefix else 0
+        return [meta["path"][skip:] for meta in
+                self._ob.list(self.location.store, prefix=prefix).collect()]
+
     # -- records
     def _names(self) -> list[tuple[int, int, str]]:
         prefix = self._key(RECORDS)  # a path prefix: obstore lists whole segments
