@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from morphogen.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
 from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
+from morphogen.storage.location import check_log_location
 
 DEFAULT_ADMIN_TOKEN_ENV = "MORPHOGEN_ADMIN_TOKEN"
 
@@ -223,6 +224,8 @@ class PartyConfig(BaseModel):
                 f"{self.num_shards} shards for {self.synthetic_pages} pages: "
                 "every shard needs at least one page"
             )
+        if self.epoch_log_dir is not None:
+            check_log_location(self.epoch_log_dir)
         if self.admin_token_file is not None and not self.admin_supported:
             raise ValueError(ADMIN_NEEDS_LOG)
         if self.shard_autoscaling is not None and self.placement == "auto" \

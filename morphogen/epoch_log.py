@@ -59,7 +59,7 @@ from morphogen.changes import ChangeBatch
 from morphogen.constants import PAGE_SIZE
 from morphogen.durable import fsync_dir, write_atomic
 from morphogen.identity import EpochIdentity, batch_digest
-from morphogen.storage.location import is_remote
+from morphogen.storage.location import check_log_location, is_remote
 from morphogen.storage.log_objects import LogObjects, RaceLost
 
 log = logging.getLogger(__name__)
@@ -347,6 +347,10 @@ class EpochLog:
         self._blobs: dict[str, bytes] = {}
         self._mutex = threading.Lock()
         if directory is not None and is_remote(directory):
+            try:
+                check_log_location(directory)
+            except ValueError as exc:
+                raise EpochLogError(str(exc)) from None
             self._objects = LogObjects(str(directory))
             self.directory = self._objects.uri  # type: ignore[assignment] - a URI, for messages
             self.path = f"{self._objects.uri}/records"  # type: ignore[assignment]

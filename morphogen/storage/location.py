@@ -17,6 +17,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 REMOTE_SCHEMES = ("s3", "gs", "http", "https")
+# where write-once objects can be created (a web server serves snapshots, but has no
+# conditional create for an epoch log's records)
+WRITABLE_SCHEMES = ("s3", "gs")
 
 
 class StorageError(RuntimeError):
@@ -27,6 +30,14 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
     """Whether ``uri`` names an object store rather than a local path (``file://`` is local)."""
     scheme = urlsplit(str(uri)).scheme.lower()
     return scheme in REMOTE_SCHEMES
+
+
+def check_log_location(uri: str | os.PathLike[str]) -> None:
+    """Refuse a URI that cannot hold an epoch log, naming what can."""
+    scheme = urlsplit(str(uri)).scheme.lower()
+    if scheme in REMOTE_SCHEMES and scheme not in WRITABLE_SCHEMES:
+        raise ValueError(f"{uri}: an epoch log needs write-once objects (s3://, gs://) or a "
+                         f"shared directory; {scheme}:// serves files but cannot create them")
 
 
 def local_path(uri: str | os.PathLike[str]) -> Path:
@@ -90,7 +101,9 @@ def _gcs_store(bucket: str) -> Any:
 def _http_store(base: str) -> Any:
     from obstore.store import HTTPStore
 
-    return HTTPStore.from_url(base)
+    # plain http only where a URI says so (a cluster-internal server); https stays the default
+    plain = urlsplit(base).scheme.lower() == "http"
+    return HTTPStore.from_url(base, client_options={"allow_http": True} if plain else None)
 
 
 def open_location(uri: str | os.PathLike[str]) -> Location:

@@ -205,3 +205,41 @@ def test_a_download_killed_in_its_process_resumes_where_it_stopped(remote, tmp_p
         assert np.array_equal(snap.read_verified(0, PAGES), local.pages(0, PAGES))
         left = 7 - len(had)
         assert snap._cache.fetched_bytes == (left - 1) * CHUNK * 4096 + (PAGES - 6 * CHUNK) * 4096
+
+
+def test_a_snapshot_behind_a_web_server_is_fetched_by_ranges_and_verified(tmp_path: Path
+                                                                         ) -> None:
+    """http(s):// (a CDN or a web server in front of a bucket): the same ranged, verified fetch
+    through a real HTTP server on loopback; a changed file is refused naming URI and chunk."""
+    from tests.web.server import serving
+
+    served = tmp_path / "www"
+    build_synthetic(served / "epoch-4", PAGES, seed=3, epoch_id=4, chunk_pages=CHUNK)
+    with Snapshot.open(served / "epoch-4") as local, serving(served) as base:
+        uri = f"{base}/epoch-4"
+        with open_any(uri, cache_dir=tmp_path / "cache") as snap:
+            assert snap.fingerprint() == local.fingerprint()
+            assert np.array_equal(snap.read_verified(20, 50), local.pages(20, 50))
+            assert snap._cache.fetched_bytes == 3 * CHUNK * 4096  # chunks 1, 2, 3 only
+        data = bytearray(local.data_path.read_bytes())
+        data[5 * CHUNK * 4096 + 9] ^= 4  # one bit in chunk 5, changed under the server
+        (served / "epoch-4" / "pages.bin").write_bytes(bytes(data))
+        with open_any(uri, cache_dir=tmp_path / "cache2") as snap:
+            with pytest.raises(SnapshotError) as exc:
+                snap.read_verified(70, 90)
+    msg = str(exc.value)
+    assert f"node {socket.gethostname()}" in msg and uri in msg and "chunk 5" in msg
+
+
+@pytest.mark.parametrize("uri", ["https://cdn.example/log", "http://10.0.0.1/log"])
+def test_a_web_server_cannot_hold_an_epoch_log(uri: str) -> None:
+    from pydantic import ValidationError
+
+    from morphogen.config import PartyConfig
+    from morphogen.epoch_log import EpochLog, EpochLogError
+
+    expected = "an epoch log needs write-once objects \\(s3://, gs://\\) or a shared directory"
+    with pytest.raises(ValidationError, match=expected):
+        PartyConfig(epoch_log_dir=uri)
+    with pytest.raises(EpochLogError, match=expected):
+        EpochLog(uri)
