@@ -10,7 +10,8 @@
 #   prof   Nsight Compute on bench/gpu/profile.py: HBM bytes read and pipe utilisation
 #
 # Logs and results go to $OUT (default /tmp/morphogen-gpu-session). Runs without Ray or
-# pydantic: the engines import neither, and pytest gets an empty warning filter list.
+# pydantic: the engines import neither, and pytest gets an empty warning filter list. The
+# bench phase also needs blake3, which the image lacks: carry .whl from bench/gpu/wheels.sh.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -18,6 +19,12 @@ OUT=${OUT:-/tmp/morphogen-gpu-session}
 GIB=${GIB:-16}
 mkdir -p "$OUT"
 phase() { echo "== $1 ($(date +%T))"; }
+
+# wheels carried from the development machine (bench/gpu/wheels.sh): the image has no registry
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/morphogen-site .whl/*.whl && export PYTHONPATH=/tmp/morphogen-site:$PWD
+fi
 
 check() {
   local rc=0
@@ -38,6 +45,9 @@ cupy.cuda.runtime.runtimeGetVersion(), 'numpy', numpy.__version__, 'numba', numb
 
 bench() {
   phase "bench ${GIB} GiB"
+  python3 -c "import blake3" 2>/dev/null || {
+    echo "blake3 is missing (snapshots hash their chunks): run bash bench/gpu/wheels.sh on the"
+    echo "development machine and carry .whl"; return 2; }
   python3 bench/scan_gpu.py --gib "$GIB" --runs 7 --seconds 4 --out "$OUT"
 }
 
