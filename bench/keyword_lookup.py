@@ -13,8 +13,8 @@ client's verification time.
    page-query reads/s.
 4. Client verification per lookup: `verify.check` on three pages (signatures and slot scan).
 
-    python bench/keyword.py              # 1 M records, 20 s per HTTP measurement
-    python bench/keyword.py --quick      # 100 k records, short measurements
+    python bench/keyword_lookup.py          # 1 M records, 20 s per HTTP measurement
+    python bench/keyword_lookup.py --quick  # 100 k records, short measurements
 Results: bench/results/keyword.json
 """
 
