@@ -88,7 +88,30 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     return 1 if missing and args.fail_absent else 0
 
 
+def _sample(args: argparse.Namespace) -> int:
+    import json
+
+    from morphogen.durable import write_atomic
+    from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, synthetic_accounts
+
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise UsageError(f"--out {out} exists (--force replaces it)")
+    pairs = synthetic_accounts(args.accounts, seed=args.seed)
+    csv = out.suffix.lower() == ".csv"
+    lines = (f"0x{k.hex()},0x{v.hex()}\n" if csv else
+             json.dumps({"key": f"0x{k.hex()}", "value": f"0x{v.hex()}"}) + "\n"
+             for k, v in pairs)
+    write_atomic(out, (line.encode() for line in lines))
+    print(f"{len(pairs)} synthetic accounts in {out} (20-byte addresses; {ACCOUNT_VALUE_SIZE}-byte "
+          f"values: balance u128, nonce u64, code id u64, little-endian); "
+          f"e.g. 0x{pairs[0][0].hex()}")
+    return 0
+
+
 def cmd_records(args: argparse.Namespace) -> int:
+    if args.records_action == "sample":
+        return _sample(args)
     if args.records_action == "keygen":
         from morphogen.keyword.signing import generate_key_files
 
@@ -202,6 +225,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                                          "publication",
                          description=f"Changes file: {CHANGES_FORMAT}.")
     acts = rec.add_subparsers(dest="records_action", required=True, metavar="ACTION")
+    sm = acts.add_parser("sample", help="a records file of synthetic Ethereum-like accounts, to "
+                                        "try `build --records` with")
+    sm.add_argument("--accounts", type=inputs.positive_int, default=10_000, metavar="N",
+                    help="how many (default 10000)")
+    sm.add_argument("--out", required=True, metavar="FILE",
+                    help="records file to write: JSON lines, or CSV when it ends in .csv")
+    sm.add_argument("--seed", type=int, default=0, help="the same seed, the same accounts")
+    sm.add_argument("--force", action="store_true", help="replace --out if it exists")
     kg = acts.add_parser("keygen", help="a new Ed25519 signing key (+ .pub beside it)")
     kg.add_argument("--out", required=True, metavar="FILE",
                     help="the private key file to create (never overwritten); FILE.pub beside")
@@ -224,7 +255,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                        help="variable holding the token when no file is given")
         p.add_argument("--retry-for", type=float, default=120.0, metavar="S",
                        help="keep re-sending to an unavailable party this long (default 120)")
-    for p in (kg,):
+    for p in (kg, sm):
         p.set_defaults(server=None)
     rec.set_defaults(func=cmd_records)
     return [lk, rec]

@@ -284,3 +284,24 @@ def test_bad_changes_are_refused_naming_the_line(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not the table's owner key"):
         owner.apply([Change("delete", list(recs)[0])], Ed25519PrivateKey.generate())
     assert owner.current == 1
+
+
+@pytest.mark.parametrize("name", ["accounts.jsonl", "accounts.csv"])
+def test_records_sample_writes_accounts_that_build_reads(tmp_path, capsys, name) -> None:
+    from cluster.cli import main
+    from morphogen.keyword import read_records
+    from morphogen.keyword.accounts import synthetic_accounts
+
+    out = tmp_path / name
+    assert main(["records", "sample", "--accounts", "300", "--seed", "5", "--out", str(out)]) == 0
+    first = synthetic_accounts(300, seed=5)[0][0]
+    assert f"300 synthetic accounts in {out}" in capsys.readouterr().out
+    assert [(r.key, r.value) for r in read_records(out)] == synthetic_accounts(300, seed=5)
+    before = out.read_bytes()
+    assert main(["records", "sample", "--accounts", "5", "--out", str(out)]) == 2
+    assert "exists (--force replaces it)" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(["records", "keygen", "--out", str(tmp_path / "o.key")]) == 0
+    assert main(["build", "--records", str(out), "--value-size", "32", "--signing-key",
+                 str(tmp_path / "o.key"), "--out", str(tmp_path / "kw")]) == 0
+    assert f"0x{first.hex()}" in out.read_text()
