@@ -179,6 +179,11 @@ class LogState:
         """What a replay applies: committed entries from the last rotation on."""
         return _from_last_rotation(self.committed)
 
+    def copy(self) -> LogState:
+        """An independent copy (entries are immutable; the containers are not)."""
+        return LogState(list(self.entries), list(self.committed), self.pending, self.lease_ms,
+                        dict(self.pubs), self.aborted)
+
     def lease_left_s(self, now_ms: int) -> float:
         return max(0.0, (self.lease_ms - now_ms) / 1000.0) if self.pending else 0.0
 
@@ -346,6 +351,7 @@ class EpochLog:
         self._objects: LogObjects | None = None
         self._blobs: dict[str, bytes] = {}
         self._mutex = threading.Lock()
+        self._scanned: tuple[bytes, LogState] | None = None  # see `_scan`
         if directory is not None and is_remote(directory):
             try:
                 check_log_location(directory)
@@ -461,9 +467,18 @@ class EpochLog:
 
     # -- reading
     def _scan(self, raw: bytes) -> tuple[LogState, int]:
-        """(the state of every complete record, the byte length the records span)."""
-        state = LogState()
-        pos = 0
+        """(the state of every complete record, the byte length the records span).
+
+        A scan is a function of the bytes alone, so the state of the longest prefix scanned
+        before is taken up where the new bytes begin with it: each read decodes only the
+        records appended since (a compaction, a cut torn tail or another file: from the
+        start). Without this every publication decoded the whole log."""
+        seen = self._scanned
+        reused = seen is not None and raw.startswith(seen[0])
+        if reused:
+            state, pos = seen[1].copy(), len(seen[0])
+        else:
+            state, pos = LogState(), 0
         while pos < len(raw):
             where = f"{self.path}: byte {pos}"
             if len(raw) - pos < _FRAME.size:
@@ -492,6 +507,8 @@ class EpochLog:
                 raise EpochLogError(f"{where}: record {entry.seq}: {problem}")
             _apply(state, entry)
             pos = end
+        if not reused or pos > len(seen[0]):
+            self._scanned = (bytes(raw[:pos]), state.copy())
         return state, pos
 
     def _raw(self) -> bytes:

@@ -66,6 +66,10 @@ class LogObjects:
         self.location: Location = open_location(uri)
         self.uri = self.location.uri
         self._cache: dict[str, bytes] = {}
+        # the record names listed so far: keys only ever grow (zero-padded generation, then
+        # seq), so each listing asks only for the keys after the last one known (S3
+        # start-after), whatever the log's length
+        self._known: list[tuple[int, int, str]] = []
         self._mutex = threading.Lock()
 
     def _key(self, name: str) -> str:
@@ -104,17 +108,31 @@ class LogObjects:
                 self._ob.list(self.location.store, prefix=prefix).collect()]
 
     # -- records
-    def _names(self) -> list[tuple[int, int, str]]:
+    def _names(self, everything: bool = False) -> list[tuple[int, int, str]]:
+        """(generation, seq, name) of the records of the last two generations, in order (or
+        of every generation, listed afresh: what a compaction deletes)."""
+        with self._mutex:
+            known = [] if everything else list(self._known)
         prefix = self._key(RECORDS)  # a path prefix: obstore lists whole segments
-        out = []
-        for meta in self._ob.list(self.location.store, prefix=prefix).collect():
-            name = meta["path"][len(self.location.prefix) + 1:] if self.location.prefix \
-                else meta["path"]
-            parsed = _parse(name)
+        offset = self._key(known[-1][2]) if known else None
+        skip = len(self.location.prefix) + 1 if self.location.prefix else 0
+        listed = []
+        for meta in self._ob.list(self.location.store, prefix=prefix, offset=offset).collect():
+            parsed = _parse(meta["path"][skip:])
             if parsed is not None:
-                out.append((*parsed, name))
-        out.sort()
-        return out
+                listed.append((*parsed, meta["path"][skip:]))
+        if everything:
+            return sorted(listed)
+        with self._mutex:
+            merged = sorted(set(self._known) | set(listed))
+            if merged:
+                # readers look at the last generation and the seal of the one before; older
+                # ones are deleted by compactions, and a name kept of a deleted record is
+                # never read (see `_read_once`)
+                last = merged[-1][0]
+                merged = [n for n in merged if n[0] >= last - 1]
+            self._known = merged
+            return list(merged)
 
     def _read(self, name: str) -> bytes:
         with self._mutex:
@@ -198,7 +216,7 @@ class LogObjects:
 
     def drop_generations_before(self, gen: int) -> int:
         """Delete the records of generations before `gen` (sealed and replaced)."""
-        old = [n for g, _, n in self._names() if g < gen]
+        old = [n for g, _, n in self._names(everything=True) if g < gen]
         self.delete(old)
         with self._mutex:
             for n in old:

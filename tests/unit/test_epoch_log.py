@@ -1153,3 +1153,36 @@ def test_a_proposal_that_readers_would_refuse_is_never_written(plog: EpochLog, r
     with pytest.raises(ValueError):
         log.propose("pub", request, "A", 60, build)
     assert log.entries() == before  # refused, nothing written
+
+
+def test_a_read_decodes_only_the_records_appended_since_the_last(plog: EpochLog, rng,
+                                                                   monkeypatch) -> None:
+    """A scan is a function of the bytes: a log that only grew is taken up where the last read
+    stopped, so a publication costs the same on a long log as on a short one; bytes that
+    changed under it (a compaction, damage) are read from the start."""
+    log = plog
+    w = Writer(log, rng, "W")
+    w.rotation(1)
+    for _ in range(20):
+        w.updates()
+    decoded: list[int] = []
+    real = epoch_log_module._decode
+
+    def counting(payload: bytes, where: str) -> LogEntry:
+        entry = real(payload, where)
+        decoded.append(entry.seq)
+        return entry
+
+    monkeypatch.setattr(epoch_log_module, "_decode", counting)
+    assert len(log.entries()) == 42 and decoded == [41]  # the decision it wrote last
+    decoded.clear()
+    assert len(log.entries()) == 42 and decoded == []  # nothing new, nothing decoded
+    w.updates()
+    # the proposal as it is checked before it is written, then as the decision's read finds
+    # it, then the decision as it is checked: nothing of the 42 records before
+    assert decoded == [42, 42, 43]
+    w.rotation(30)
+    log.compact()  # the rewritten log is another byte string: read whole
+    decoded.clear()
+    assert [e.kind for e in log.entries()] == ["history", "rotation", "commit"]
+    assert decoded == [0, 1, 2]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import obstore
@@ -167,3 +168,31 @@ def test_a_writer_stalled_across_two_compactions_does_not_append_into_a_dead_gen
     assert EpochLog(uri, create=False).state().pending == p
     stalled.decide(p, "commit")
     assert EpochLog(uri, create=False).state().pubs["S-1"].epoch_id == 6
+
+
+def test_a_writer_lists_only_the_records_it_has_not_seen(s3_bucket) -> None:
+    """Every append lists the log (to read it, then to confirm its record): from the last key
+    it knows, so a long log costs each publication what a short one does."""
+    uri = f"s3://{s3_bucket}/long"
+    log = EpochLog(uri)
+    w = Writer(log, np.random.default_rng(4))
+    w.rotation(1)
+    for _ in range(30):
+        w.updates()
+    assert log._objects is not None
+    listed: list[int] = []
+
+    class Counting:  # the obstore module, each listing's length recorded
+        def __getattr__(self, name: str):
+            return getattr(obstore, name)
+
+        def list(self, *args, **kwargs):
+            items = obstore.list(*args, **kwargs).collect()
+            listed.append(len(items))
+            return SimpleNamespace(collect=lambda: items)
+
+    log._objects._ob = Counting()
+    p, _ = w.updates()  # records 62 and 63 of a 64-record generation
+    assert listed == [0, 1, 0, 1]  # nothing new before each record, then its own
+    fresh = EpochLog(uri, create=False)
+    assert fresh.head() == p and len(fresh.entries()) == 64
