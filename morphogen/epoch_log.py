@@ -49,7 +49,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -181,8 +181,8 @@ class LogState:
 
     def copy(self) -> LogState:
         """An independent copy (entries are immutable; the containers are not)."""
-        return LogState(list(self.entries), list(self.committed), self.pending, self.lease_ms,
-                        dict(self.pubs), self.aborted)
+        return replace(self, entries=list(self.entries), committed=list(self.committed),
+                       pubs=dict(self.pubs))
 
     def lease_left_s(self, now_ms: int) -> float:
         return max(0.0, (self.lease_ms - now_ms) / 1000.0) if self.pending else 0.0
