@@ -1,10 +1,12 @@
-"""One scan each of 3, 24 and 96 keys over a random in-memory matrix, for Nsight Compute.
+r"""One scan each of 3, 24 and 96 keys over a random in-memory matrix, for Nsight Compute.
 
-    ncu --kernel-name regex:morphogen_scan --launch-skip 8 python bench/gpu/profile.py [GiB]
+    ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 2 \
+        python bench/gpu/profile.py [GiB]
 
-Load warms every kernel variant (8 small launches, skipped above); then one launch per key
-count. `dram__bytes_read.sum` against pages x 4096 says whether the key groups of a launch
-share each page through L2 (one HBM read) or each read it again.
+Load warms every kernel variant (2 small launches for the default sliced kernel, 8 for
+MORPHOGEN_GPU_KERNEL=fused: skip as many); then one launch per key count.
+`dram__bytes_read.sum` against pages x 4096 says whether the key groups of a launch share each
+page through L2 (one HBM read) or each read it again.
 """
 
 from __future__ import annotations

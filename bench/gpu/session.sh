@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Everything a GPU machine is needed for, in one call, each phase logged on its own:
 #
-#   bash bench/gpu/session.sh check bench big prof
+#   bash bench/gpu/session.sh check rates bench big prof
 #
 #   check  nvidia-smi, versions, nvcc register report, tests/gpu, compute-sanitizer
 #          (memcheck, racecheck, synccheck) on bench/gpu/sanitize.py
-#   bench  bench/scan_gpu.py on a synthetic snapshot of $GIB GiB (default 16)
+#   rates  bench/gpu/mma_rate.py: LOP3, 1-bit and int8 MMA, ChaCha8 rates of this card
+#   bench  bench/scan_gpu.py on a synthetic snapshot of $GIB GiB (default 16), for the
+#          kernel $KERNEL names (default: the engine's)
 #   big    bench/gpu/reference_scale.py (2^24 pages, 64 GiB in host memory)
 #   prof   Nsight Compute on bench/gpu/profile.py: HBM bytes read and pipe utilisation
 #
@@ -43,21 +45,31 @@ cupy.cuda.runtime.runtimeGetVersion(), 'numpy', numpy.__version__, 'numba', numb
   return $rc
 }
 
+rates() {
+  phase rates
+  python3 bench/gpu/mma_rate.py --out "$OUT"
+}
+
 bench() {
   phase "bench ${GIB} GiB"
   python3 -c "import blake3" 2>/dev/null || {
     echo "blake3 is missing (snapshots hash their chunks): run bash bench/gpu/wheels.sh on the"
     echo "development machine and carry .whl"; return 2; }
-  python3 bench/scan_gpu.py --gib "$GIB" --runs 7 --seconds 4 --out "$OUT"
+  python3 bench/scan_gpu.py --gib "$GIB" --runs 7 --seconds 4 --out "$OUT" ${KERNEL:+--kernel "$KERNEL"}
 }
 
 big() {
   phase big
-  python3 bench/gpu/reference_scale.py --out "$OUT"
+  python3 bench/gpu/reference_scale.py --out "$OUT" ${KERNEL:+--kernel "$KERNEL"}
 }
 
 prof() {
   phase prof
+  # the load warms each kernel variant once: 8 fused (key groups), 2 sliced (n-tiles)
+  # (each phase runs in its own subshell: the export stays here)
+  if [ -n "${KERNEL:-}" ]; then export MORPHOGEN_GPU_KERNEL=$KERNEL; fi
+  local skip=2
+  [ "${MORPHOGEN_GPU_KERNEL:-sliced}" = fused ] && skip=8
   local metrics=dram__bytes_read.sum,gpu__time_duration.sum
   metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
   metrics+=,sm__throughput.avg.pct_of_peak_sustained_elapsed
@@ -66,10 +78,10 @@ prof() {
   metrics+=,sm__inst_executed_pipe_lsu.avg.pct_of_peak_sustained_active
   metrics+=,sm__warps_active.avg.pct_of_peak_sustained_active
   metrics+=,lts__t_sector_hit_rate.pct,smsp__inst_executed.sum
-  ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 8 --launch-count 3 --metrics "$metrics" \
+  ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip "$skip" --launch-count 3 --metrics "$metrics" \
     python3 bench/gpu/profile.py "${PROF_GIB:-4}" && return 0
   echo "-- metrics run failed; the standard sections instead"
-  ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 8 --launch-count 3 \
+  ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip "$skip" --launch-count 3 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     python3 bench/gpu/profile.py "${PROF_GIB:-4}"
 }

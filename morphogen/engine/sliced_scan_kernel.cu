@@ -11,10 +11,11 @@
 //
 //     answer[key][lane][b] = parity( sum over pages p of mask_key(p)[b] * page_p[lane][b] )
 //
-// and `mma.sync ... .b1.b1.s32.and.popc` computes such sums on the tensor cores, at about 11x
-// the AND-XOR rate of the integer pipe (measured on an H100). Both operands need the pages
-// along the reduction (K) dimension, so the pages are stored bit-sliced once, at load
-// (morphogen_slice_pages), and each scan transposes only its masks, in registers.
+// and `mma.sync ... .b1.b1.s32.and.popc` computes such sums on the tensor cores, at about 9.6x
+// the AND-XOR rate of the integer pipe (bench/gpu/mma_rate.py on an H100, where it compiles to
+// the native BMMA.168256.AND.POPC). Both operands need the pages along the reduction (K)
+// dimension, so the pages are stored bit-sliced once, at load (morphogen_slice_pages), and each
+// scan transposes only its masks, in registers.
 //
 // Sliced layout (sliced.py `slice_pages` is the same in NumPy; tests hold the two together):
 //   * chunks of 256 pages aligned in the GLOBAL page numbering: chunk C holds global pages

@@ -522,6 +522,17 @@ def test_read_pages_timed_checksum():
     assert digest == expect and ms >= 0
 
 
+def test_default_kernel_is_sliced_and_the_environment_picks_another(monkeypatch):
+    monkeypatch.delenv(gpu.LAYOUT_ENV, raising=False)
+    assert gpu.GpuEngine(backend=FakeBackend()).layout == "sliced"
+    monkeypatch.setenv(gpu.LAYOUT_ENV, "fused")
+    assert gpu.GpuEngine(backend=FakeBackend()).layout == "fused"
+    assert gpu.GpuEngine(backend=FakeBackend(), kernel="sliced").layout == "sliced"
+    monkeypatch.setenv(gpu.LAYOUT_ENV, "tensor")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        gpu.GpuEngine(backend=FakeBackend())
+
+
 def test_engine_unavailable_without_cupy(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy now raises ImportError
     with pytest.raises(EngineUnavailable):

@@ -16,6 +16,7 @@ from _gpu_fakes import FakeBackend, make_engine, unslice_chunk
 from morphogen import dpf
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine import sliced
+from morphogen.engine.gpu import GpuEngine
 from morphogen.engine.reference import ReferenceEngine
 
 
@@ -143,5 +144,5 @@ def test_sliced_upload_batches_and_read_digest():
 def test_unknown_kernel_rejected(monkeypatch):
     with pytest.raises(ValueError):
         make_engine(FakeBackend(), kernel="tensor")
-    monkeypatch.setenv("MORPHOGEN_GPU_KERNEL", "sliced")
-    assert make_engine(FakeBackend()).layout == "sliced"
+    monkeypatch.setenv("MORPHOGEN_GPU_KERNEL", "fused")
+    assert GpuEngine(backend=FakeBackend()).layout == "fused"
