@@ -23,7 +23,12 @@ from deployments.metrics import ServeMetrics
 from morphogen import admin_wire, wire
 from morphogen.admin_auth import AdminAccess, WatchedAdminGuard
 from morphogen.autoscaling import HELD_QUERIES
-from morphogen.codec import (
+from morphogen.combine import ShardFailure
+from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
+from morphogen.constants import MAX_PAGES
+from morphogen.epoch_log import EpochLog
+from morphogen.party import Party
+from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
@@ -36,12 +41,7 @@ from morphogen.codec import (
     ErrorCode,
     WireError,
 )
-from morphogen.combine import ShardFailure
-from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
-from morphogen.constants import MAX_PAGES
-from morphogen.epoch_log import EpochLog
-from morphogen.identity import EpochIdentity
-from morphogen.party import Party
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.redact import redacted_traceback
 
 log = logging.getLogger("ray.serve")

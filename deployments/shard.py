@@ -22,11 +22,11 @@ import ray
 from ray import serve
 
 from deployments.metrics import ServeMetrics
-from morphogen.changes import ChangeBatch
 from morphogen.config import PartyConfig
-from morphogen.dpf import KeyBatch
 from morphogen.epoch_log import EpochLog
-from morphogen.identity import EpochIdentity
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.dpf import KeyBatch
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
 from morphogen.snapshots import open_snapshot

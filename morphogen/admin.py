@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from morphogen.codec import ErrorCode, WireError, unavailable
-from morphogen.dpf import DomainError
 from morphogen.epoch import EpochError, StagingConflict
+from morphogen.protocol.codec import ErrorCode, WireError, unavailable
+from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.manifest import Manifest, SnapshotError
 from morphogen.snapshot.reader import Snapshot
 from morphogen.storage.location import is_remote

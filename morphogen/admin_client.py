@@ -16,7 +16,7 @@ import msgpack
 from morphogen.admin_wire import PUBLICATION_HEADER
 from morphogen.client import PirError, _error_from_response
 from morphogen.client_wire import PirUnavailable, Transient, encode_updates
-from morphogen.codec import (
+from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,

@@ -8,9 +8,9 @@ import re
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, ValidationError
 
-from morphogen.changes import ChangeBatch
-from morphogen.codec import ErrorCode, WireError, from_hex
 from morphogen.constants import PAGE_SIZE
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError, from_hex
 from morphogen.wire import JSON, decode_body, request_encoding, validation_message
 
 # POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}

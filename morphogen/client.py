@@ -49,7 +49,7 @@ from morphogen.client_wire import (
     plan_targets,
     xor_pages,
 )
-from morphogen.codec import (
+from morphogen.protocol.codec import (
     EPOCH_PATH,
 )
 

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from morphogen.codec import (
+from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES, MAX_DOMAIN_BITS, PAGE_SIZE
+from morphogen.protocol.codec import (
     BATCH_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
@@ -25,8 +26,7 @@ from morphogen.codec import (
     is_msgpack,
     to_hex,
 )
-from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES, MAX_DOMAIN_BITS, PAGE_SIZE
-from morphogen.dpf import generate_keys
+from morphogen.protocol.dpf import generate_keys
 
 # What a replica's death, an overloaded party or a restart looks like from outside: retried with
 # fresh keys to both parties (a read is safe to repeat). Serve answers 500 for a request whose

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from morphogen.codec import WireError
 from morphogen.constants import PAGE_SIZE
+from morphogen.protocol.codec import WireError
 from morphogen.redact import reason
 
 log = logging.getLogger(__name__)

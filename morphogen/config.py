@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from morphogen.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
 from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
+from morphogen.protocol.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
 from morphogen.storage.location import check_log_location
 
 DEFAULT_ADMIN_TOKEN_ENV = "MORPHOGEN_ADMIN_TOKEN"

@@ -11,8 +11,8 @@ the next version off to the side (the expensive part: loading a snapshot range, 
 replacements) and `commit` makes it current with one reference swap. A scan reads the current
 version once and finishes on it, so in-flight scans end on the epoch they started on.
 
-Every version carries an `EpochIdentity` (morphogen.identity): the epoch id, the root of the
-snapshot's chunk hashes and a running hash of the update batches applied since, so that a
+Every version carries an `EpochIdentity` (morphogen.protocol.identity): the epoch id, the root
+of the snapshot's chunk hashes and a running hash of the update batches applied since, so that a
 partial names the data it was computed from and never only a counter. A version's pages are a
 private copy of the shard's range checked against those chunk hashes as it was read
 (`Snapshot.read_verified`), so the bytes scanned are the bytes named, even if the file changes.
@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from morphogen.changes import Change, ChangeBatch, PageUpdate, PageWrite
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import DomainError, DpfKey, KeyBatch, as_batch
 from morphogen.engine.base import Engine, check_domain
-from morphogen.identity import EpochIdentity
 from morphogen.leases import ScanLeases
+from morphogen.protocol.changes import Change, ChangeBatch, PageUpdate, PageWrite
+from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch, as_batch
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.reader import Snapshot
 from morphogen.version import Segment, Version, page_with
 

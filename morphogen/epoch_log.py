@@ -55,10 +55,10 @@ from typing import Any
 
 import numpy as np
 
-from morphogen.changes import ChangeBatch
 from morphogen.constants import PAGE_SIZE
 from morphogen.durable import fsync_dir, write_atomic
-from morphogen.identity import EpochIdentity, batch_digest
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.identity import EpochIdentity, batch_digest
 from morphogen.storage.location import check_log_location, is_remote
 from morphogen.storage.log_objects import LogObjects, RaceLost
 

@@ -24,16 +24,16 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from morphogen import admin, wire
-from morphogen.changes import ChangeBatch
 from morphogen.coalesce import Coalescer
-from morphogen.codec import ErrorCode, WireError, unavailable
 from morphogen.combine import EpochMismatch, ShardFailure, scan_all
 from morphogen.config import PartyConfig
 from morphogen.constants import KEYS_PER_QUERY, PAGE_SIZE
-from morphogen.dpf import DomainError, KeyBatch
 from morphogen.epoch_log import EpochLog
-from morphogen.identity import EpochIdentity
 from morphogen.observe import NullObserver, Observer
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError, unavailable
+from morphogen.protocol.dpf import DomainError, KeyBatch
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication import Publisher
 from morphogen.redact import reason
 

@@ -31,8 +31,6 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from morphogen import admin
-from morphogen.changes import ChangeBatch
-from morphogen.codec import ErrorCode, WireError
 from morphogen.combine import ShardFailure
 from morphogen.epoch_log import (
     EpochLog,
@@ -45,7 +43,9 @@ from morphogen.epoch_log import (
     rotation_entry,
     updates_entry,
 )
-from morphogen.identity import EpochIdentity
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.redact import reason
 
 if TYPE_CHECKING:

@@ -34,13 +34,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from morphogen.changes import ChangeBatch
-from morphogen.codec import ErrorCode, WireError, unavailable
-from morphogen.dpf import DomainError, KeyBatch
 from morphogen.epoch import EpochError
 from morphogen.epoch_log import EpochLog, now_ms
-from morphogen.identity import EpochIdentity
 from morphogen.observe import NullObserver, Observer
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError, unavailable
+from morphogen.protocol.dpf import DomainError, KeyBatch
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.redact import reason
 from morphogen.shard import ShardCore
 

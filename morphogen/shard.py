@@ -15,12 +15,12 @@ from typing import Any
 import numpy as np
 
 from morphogen import engine as engines
-from morphogen.changes import Change, ChangeBatch
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
 from morphogen.epoch_log import EpochLog, EpochLogError, LogEntry
-from morphogen.identity import EpochIdentity
+from morphogen.protocol.changes import Change, ChangeBatch
+from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot

@@ -18,12 +18,12 @@ from functools import cached_property
 
 import numpy as np
 
-from morphogen.changes import PageUpdate
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import KeyBatch, eval_points
 from morphogen.engine.base import ShardScanner
-from morphogen.identity import EpochIdentity
 from morphogen.leases import Lease
+from morphogen.protocol.changes import PageUpdate
+from morphogen.protocol.dpf import KeyBatch, eval_points
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.reader import Snapshot
 
 # Bytes of the (keys x updates x page) temporary when pending updates are applied to a scan.

@@ -18,7 +18,14 @@ import msgpack
 import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBytes, StrictStr, ValidationError
 
-from morphogen.codec import (
+from morphogen.constants import (
+    KEYS_PER_QUERY,
+    MAX_DOMAIN_BITS,
+    MIN_DOMAIN_BITS,
+    PAGE_SIZE,
+    key_length,
+)
+from morphogen.protocol.codec import (
     JSON_TYPE,
     MSGPACK_TYPE,
     ErrorCode,
@@ -28,14 +35,7 @@ from morphogen.codec import (
     is_msgpack,
     media_type,
 )
-from morphogen.constants import (
-    KEYS_PER_QUERY,
-    MAX_DOMAIN_BITS,
-    MIN_DOMAIN_BITS,
-    PAGE_SIZE,
-    key_length,
-)
-from morphogen.dpf import KeyBatch, KeyFormatError
+from morphogen.protocol.dpf import KeyBatch, KeyFormatError
 
 JSON = "json"
 MSGPACK = "msgpack"

@@ -20,7 +20,7 @@ import pytest
 from cluster.churn import random_changes
 from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
-from morphogen.dpf import generate_keys
+from morphogen.protocol.dpf import generate_keys
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 from .conftest import apply_changes, deploy, rotation_snapshots, wait_until

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
-from morphogen import dpf
-from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.config import PartyConfig
 from morphogen.epoch_log import EpochLog, updates_entry
 from morphogen.party import Party
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
 from morphogen.snapshot.layout import domain_bits_for

@@ -22,8 +22,8 @@ from morphogen.admin_client import (
     publish_to_parties,
 )
 from morphogen.client_wire import PirUnavailable
-from morphogen.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
 from morphogen.party import Party
+from morphogen.protocol.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
 from morphogen.wire import error_body
 
 TOKEN = "admin-client-test-token-0123456789"

@@ -99,7 +99,7 @@ def test_scan_all_epoch_mismatch_exhausted() -> None:
 
 
 def test_equal_epoch_ids_on_different_data_never_combine() -> None:
-    from morphogen.identity import EpochIdentity
+    from morphogen.protocol.identity import EpochIdentity
 
     parts = np.zeros((2, 4096), np.uint8)
     one = EpochIdentity.of_snapshot(1, "blake2b-256:" + "11" * 32)

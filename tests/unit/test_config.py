@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from morphogen.codec import max_body_bytes
 from morphogen.config import PartyConfig, resolved_engine, shard_actor_options
+from morphogen.protocol.codec import max_body_bytes
 from morphogen.snapshots import ensure_synthetic, open_snapshot
 
 
@@ -74,7 +74,7 @@ def test_synthetic_snapshot_built_once(tmp_path, monkeypatch) -> None:
 
 
 def test_admin_settings() -> None:
-    from morphogen.codec import admin_body_bytes
+    from morphogen.protocol.codec import admin_body_bytes
 
     cfg = PartyConfig()
     assert cfg.admin_token_file is None and cfg.admin_token_env == "MORPHOGEN_ADMIN_TOKEN"

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from morphogen import dpf, engine
-from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
-from morphogen.dpf import DomainError
+from morphogen import engine
 from morphogen.epoch import EpochError, ShardState, StagingConflict
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
+from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.layout import domain_bits_for, shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot

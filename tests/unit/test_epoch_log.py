@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from morphogen import epoch_log as epoch_log_module
-from morphogen.changes import ChangeBatch
 from morphogen.epoch_log import (
     EpochLog,
     EpochLogBusy,
@@ -34,7 +33,8 @@ from morphogen.epoch_log import (
     rotation_entry,
     updates_entry,
 )
-from morphogen.identity import EMPTY_CHAIN, EpochIdentity
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.identity import EMPTY_CHAIN, EpochIdentity
 
 T0 = 1_700_000_000_000  # the fake clock's start, unix milliseconds
 Build = Callable[[LogEntry | None, int], tuple[LogEntry, ChangeBatch | None]]

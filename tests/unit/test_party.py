@@ -24,11 +24,11 @@ from _party_world import (
     start_shard,
 )
 
-from morphogen import dpf
-from morphogen.changes import ChangeBatch, PageUpdate
-from morphogen.codec import ErrorCode, WireError
 from morphogen.epoch_log import EpochLog, EpochLogError
 from morphogen.party import Party
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import ChangeBatch, PageUpdate
+from morphogen.protocol.codec import ErrorCode, WireError
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
 from morphogen.snapshot.reader import Snapshot

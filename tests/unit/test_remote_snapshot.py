@@ -12,7 +12,7 @@ import obstore
 import pytest
 
 from morphogen.admin import resolve_snapshot_path, verify_snapshot
-from morphogen.codec import WireError
+from morphogen.protocol.codec import WireError
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic

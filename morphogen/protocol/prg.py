@@ -1,7 +1,7 @@
 """The ChaCha8 length-doubling PRG G(seed) -> (L, R, tL, tR) of PROTOCOL.md section 2.
 
 This pure-Python form serves key generation and single-point evaluation; the bulk paths
-(range evaluation, the scan engines) use the jitted twin in `morphogen._chacha`, which the
+(range evaluation, the scan engines) use the jitted twin in `morphogen.protocol._chacha`, which the
 tests hold to the same known answers.
 """
 

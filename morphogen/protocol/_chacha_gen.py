@@ -1,8 +1,9 @@
-"""Writes `morphogen/_chacha.py`, the unrolled jitted ChaCha8 PRG (PROTOCOL.md section 2).
+"""Writes `morphogen/protocol/_chacha.py`, the unrolled jitted ChaCha8 PRG (PROTOCOL.md
+section 2).
 
-`python -m morphogen._chacha_gen` rewrites the file; `--check` only compares, and exits 1 if
-the file on disk differs from what this generator writes. The quarter rounds are those of
-`morphogen.prg`, spelled out for both blocks and all four double rounds (the generated
+`python -m morphogen.protocol._chacha_gen` rewrites the file; `--check` only compares, and exits
+1 if the file on disk differs from what this generator writes. The quarter rounds are those of
+`morphogen.protocol.prg`, spelled out for both blocks and all four double rounds (the generated
 module's docstring says why it is flat). Standard library only.
 """
 
@@ -13,11 +14,12 @@ import sys
 from pathlib import Path
 
 TARGET = Path(__file__).with_name("_chacha.py")
-COMMAND = "python -m morphogen._chacha_gen"
+COMMAND = "python -m morphogen.protocol._chacha_gen"
 
 DOUBLE_ROUNDS = 4  # ChaCha8: eight rounds
 BLOCKS = ("a", "b")  # state variable prefixes: block 0 (counter 0), block 1 (counter 1)
-# one double round: four column quarter rounds, then four diagonal ones (as in morphogen.prg)
+# one double round: four column quarter rounds, then four diagonal ones (as in
+# morphogen.protocol.prg)
 QUARTER_ROUNDS = (
     (0, 4, 8, 12), (1, 5, 9, 13), (2, 6, 10, 14), (3, 7, 11, 15),
     (0, 5, 10, 15), (1, 6, 11, 12), (2, 7, 8, 13), (3, 4, 9, 14),
@@ -32,7 +34,7 @@ scalar; a helper called out of line stops vectorisation too; and helpers inlined
 (quarter rounds inside double rounds inside blocks) cost tens of seconds of compile time per
 use. The straight-line form compiles in a few seconds and vectorises eight nodes per AVX2
 instruction. numba widens u32 arithmetic to 64 bits, hence the masks and casts. The tests hold
-it to the pure-Python `morphogen.prg` on random seeds and to the published vectors.
+it to the pure-Python `morphogen.protocol.prg` on random seeds and to the published vectors.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def quarter_round(p: str, a: int, b: int, c: int, d: int) -> list[str]:
 
 
 def render() -> str:
-    """The text of `morphogen/_chacha.py`."""
+    """The text of `morphogen/protocol/_chacha.py`."""
     body = []
     for n in range(1, DOUBLE_ROUNDS + 1):
         body.append(f"# double round {n} of {DOUBLE_ROUNDS}")

@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.identity import batch_digest
+from morphogen.protocol.identity import batch_digest
 
 
 @dataclass(frozen=True)

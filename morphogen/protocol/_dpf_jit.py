@@ -11,7 +11,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from morphogen._chacha import g_words
+from morphogen.protocol._chacha import g_words
 
 # A subtree of at most 2**MAX_SUBTREE_LEVELS leaves is expanded at once: the scratch stays in
 # L1/L2 and a range larger than that costs one extra prefix walk per block (d PRG calls per

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from morphogen import prg
 from morphogen.constants import (
     KEY_HEADER_BYTES,
     KEY_LEVEL_BYTES,
@@ -24,6 +23,7 @@ from morphogen.constants import (
     SEED_BYTES,
     key_length,
 )
+from morphogen.protocol import prg
 
 _HEADER = KEY_HEADER_BYTES
 _LEVEL = KEY_LEVEL_BYTES
@@ -181,7 +181,7 @@ def generate_keys(
     operating system's CSPRNG. The work runs jitted (microseconds a key);
     `generate_keys_reference` is the same construction in plain Python.
     """
-    from morphogen import _dpf_jit
+    from morphogen.protocol import _dpf_jit
 
     roots = _check_keygen(domain_bits, target, seeds)
     d = domain_bits
@@ -364,7 +364,7 @@ def as_batch(keys: Sequence[DpfKey] | KeyBatch) -> KeyBatch:
 
 def eval_range(key: DpfKey, start: int, stop: int) -> np.ndarray:
     """Masks of pages [start, stop) as a (stop-start, 16) uint8 array (breadth-first)."""
-    from morphogen import _dpf_jit
+    from morphogen.protocol import _dpf_jit
 
     d = key.domain_bits
     if not 0 <= start <= stop <= (1 << d):
@@ -381,7 +381,7 @@ def eval_range(key: DpfKey, start: int, stop: int) -> np.ndarray:
 
 def eval_points(keys: Sequence[DpfKey] | KeyBatch, pages: Sequence[int] | np.ndarray) -> np.ndarray:
     """Masks of every key at every page: (K, len(pages), 16) uint8."""
-    from morphogen import _dpf_jit
+    from morphogen.protocol import _dpf_jit
 
     batch = as_batch(keys)
     pts = np.ascontiguousarray(pages, dtype=np.int64).reshape(-1)
