@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster import local
     from morphogen.config import PartyConfig
-    from morphogen.snapshots import open_snapshot
+    from morphogen.snapshot.source import open_snapshot
 
     cache = os.environ.get("MORPHOGEN_CACHE_DIR") or tempfile.gettempdir() + "/morphogen-bench"
     cfg_args = {

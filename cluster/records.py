@@ -91,8 +91,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 def _sample(args: argparse.Namespace) -> int:
     import json
 
-    from morphogen.durable import write_atomic
     from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, synthetic_accounts
+    from morphogen.storage.durable import write_atomic
 
     out = Path(args.out)
     if out.exists() and not args.force:

@@ -29,9 +29,9 @@ from morphogen.protocol.dpf import KeyBatch
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.replica import ShardReplica
 from morphogen.shard import ShardCore
-from morphogen.snapshots import open_snapshot
-from morphogen.storage.chunk_cache import observe_fetches
-from morphogen.storage.open import open_any
+from morphogen.snapshot.chunk_cache import observe_fetches
+from morphogen.snapshot.open import open_any
+from morphogen.snapshot.source import open_snapshot
 
 log = logging.getLogger("ray.serve")
 

@@ -31,9 +31,9 @@ from morphogen.epoch import EpochError, StagingConflict
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.manifest import Manifest, SnapshotError
+from morphogen.snapshot.open import open_any
 from morphogen.snapshot.reader import Snapshot
 from morphogen.storage.location import is_remote
-from morphogen.storage.open import open_any
 
 log = logging.getLogger(__name__)
 

@@ -56,9 +56,9 @@ from typing import Any
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.durable import fsync_dir, write_atomic
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.identity import EpochIdentity, batch_digest
+from morphogen.storage.durable import fsync_dir, write_atomic
 from morphogen.storage.location import check_log_location, is_remote
 from morphogen.storage.log_objects import LogObjects, RaceLost
 

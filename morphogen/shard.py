@@ -23,8 +23,8 @@ from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
+from morphogen.snapshot.open import open_any
 from morphogen.snapshot.reader import Snapshot
-from morphogen.storage.open import open_any
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from morphogen.config import PartyConfig, resolved_engine, shard_actor_options
 from morphogen.protocol.codec import max_body_bytes
-from morphogen.snapshots import ensure_synthetic, open_snapshot
+from morphogen.snapshot.source import ensure_synthetic, open_snapshot
 
 
 def test_defaults_are_valid_and_frozen() -> None:

@@ -32,9 +32,9 @@ import blake3
 from filelock import FileLock, Timeout
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.durable import write_atomic
 from morphogen.snapshot.hashes import chunk_pages_range
 from morphogen.snapshot.manifest import Manifest, SnapshotError
+from morphogen.storage.durable import write_atomic
 
 log = logging.getLogger(__name__)
 

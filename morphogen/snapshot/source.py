@@ -17,10 +17,10 @@ from pathlib import Path
 
 from morphogen.config import PartyConfig
 from morphogen.snapshot.manifest import MANIFEST_FILE
+from morphogen.snapshot.open import open_any
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic
 from morphogen.storage.location import is_remote, local_path
-from morphogen.storage.open import open_any
 
 
 def synthetic_dir(cfg: PartyConfig) -> Path:
@@ -66,7 +66,7 @@ def snapshot_path(cfg: PartyConfig, *, progress: bool = False) -> Path:
 
 def open_snapshot(cfg: PartyConfig, *, verify: bool = False, progress: bool = False) -> Snapshot:
     """The configured snapshot: a local one (or the synthetic one), or a remote one
-    (`morphogen.storage.remote_snapshot`) of which nothing but the manifest is read yet."""
+    (`morphogen.snapshot.remote`) of which nothing but the manifest is read yet."""
     if cfg.snapshot is not None and is_remote(cfg.snapshot):
         return open_any(cfg.snapshot, verify=verify, cache_dir=cfg.snapshot_cache_path())
     return Snapshot.open(snapshot_path(cfg, progress=progress), verify=verify)

@@ -21,10 +21,10 @@ import numpy as np
 import obstore
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.snapshot.chunk_cache import ChunkCache, chunk_file, node_name
 from morphogen.snapshot.hashes import chunk_count, chunk_pages_range
 from morphogen.snapshot.manifest import MANIFEST_FILE, Manifest, SnapshotError
 from morphogen.snapshot.opened import OpenedSnapshot
-from morphogen.storage.chunk_cache import ChunkCache, chunk_file, node_name
 from morphogen.storage.location import StorageError, open_location
 
 log = logging.getLogger(__name__)

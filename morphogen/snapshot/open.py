@@ -20,7 +20,7 @@ def open_any(uri: str | os.PathLike[str], *, verify: bool = False,
     """A `Snapshot` for a path or ``file://`` URI, a `RemoteSnapshot` for ``s3://``,
     ``gs://`` or ``https://`` (its chunks cached under `cache_dir`)."""
     if is_remote(uri):
-        from morphogen.storage.remote_snapshot import RemoteSnapshot
+        from morphogen.snapshot.remote import RemoteSnapshot
 
         return RemoteSnapshot.open(str(uri), str(cache_dir or default_cache_dir()), verify=verify)
     return Snapshot.open(local_path(uri).expanduser(), verify=verify)
