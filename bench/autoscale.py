@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, plot, write_csv  # noqa: E402
 from cluster import fake_cluster, local  # noqa: E402
-from morphogen.admin_client import AdminClient  # noqa: E402
 from morphogen.client import PirClient, PirError  # noqa: E402
+from morphogen.client.admin import AdminClient  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 
 TOKEN = "autoscale-bench-admin-token-0123456789"

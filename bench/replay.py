@@ -146,8 +146,8 @@ def serve_replay(args: argparse.Namespace) -> int:
     import httpx
 
     from cluster import local
-    from morphogen.admin_client import AdminClient
     from morphogen.client import PirClient
+    from morphogen.client.admin import AdminClient
 
     with tempfile.TemporaryDirectory(prefix="mg-replay-serve-") as tmp:
         root = Path(tmp)

@@ -36,8 +36,8 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
-from morphogen.admin_client import AdminClient, publish_to_parties
 from morphogen.client import PirClient, RetryPolicy
+from morphogen.client.admin import AdminClient, publish_to_parties
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
 APPS = ("churn-a", "churn-b")

@@ -155,8 +155,8 @@ def _apply(owner, args: argparse.Namespace) -> None:
 def _publish(owner, args: argparse.Namespace) -> None:
     import httpx
 
-    from morphogen.admin_client import AdminClient, publish_to_parties
     from morphogen.client import PirError
+    from morphogen.client.admin import AdminClient, publish_to_parties
     from morphogen.keyword.owner import publish
 
     servers = [inputs.server_url("--server", u) for u in args.server or []]

@@ -37,6 +37,7 @@ from morphogen.protocol.codec import (
     HEALTH_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
+    PUBLICATION_HEADER,
     QUERY_PATH,
     ErrorCode,
     WireError,
@@ -199,7 +200,7 @@ class Router:
             return _json_response(await self._party.admin.status())
         content_type = request.headers.get("content-type")
         wire.request_encoding(content_type)  # 415 before reading
-        pub = admin_wire.publication_id(request.headers.get(admin_wire.PUBLICATION_HEADER))
+        pub = admin_wire.publication_id(request.headers.get(PUBLICATION_HEADER))
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
             requested = admin_wire.parse_snapshot_request(body, content_type)

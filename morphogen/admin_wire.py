@@ -21,7 +21,6 @@ from morphogen.wire import JSON, decode_body, request_encoding, validation_messa
 # parties and re-sends it after any failure; a party answers a committed id with its first
 # outcome and applies nothing twice (docs/publication.md).
 
-PUBLICATION_HEADER = "idempotency-key"
 _PUBLICATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 
 

@@ -26,6 +26,8 @@ EPOCH_PATH = "/epoch"
 ADMIN_UPDATES_PATH = "/admin/updates"
 ADMIN_SNAPSHOT_PATH = "/admin/snapshot"
 ADMIN_STATUS_PATH = "/admin/status"
+# The header naming a publication (the admin's idempotency key), sent to both parties.
+PUBLICATION_HEADER = "idempotency-key"
 MAX_ADMIN_UPDATES = 1024  # default cap of updates per admin request
 
 

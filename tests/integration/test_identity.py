@@ -18,8 +18,8 @@ import httpx
 import pytest
 
 from cluster.churn import random_changes
-from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
+from morphogen.client.admin import AdminClient
 from morphogen.protocol.dpf import generate_keys
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 

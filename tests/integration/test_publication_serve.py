@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from cluster.churn import random_changes
-from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
+from morphogen.client.admin import AdminClient
 from morphogen.snapshot.synthetic import synthetic_pages
 
 from .conftest import apply_changes, deploy, rotation_snapshots, wait_until

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from cluster.churn import random_changes
-from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
+from morphogen.client.admin import AdminClient
 from morphogen.snapshot.synthetic import synthetic_pages
 
 from .conftest import apply_changes, deploy, rotation_snapshots, wait_until

@@ -14,14 +14,14 @@ import pytest
 from _party_world import make_party, make_world
 
 from morphogen import admin_wire
-from morphogen.admin_client import (
+from morphogen.client.admin import (
     AdminClient,
     PartiesDiverged,
     compare_parties,
     content_publication_id,
     publish_to_parties,
 )
-from morphogen.client_wire import PirUnavailable
+from morphogen.client.wire import PirUnavailable
 from morphogen.party import Party
 from morphogen.protocol.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
 from morphogen.wire import error_body

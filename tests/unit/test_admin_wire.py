@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from morphogen import admin_wire
-from morphogen.admin_client import AdminClient
 from morphogen.client import PirError, PirUnavailable, encode_updates
+from morphogen.client.admin import AdminClient
 from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.protocol.codec import ErrorCode, WireError, admin_body_bytes, to_hex
 

@@ -5,7 +5,7 @@ to server B, and XORs the two answers. Pages are packed three per query (a query
 three keys); the last query is padded with random dummy pages, so every query looks alike to a
 server. Queries go in batches of at most `max_batch_queries` per request.
 
-Answers are checked and combined by `morphogen.client_core` (its docstring says what the
+Answers are checked and combined by `morphogen.client.core` (its docstring says what the
 client vouches for, retries and raises); the classes here only do the I/O, over HTTP (sync and
 asyncio) or Ray Serve handles (duck-typed: no Ray import). `get_with_epoch` also returns the
 epoch the answer is from. `AdminClient` drives one party's admin routes.
@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from morphogen.client_core import (
+from morphogen.client.core import (
     Action,
     ClientCore,
     ReadEpoch,
@@ -31,7 +31,7 @@ from morphogen.client_core import (
     adrive,
     drive,
 )
-from morphogen.client_wire import (
+from morphogen.client.wire import (
     RETRY_STATUSES,
     Answer,
     EpochMismatchError,

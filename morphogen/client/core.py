@@ -1,5 +1,5 @@
 """The two-server client's protocol logic, free of I/O: what to ask, what to believe, when to
-retry. The clients in `morphogen.client` only move bytes and sleep.
+retry. The drivers in `morphogen.client.drivers` only move bytes and sleep.
 
 An operation (`ClientCore.get`, `get_with_epoch`, `read_info`) is a generator. It yields
 actions (`ReadEpoch`, `Send`, `Sleep`) and is sent their results: the pair of GET /epoch
@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from morphogen.client_wire import (
+from morphogen.client.wire import (
     Answer,
     EpochMismatchError,
     PirError,

@@ -13,15 +13,15 @@ from typing import Any
 import httpx
 import msgpack
 
-from morphogen.admin_wire import PUBLICATION_HEADER
-from morphogen.client import PirError, _error_from_response
-from morphogen.client_wire import PirUnavailable, Transient, encode_updates
+from morphogen.client.drivers import PirError, _error_from_response
+from morphogen.client.wire import PirUnavailable, Transient, encode_updates
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
+    PUBLICATION_HEADER,
 )
 
 
