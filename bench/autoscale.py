@@ -1,6 +1,6 @@
 """Autoscaling under stepped load, on a fake multi-node cluster (or a real one, `--address`).
 
-Party A runs autoscaled: its router on the offered load it holds (morphogen.autoscaling), its
+Party A runs autoscaled: its router on the offered load it holds (morphogen.party.autoscaling), its
 two shards on Serve's ongoing-requests policy, one logical GPU per shard replica (`placement:
 gpu`, CPU engine), so added replicas need worker nodes that the Ray autoscaler adds (type
 `{"CPU": 1, "GPU": 4}`, 0..2 of them; the head has no GPU). Party B, on fixed replicas, is the

@@ -35,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
 from morphogen import engine
-from morphogen.epoch_log import EpochLog, rotation_entry, updates_entry  # noqa: E402
+from morphogen.party.shard import ShardCore  # noqa: E402
 from morphogen.protocol import dpf  # noqa: E402
 from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
-from morphogen.shard import ShardCore  # noqa: E402
+from morphogen.publication.log import EpochLog, rotation_entry, updates_entry  # noqa: E402
 from morphogen.snapshot.reader import Snapshot  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 

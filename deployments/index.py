@@ -8,7 +8,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from morphogen import wire
+from morphogen.party import wire
 from morphogen.protocol.codec import JSON_TYPE, ErrorCode, WireError
 
 

@@ -1,5 +1,5 @@
 """The ingress of one party as a Serve deployment: HTTP (PROTOCOL.md section 5, JSON or msgpack)
-and a handle API, over `morphogen.party.Party`.
+and a handle API, over `morphogen.party.router.Party`.
 
 This file only adapts: it turns HTTP requests into `Party` calls (content type, body limits,
 admin bearer token, error bodies) and shard deployment handles into `ShardLink`s. Validation,
@@ -20,14 +20,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from deployments.metrics import ServeMetrics
-from morphogen import admin_wire, wire
-from morphogen.admin_auth import AdminAccess, WatchedAdminGuard
-from morphogen.autoscaling import HELD_QUERIES
-from morphogen.combine import ShardFailure
 from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.constants import MAX_PAGES
-from morphogen.epoch_log import EpochLog
-from morphogen.party import Party
+from morphogen.party import admin_wire, wire
+from morphogen.party.autoscaling import HELD_QUERIES
+from morphogen.party.combine import ShardFailure
+from morphogen.party.redact import redacted_traceback
+from morphogen.party.router import Party
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
@@ -43,7 +42,8 @@ from morphogen.protocol.codec import (
     WireError,
 )
 from morphogen.protocol.identity import EpochIdentity
-from morphogen.redact import redacted_traceback
+from morphogen.publication.admin_auth import AdminAccess, WatchedAdminGuard
+from morphogen.publication.log import EpochLog
 
 log = logging.getLogger("ray.serve")
 
@@ -178,7 +178,7 @@ class Router:
                 "held_queries": self._party.held_queries}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metric (morphogen.autoscaling.router_policy)."""
+        """Serve's custom autoscaling metric (morphogen.party.autoscaling.router_policy)."""
         return {HELD_QUERIES: float(self._party.held_queries)}
 
     # ------------------------------------------------------------------ HTTP

@@ -22,7 +22,8 @@ QUERY_PATH = "/query/page/gpu"
 BATCH_PATH = "/query/page/gpu/batch"
 HEALTH_PATH = "/health"
 EPOCH_PATH = "/epoch"
-# Admin routes (bearer token; see morphogen.admin_auth): live page updates, snapshot rotation.
+# Admin routes (bearer token; see morphogen.publication.admin_auth): live page updates,
+# snapshot rotation.
 ADMIN_UPDATES_PATH = "/admin/updates"
 ADMIN_SNAPSHOT_PATH = "/admin/snapshot"
 ADMIN_STATUS_PATH = "/admin/status"

@@ -8,7 +8,7 @@ import numpy as np
 import obstore
 import pytest
 
-from morphogen.epoch_log import EpochLog
+from morphogen.publication.log import EpochLog
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 from morphogen.storage import open_location
 from tests.integration.conftest import deploy, wait_until

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from morphogen import admin
-from morphogen.epoch import EpochError, StagingConflict
+from morphogen.party import admin
+from morphogen.party.epoch import EpochError, StagingConflict
 from morphogen.protocol.codec import ErrorCode, WireError
 from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.manifest import SnapshotError

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from _party_world import make_party, make_world
 
-from morphogen import admin_wire
 from morphogen.client.admin import (
     AdminClient,
     PartiesDiverged,
@@ -22,9 +21,10 @@ from morphogen.client.admin import (
     publish_to_parties,
 )
 from morphogen.client.wire import PirUnavailable
-from morphogen.party import Party
+from morphogen.party import admin_wire
+from morphogen.party.router import Party
+from morphogen.party.wire import error_body
 from morphogen.protocol.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
-from morphogen.wire import error_body
 
 TOKEN = "admin-client-test-token-0123456789"
 

@@ -9,9 +9,9 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import admin_wire
 from morphogen.client import PirError, PirUnavailable, encode_updates
 from morphogen.client.admin import AdminClient
+from morphogen.party import admin_wire
 from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.protocol.codec import ErrorCode, WireError, admin_body_bytes, to_hex
 

@@ -15,7 +15,6 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import wire
 from morphogen.client import (
     AsyncPirClient,
     EpochMismatchError,
@@ -27,6 +26,7 @@ from morphogen.client import (
     RetryPolicy,
 )
 from morphogen.constants import key_length
+from morphogen.party import wire
 from morphogen.protocol.codec import WireError, from_hex, to_hex
 from morphogen.protocol.dpf import DpfKey, eval_range
 from morphogen.snapshot.layout import domain_bits_for

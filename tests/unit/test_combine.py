@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from morphogen.combine import EpochMismatch, ShardFailure, scan_all, xor_partials
+from morphogen.party.combine import EpochMismatch, ShardFailure, scan_all, xor_partials
 
 
 def _parts(n_shards: int, n_keys: int, seed: int = 0) -> list[np.ndarray]:

@@ -128,7 +128,7 @@ def test_autoscaling_options() -> None:
 def test_router_policy_sizes_routers_by_the_queries_they_hold() -> None:
     from types import SimpleNamespace
 
-    from morphogen.autoscaling import HELD_QUERIES, router_policy
+    from morphogen.party.autoscaling import HELD_QUERIES, router_policy
 
     def ctx(held: dict, current: int = 2) -> SimpleNamespace:
         config = SimpleNamespace(get_target_ongoing_requests=lambda: 32.0)

@@ -11,7 +11,7 @@ import numpy as np
 import obstore
 import pytest
 
-from morphogen.admin import resolve_snapshot_path, verify_snapshot
+from morphogen.party.admin import resolve_snapshot_path, verify_snapshot
 from morphogen.protocol.codec import WireError
 from morphogen.snapshot.chunk_cache import ChunkCache, chunk_file
 from morphogen.snapshot.manifest import SnapshotError
@@ -236,7 +236,7 @@ def test_a_web_server_cannot_hold_an_epoch_log(uri: str) -> None:
     from pydantic import ValidationError
 
     from morphogen.config import PartyConfig
-    from morphogen.epoch_log import EpochLog, EpochLogError
+    from morphogen.publication.log import EpochLog, EpochLogError
 
     expected = "an epoch log needs write-once objects \\(s3://, gs://\\) or a shared directory"
     with pytest.raises(ValidationError, match=expected):

@@ -11,7 +11,7 @@ import pytest
 from _gpu_fakes import FakeBackend, make_engine
 
 from morphogen import engine
-from morphogen.epoch import ShardState
+from morphogen.party.epoch import ShardState
 from morphogen.protocol import dpf
 from morphogen.protocol.changes import PageUpdate
 from morphogen.snapshot.layout import domain_bits_for

@@ -15,10 +15,10 @@ import pytest
 
 from morphogen import engine
 from morphogen.constants import PAGE_SIZE
-from morphogen.epoch import ShardState
+from morphogen.party.epoch import ShardState
+from morphogen.party.shard import ShardCore
 from morphogen.protocol import dpf
 from morphogen.protocol.identity import EpochIdentity
-from morphogen.shard import ShardCore
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from morphogen.engine import _cpu_kernel
+from morphogen.party.shard import ShardCore, warm_up
 from morphogen.protocol.dpf import KeyBatch, generate_keys
-from morphogen.shard import ShardCore, warm_up
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 

@@ -8,8 +8,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import wire
 from morphogen.constants import key_length
+from morphogen.party import wire
 from morphogen.protocol.codec import ErrorCode, WireError, from_hex, max_body_bytes, to_hex
 from morphogen.protocol.dpf import generate_keys
 

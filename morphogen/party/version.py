@@ -20,7 +20,7 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import ShardScanner
-from morphogen.leases import Lease
+from morphogen.party.leases import Lease
 from morphogen.protocol.changes import PageUpdate
 from morphogen.protocol.dpf import KeyBatch, eval_points
 from morphogen.protocol.identity import EpochIdentity

@@ -9,9 +9,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, ValidationError
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.party.wire import JSON, decode_body, request_encoding, validation_message
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, from_hex
-from morphogen.wire import JSON, decode_body, request_encoding, validation_message
 
 # POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}
 #   diff: exactly 4096 bytes XORed into the page; data: the page's new content (at most 4096

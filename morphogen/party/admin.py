@@ -1,9 +1,9 @@
 """Admin operations of one party, without Ray: publish a new epoch on every shard as one step.
 
-An epoch is published in two phases (see `morphogen.epoch`): every shard *prepares* it off to
+An epoch is published in two phases (see `morphogen.party.epoch`): every shard *prepares* it off to
 the side (page updates resolved, or its range of a new snapshot mapped and loaded) while the
 current epoch keeps serving; only when every shard has prepared, and the commit is decided in
-the party's log (morphogen.publication), does every shard *commit* (a reference swap). Any
+the party's log (morphogen.party.publisher), does every shard *commit* (a reference swap). Any
 failure while preparing aborts the epoch on every shard and nothing changes. Between the first
 and the last commit the router sees partials of two epochs and retries (never mixes them), so
 to a client the switch is one step.
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from morphogen.epoch import EpochError, StagingConflict
+from morphogen.party.epoch import EpochError, StagingConflict
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.manifest import Manifest, SnapshotError

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from morphogen.version import Segment, Version
+    from morphogen.party.version import Segment, Version
 
 
 class Lease:

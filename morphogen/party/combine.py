@@ -18,8 +18,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.party.redact import reason
 from morphogen.protocol.codec import WireError
-from morphogen.redact import reason
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ because the party's epoch log is the truth and every replica can catch up from i
 * a publication step names the identity it leads to (`target`): a replica already there (it
   replayed the entry, or caught up on demand) takes the step as done, and one that missed an
   earlier publication catches up before it stages the next;
-* a commit comes only after the log decided it (morphogen.publication): a replica that has
+* a commit comes only after the log decided it (morphogen.party.publisher): a replica that has
   not staged that very version (it missed the prepare, or a stale prepare replaced it)
   reaches it from the log instead of failing;
 * the health check drops a staged version whose proposal is no longer undecided (its
@@ -34,15 +34,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from morphogen.epoch import EpochError
-from morphogen.epoch_log import EpochLog, now_ms
-from morphogen.observe import NullObserver, Observer
+from morphogen.party.epoch import EpochError
+from morphogen.party.observe import NullObserver, Observer
+from morphogen.party.redact import reason
+from morphogen.party.shard import ShardCore
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
-from morphogen.redact import reason
-from morphogen.shard import ShardCore
+from morphogen.publication.log import EpochLog, now_ms
 
 log = logging.getLogger(__name__)
 

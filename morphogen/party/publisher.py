@@ -30,9 +30,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from morphogen import admin
-from morphogen.combine import ShardFailure
-from morphogen.epoch_log import (
+from morphogen.party import admin
+from morphogen.party.combine import ShardFailure
+from morphogen.party.redact import reason
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.publication.log import (
     EpochLog,
     EpochLogBusy,
     EpochLogConflict,
@@ -43,13 +47,9 @@ from morphogen.epoch_log import (
     rotation_entry,
     updates_entry,
 )
-from morphogen.protocol.changes import ChangeBatch
-from morphogen.protocol.codec import ErrorCode, WireError
-from morphogen.protocol.identity import EpochIdentity
-from morphogen.redact import reason
 
 if TYPE_CHECKING:
-    from morphogen.party import Party
+    from morphogen.party.router import Party
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ tested with in-process shards:
   party published, or the newest identity a scan met. A shard replica behind it catches up
   from the log before it answers, so replicas of a shard that started or were reached at
   different times converge instead of being XORed apart;
-* admin publication (`morphogen.publication.Publisher`, the party's `admin`).
+* admin publication (`morphogen.party.publisher.Publisher`, the party's `admin`).
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from morphogen import admin, wire
-from morphogen.coalesce import Coalescer
-from morphogen.combine import EpochMismatch, ShardFailure, scan_all
 from morphogen.config import PartyConfig
 from morphogen.constants import KEYS_PER_QUERY, PAGE_SIZE
-from morphogen.epoch_log import EpochLog
-from morphogen.observe import NullObserver, Observer
+from morphogen.party import admin, wire
+from morphogen.party.coalesce import Coalescer
+from morphogen.party.combine import EpochMismatch, ShardFailure, scan_all
+from morphogen.party.observe import NullObserver, Observer
+from morphogen.party.publisher import Publisher
+from morphogen.party.redact import reason
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
-from morphogen.publication import Publisher
-from morphogen.redact import reason
+from morphogen.publication.log import EpochLog
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """One shard's versioned state: epochs, pending page updates, copy-on-write folding, rotation.
 
 An epoch is an immutable view of the matrix: a snapshot plus an ordered list of page updates
-(`PageUpdate`: XOR diffs), held on a shard as a `Version` (morphogen.version) whose answers
+(`PageUpdate`: XOR diffs), held on a shard as a `Version` (morphogen.party.version) whose answers
 apply the pending updates to the scan of the pages, so an update becomes visible the moment its
 epoch is published, and the background fold that later writes it into the pages (copy-on-write,
 per touched chunk) changes no answer's bytes.
@@ -17,7 +17,7 @@ partial names the data it was computed from and never only a counter. A version'
 private copy of the shard's range checked against those chunk hashes as it was read
 (`Snapshot.read_verified`), so the bytes scanned are the bytes named, even if the file changes.
 
-Scan leases (morphogen.leases): a scan holds the segments of the version it read until it
+Scan leases (morphogen.party.leases): a scan holds the segments of the version it read until it
 finishes; a commit, a rotation or a fold retires the segments the new version no longer uses,
 closed when their last scan ends, never under one.
 """
@@ -34,12 +34,12 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine, check_domain
-from morphogen.leases import ScanLeases
+from morphogen.party.leases import ScanLeases
+from morphogen.party.version import Segment, Version, page_with
 from morphogen.protocol.changes import Change, ChangeBatch, PageUpdate, PageWrite
 from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch, as_batch
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.reader import Snapshot
-from morphogen.version import Segment, Version, page_with
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
 # A staged version left by an admin operation that never committed nor aborted (its router

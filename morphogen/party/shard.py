@@ -16,11 +16,11 @@ import numpy as np
 
 from morphogen import engine as engines
 from morphogen.constants import PAGE_SIZE
-from morphogen.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
-from morphogen.epoch_log import EpochLog, EpochLogError, LogEntry
+from morphogen.party.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
 from morphogen.protocol.changes import Change, ChangeBatch
 from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.publication.log import EpochLog, EpochLogError, LogEntry
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.open import open_any
@@ -126,7 +126,7 @@ class ShardCore:
         identity, acc, phases = self.state.scan_timed(batch)
         return identity, np.asarray(acc, dtype=np.uint8), phases
 
-    # -- epochs (two-phase; see morphogen.epoch)
+    # -- epochs (two-phase; see morphogen.party.epoch)
     def prepare_updates(
         self,
         epoch_id: int,
@@ -179,7 +179,7 @@ class ShardCore:
     def fold_pending(self) -> int:
         return self.state.fold_pending()
 
-    # -- the party's epoch log (morphogen.epoch_log)
+    # -- the party's epoch log (morphogen.publication.log)
     def catch_up(self, epoch_log: EpochLog) -> int:
         """Apply the log's committed entries this shard lacks, in order, checking after each
         one that this shard derived the identity the log recorded; returns how many were
