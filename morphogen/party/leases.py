@@ -2,27 +2,16 @@
 
 A commit, a rotation or a fold retires the segments the new version no longer uses; a retired
 segment is closed (device memory freed) when its last scan ends, never under one.
+The counters live on the segments (`Lease`, in morphogen.party.version, beside `Segment`);
+this module moves them under one lock.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from morphogen.party.version import Segment, Version
-
-
-class Lease:
-    """Scans in flight on one segment, and whether a newer version retired it."""
-
-    __slots__ = ("scans", "retired", "closed")
-
-    def __init__(self) -> None:
-        self.scans = 0
-        self.retired = False
-        self.closed = False
+from morphogen.party.version import Segment, Version
 
 
 class ScanLeases:

@@ -28,11 +28,13 @@ import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
+from morphogen.config import PartyConfig
 from morphogen.party import admin
 from morphogen.party.combine import ShardFailure
 from morphogen.party.redact import reason
+from morphogen.party.shards import Layout, ShardLink
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError
 from morphogen.protocol.identity import EpochIdentity
@@ -48,10 +50,29 @@ from morphogen.publication.log import (
     updates_entry,
 )
 
-if TYPE_CHECKING:
-    from morphogen.party.router import Party
-
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Publishing(Protocol):
+    """What a publisher drives: the party's shards, their layout and the identity its scans
+    want (`morphogen.party.router.Party` is one). The party holds its publisher, so the
+    publisher names only what it uses of the party."""
+
+    cfg: PartyConfig
+    shards: list[ShardLink]
+    epoch_log: EpochLog | None
+    want: EpochIdentity | None
+
+    def unavailable(self, message: str) -> WireError: ...
+    async def from_every_shard(self, calls: list[Awaitable[T]], what: str,
+                               timeout_s: float) -> list[T]: ...
+    async def infos(self) -> list[dict[str, Any]]: ...
+    async def layout(self) -> Layout: ...
+    def set_layout(self, infos: list[dict[str, Any]]) -> Layout | None: ...
+    def advance_want(self, identities: frozenset[Any] | set[Any]) -> None: ...
+
 
 # Fault injection for the crash tests: awaited at each step boundary with the step's name.
 Pause = Callable[[str], Awaitable[None]]
@@ -114,7 +135,7 @@ _REPLICA_KEYS = ("replica", "node_id", "epoch_id", "identity", "pending_updates"
 class Publisher:
     """The admin side of a `Party` (its `admin` attribute)."""
 
-    def __init__(self, party: Party, *, lease_s: float = 5.0) -> None:
+    def __init__(self, party: Publishing, *, lease_s: float = 5.0) -> None:
         self.party = party
         self.log: EpochLog = party.epoch_log or EpochLog.in_memory()
         self.lease_s = float(lease_s)

@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from morphogen.config import PartyConfig
 from morphogen.constants import KEYS_PER_QUERY, PAGE_SIZE
@@ -31,7 +31,7 @@ from morphogen.party.combine import EpochMismatch, ShardFailure, scan_all
 from morphogen.party.observe import NullObserver, Observer
 from morphogen.party.publisher import Publisher
 from morphogen.party.redact import reason
-from morphogen.protocol.changes import ChangeBatch
+from morphogen.party.shards import Layout, ShardLink
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
@@ -47,51 +47,6 @@ _CONSISTENT_ATTEMPTS = 4
 # A refused key domain re-reads the shards' layout at most this often (bad keys cannot turn
 # every request into a fan-out of metadata calls).
 _REVALIDATE_S = 0.5
-
-
-class ShardLink(Protocol):
-    """One shard deployment as the party calls it (deployments/shard.py's methods)."""
-
-    def scan(
-        self, batch: KeyBatch, want: EpochIdentity | None
-    ) -> Awaitable[tuple[EpochIdentity, Any]]: ...
-    def info(self) -> Awaitable[dict[str, Any]]: ...
-    # the publication steps reach every replica of the shard
-    def replicas(self) -> Awaitable[list[dict[str, Any]]]: ...
-    def prepare_updates(
-        self, epoch_id: int, changes: ChangeBatch, base_epoch: int, op: str, target: str
-    ) -> Awaitable[int]: ...
-    def prepare_snapshot(
-        self, epoch_id: int, path: str, checksum: str | None, op: str, target: str
-    ) -> Awaitable[dict[str, int]]: ...
-    def commit(self, epoch_id: int, op: str, target: str) -> Awaitable[int]: ...
-    def abort(self, epoch_id: int, op: str) -> Awaitable[None]: ...
-    def catch_up(self) -> Awaitable[dict[str, Any]]: ...
-
-
-class Layout:
-    """What the shards serve together; checked to tile [0, num_pages) exactly."""
-
-    def __init__(self, infos: list[dict[str, Any]]) -> None:
-        first = infos[0]
-        for key in ("num_pages", "domain_bits", "num_shards"):
-            if any(i[key] != first[key] for i in infos):
-                raise ShardFailure(f"shards disagree on {key}")
-        if first["num_shards"] != len(infos):
-            raise ShardFailure(f"{len(infos)} shard deployments for {first['num_shards']} shards")
-        edge = 0
-        for idx, i in enumerate(infos):
-            if i["shard"] != idx or i["first_page"] != edge:
-                raise ShardFailure(f"shard {idx} does not start where shard {idx - 1} ends")
-            edge = i["stop_page"]
-        if edge != first["num_pages"]:
-            raise ShardFailure("shards do not cover every page")
-        self.num_pages: int = first["num_pages"]
-        self.domain_bits: int = first["domain_bits"]
-        self.num_shards: int = len(infos)
-        self.checksum: str | None = first.get("checksum")
-        self.identities = {i["identity"] for i in infos}
-        self.epoch_id: int = max(int(i["epoch_id"]) for i in infos)
 
 
 class Party:

@@ -20,7 +20,6 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import ShardScanner
-from morphogen.party.leases import Lease
 from morphogen.protocol.changes import PageUpdate
 from morphogen.protocol.dpf import KeyBatch, eval_points
 from morphogen.protocol.identity import EpochIdentity
@@ -28,6 +27,17 @@ from morphogen.snapshot.reader import Snapshot
 
 # Bytes of the (keys x updates x page) temporary when pending updates are applied to a scan.
 _PENDING_STEP_BYTES = 8 << 20
+
+
+class Lease:
+    """Scans in flight on one segment, and whether a newer version retired it."""
+
+    __slots__ = ("scans", "retired", "closed")
+
+    def __init__(self) -> None:
+        self.scans = 0
+        self.retired = False
+        self.closed = False
 
 
 @dataclass(frozen=True, eq=False)
