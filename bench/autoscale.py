@@ -1,6 +1,6 @@
 """Autoscaling under stepped load, on a fake multi-node cluster (or a real one, `--address`).
 
-Party A runs autoscaled: its router on the offered load it holds (morphogen.autoscaling), its
+Party A runs autoscaled: its router on the offered load it holds (morphogen.party.autoscaling), its
 two shards on Serve's ongoing-requests policy, one logical GPU per shard replica (`placement:
 gpu`, CPU engine), so added replicas need worker nodes that the Ray autoscaler adds (type
 `{"CPU": 1, "GPU": 4}`, 0..2 of them; the head has no GPU). Party B, on fixed replicas, is the
@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, plot, write_csv  # noqa: E402
 from cluster import fake_cluster, local  # noqa: E402
-from morphogen.admin_client import AdminClient  # noqa: E402
 from morphogen.client import PirClient, PirError  # noqa: E402
+from morphogen.client.admin import AdminClient  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 
 TOKEN = "autoscale-bench-admin-token-0123456789"

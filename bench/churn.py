@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
 from cluster import local  # noqa: E402
-from cluster.churn import ChurnPlan, run  # noqa: E402
+from tests.integration.churn import ChurnPlan, run  # noqa: E402
 
 
 def main() -> int:

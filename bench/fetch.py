@@ -47,11 +47,11 @@ def main(argv: list[str] | None = None) -> int:
 
     import obstore
 
+    from morphogen.snapshot.chunk_cache import FETCH_THREADS, PART_BYTES
     from morphogen.snapshot.layout import shard_ranges
+    from morphogen.snapshot.open import open_any
     from morphogen.snapshot.synthetic import build_synthetic
     from morphogen.storage import open_location
-    from morphogen.storage.chunk_cache import FETCH_THREADS, PART_BYTES
-    from morphogen.storage.open import open_any
 
     server = None
     if args.endpoint is None:

@@ -35,8 +35,8 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def _build(batch):
-    from morphogen.epoch_log import updates_entry
-    from morphogen.identity import EpochIdentity
+    from morphogen.protocol.identity import EpochIdentity
+    from morphogen.publication.log import updates_entry
 
     def build(head, seq):
         base = head.epoch_identity() if head is not None else EpochIdentity.of_snapshot(1, "ck")
@@ -49,7 +49,7 @@ def _build(batch):
 
 def publish_rate(log, count: int, rng: np.random.Generator, tag: str) -> float:
     """Publications per second of `count` one-page batches through `log`."""
-    from morphogen.changes import ChangeBatch
+    from morphogen.protocol.changes import ChangeBatch
 
     batches = [ChangeBatch(rng.integers(0, 1 << 20, 1, dtype=np.int64), np.array([True]),
                            rng.integers(0, 256, 4096, np.uint8).tobytes())
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.count, args.runs = 40, 1
     sys.path.insert(0, str(ROOT))
-    from morphogen.epoch_log import EpochLog
+    from morphogen.publication.log import EpochLog
 
     server = None
     if args.endpoint is None:

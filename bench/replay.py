@@ -34,10 +34,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
-from morphogen import dpf, engine  # noqa: E402
-from morphogen.changes import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
-from morphogen.epoch_log import EpochLog, rotation_entry, updates_entry  # noqa: E402
-from morphogen.shard import ShardCore  # noqa: E402
+from morphogen import engine
+from morphogen.party.shard import ShardCore  # noqa: E402
+from morphogen.protocol import dpf  # noqa: E402
+from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite  # noqa: E402
+from morphogen.publication.log import EpochLog, rotation_entry, updates_entry  # noqa: E402
 from morphogen.snapshot.reader import Snapshot  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 
@@ -145,8 +146,8 @@ def serve_replay(args: argparse.Namespace) -> int:
     import httpx
 
     from cluster import local
-    from morphogen.admin_client import AdminClient
     from morphogen.client import PirClient
+    from morphogen.client.admin import AdminClient
 
     with tempfile.TemporaryDirectory(prefix="mg-replay-serve-") as tmp:
         root = Path(tmp)

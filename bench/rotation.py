@@ -108,11 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         args.pages, args.steady = 4096, 4.0
 
     from cluster import local
-    from morphogen.admin_client import AdminClient
+    from morphogen.client.admin import AdminClient
     from morphogen.config import PartyConfig
     from morphogen.snapshot.manifest import MANIFEST_FILE
+    from morphogen.snapshot.source import ensure_synthetic
     from morphogen.snapshot.synthetic import build_synthetic
-    from morphogen.snapshots import ensure_synthetic
 
     cores = os.cpu_count() or 2
     mib = args.pages * 4096 / 2**20

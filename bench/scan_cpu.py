@@ -19,8 +19,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, machine_label, median_seconds, plot, write_csv  # noqa: E402
 
-from morphogen import _dpf_jit, dpf, engine  # noqa: E402
+from morphogen import engine
 from morphogen.constants import KEYS_PER_QUERY  # noqa: E402
+from morphogen.protocol import _dpf_jit, dpf  # noqa: E402
 from morphogen.snapshot.layout import domain_bits_for  # noqa: E402
 from morphogen.snapshot.synthetic import synthetic_pages  # noqa: E402
 

@@ -38,10 +38,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_csv  # noqa: E402
 
-from morphogen import dpf  # noqa: E402
 from morphogen.constants import KEYS_PER_QUERY  # noqa: E402
 from morphogen.engine import gpu_available  # noqa: E402
 from morphogen.engine.sliced import sliced_digest  # noqa: E402
+from morphogen.protocol import dpf  # noqa: E402
 
 
 def open_matrix(args: argparse.Namespace):

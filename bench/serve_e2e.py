@@ -67,7 +67,7 @@ def _log(msg: str) -> None:
 
 
 def make_key_pool(domain_bits: int, num_pages: int, n_keys: int, seed: int = 1) -> list[bytes]:
-    from morphogen.dpf import generate_keys
+    from morphogen.protocol.dpf import generate_keys
 
     rng = random.Random(seed)
     return [generate_keys(domain_bits, rng.randrange(num_pages))[0].to_bytes()
@@ -87,7 +87,7 @@ def request_keys(pool: list[bytes], batch: int, i: int) -> list[list[bytes]]:
 def bench_engine(snapshot, engine_name: str, threads: int | None, pool: list[bytes],
                  concurrencies: list[int], batches: list[int], duration: float) -> list[Point]:
     from morphogen import engine as engines
-    from morphogen.dpf import DpfKey, KeyBatch
+    from morphogen.protocol.dpf import DpfKey, KeyBatch
 
     opts = {"threads": threads} if threads and engine_name == "cpu" else {}
     scanner = engines.create(engine_name, **opts).load(snapshot.pages(), 0)
@@ -153,7 +153,7 @@ def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[in
     from ray import serve
 
     from deployments.app import build_app
-    from morphogen.codec import to_hex
+    from morphogen.protocol.codec import to_hex
 
     points = []
     for mode, window in (("e2e_coalesce", cfg_args["coalesce_window_ms"]), ("e2e_direct", 0.0)):
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from cluster import local
     from morphogen.config import PartyConfig
-    from morphogen.snapshots import open_snapshot
+    from morphogen.snapshot.source import open_snapshot
 
     cache = os.environ.get("MORPHOGEN_CACHE_DIR") or tempfile.gettempdir() + "/morphogen-bench"
     cfg_args = {

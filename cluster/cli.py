@@ -122,8 +122,8 @@ def _admin_servers(args: argparse.Namespace) -> None:
 def cmd_admin(args: argparse.Namespace) -> int:
     import httpx
 
-    from morphogen.admin_client import AdminClient
     from morphogen.client import PirError
+    from morphogen.client.admin import AdminClient
 
     token = _admin_token(args)
     if not token:
@@ -134,7 +134,7 @@ def cmd_admin(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         eprint(f"error: cannot read updates: {exc}")
         return 2
-    from morphogen.admin_client import (
+    from morphogen.client.admin import (
         compare_parties,
         content_publication_id,
         publish_to_parties,

@@ -46,7 +46,7 @@ def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
     from deployments.app import build_app
     from morphogen.client import HandlePirClient, PirClient
     from morphogen.config import PartyConfig
-    from morphogen.snapshots import open_snapshot
+    from morphogen.snapshot.source import open_snapshot
 
     shared = {
         "synthetic_pages": args.pages,

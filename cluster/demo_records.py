@@ -21,8 +21,8 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
     from ray import serve
 
     from deployments.app import build_app
-    from morphogen.admin_client import AdminClient, publish_to_parties
     from morphogen.client import PirClient
+    from morphogen.client.admin import AdminClient, publish_to_parties
     from morphogen.config import PartyConfig
     from morphogen.keyword import KeywordClient, build_table
     from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, Account, synthetic_accounts

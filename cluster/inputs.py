@@ -118,7 +118,7 @@ def admin_token(token_file: str | None, token_env: str) -> str:
 
 
 def _update(path: str, i: int, item: Any) -> tuple[int, str, bytes]:
-    from morphogen.codec import from_hex
+    from morphogen.protocol.codec import from_hex
 
     where = f"updates file {path}: update {i}"
     if not isinstance(item, dict):

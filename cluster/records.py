@@ -91,8 +91,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 def _sample(args: argparse.Namespace) -> int:
     import json
 
-    from morphogen.durable import write_atomic
     from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, synthetic_accounts
+    from morphogen.storage.durable import write_atomic
 
     out = Path(args.out)
     if out.exists() and not args.force:
@@ -155,8 +155,8 @@ def _apply(owner, args: argparse.Namespace) -> None:
 def _publish(owner, args: argparse.Namespace) -> None:
     import httpx
 
-    from morphogen.admin_client import AdminClient, publish_to_parties
     from morphogen.client import PirError
+    from morphogen.client.admin import AdminClient, publish_to_parties
     from morphogen.keyword.owner import publish
 
     servers = [inputs.server_url("--server", u) for u in args.server or []]

@@ -23,7 +23,7 @@ from deployments.naming import INDEX_APP_NAME
 def _snapshot_summary(party: serve_plan.PartyPlan, matrix_flag: str | None) -> str:
     from morphogen.snapshot.layout import shard_ranges
     from morphogen.snapshot.manifest import SnapshotError
-    from morphogen.snapshots import open_snapshot
+    from morphogen.snapshot.source import open_snapshot
 
     path = str(party.config.snapshot)
     what = f"--matrix {matrix_flag}" if matrix_flag else f"party {party.name}'s snapshot {path}"

@@ -27,11 +27,11 @@ from morphogen.config import (
     shard_actor_options,
     shard_scaling,
 )
-from morphogen.epoch_log import EpochLog
-from morphogen.shard import warm_up
+from morphogen.party.shard import warm_up
+from morphogen.publication.log import EpochLog
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.reader import Snapshot
-from morphogen.snapshots import open_snapshot
+from morphogen.snapshot.source import open_snapshot
 from morphogen.storage.location import is_remote
 
 log = logging.getLogger(__name__)

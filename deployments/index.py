@@ -8,8 +8,8 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
-from morphogen import wire
-from morphogen.codec import JSON_TYPE, ErrorCode, WireError
+from morphogen.party import wire
+from morphogen.protocol.codec import JSON_TYPE, ErrorCode, WireError
 
 
 @serve.deployment(name="index", ray_actor_options={"num_cpus": 0}, num_replicas=1)

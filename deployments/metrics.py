@@ -1,7 +1,7 @@
 """Prometheus metrics of a party through `ray.serve.metrics` (Ray's metrics agent exports them on
 each node's metrics port; `deployments/grafana_dashboard.json` charts them).
 
-The `morphogen.observe.Observer` of a router or shard replica. Serve adds the application,
+The `morphogen.party.observe.Observer` of a router or shard replica. Serve adds the application,
 deployment and replica tags itself; the tags here are route names, error statuses, shard
 numbers and scan phases, a fixed small set: no key, page or page number ever becomes a label.
 """

@@ -1,5 +1,5 @@
 """The ingress of one party as a Serve deployment: HTTP (PROTOCOL.md section 5, JSON or msgpack)
-and a handle API, over `morphogen.party.Party`.
+and a handle API, over `morphogen.party.router.Party`.
 
 This file only adapts: it turns HTTP requests into `Party` calls (content type, body limits,
 admin bearer token, error bodies) and shard deployment handles into `ShardLink`s. Validation,
@@ -20,10 +20,14 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from deployments.metrics import ServeMetrics
-from morphogen import admin_wire, wire
-from morphogen.admin_auth import AdminAccess, WatchedAdminGuard
-from morphogen.autoscaling import HELD_QUERIES
-from morphogen.codec import (
+from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
+from morphogen.constants import MAX_PAGES
+from morphogen.party import admin_wire, wire
+from morphogen.party.autoscaling import HELD_QUERIES
+from morphogen.party.combine import ShardFailure
+from morphogen.party.redact import redacted_traceback
+from morphogen.party.router import Party
+from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
@@ -32,17 +36,14 @@ from morphogen.codec import (
     HEALTH_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
+    PUBLICATION_HEADER,
     QUERY_PATH,
     ErrorCode,
     WireError,
 )
-from morphogen.combine import ShardFailure
-from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
-from morphogen.constants import MAX_PAGES
-from morphogen.epoch_log import EpochLog
-from morphogen.identity import EpochIdentity
-from morphogen.party import Party
-from morphogen.redact import redacted_traceback
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.publication.admin_auth import AdminAccess, WatchedAdminGuard
+from morphogen.publication.log import EpochLog
 
 log = logging.getLogger("ray.serve")
 
@@ -177,7 +178,7 @@ class Router:
                 "held_queries": self._party.held_queries}
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
-        """Serve's custom autoscaling metric (morphogen.autoscaling.router_policy)."""
+        """Serve's custom autoscaling metric (morphogen.party.autoscaling.router_policy)."""
         return {HELD_QUERIES: float(self._party.held_queries)}
 
     # ------------------------------------------------------------------ HTTP
@@ -199,7 +200,7 @@ class Router:
             return _json_response(await self._party.admin.status())
         content_type = request.headers.get("content-type")
         wire.request_encoding(content_type)  # 415 before reading
-        pub = admin_wire.publication_id(request.headers.get(admin_wire.PUBLICATION_HEADER))
+        pub = admin_wire.publication_id(request.headers.get(PUBLICATION_HEADER))
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
             requested = admin_wire.parse_snapshot_request(body, content_type)

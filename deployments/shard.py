@@ -7,7 +7,7 @@ identity and partial accumulators (host bytes) of one epoch. Publications reach 
 by broadcast, in two phases (`prepare_*`, then `commit` or `abort`); a background task folds
 pending page updates into the pages. A deployment may run any number of replicas (fixed or
 autoscaled): they stay on one epoch through the log. The logic is
-`morphogen.replica.ShardReplica`; this is the Ray adapter.
+`morphogen.party.replica.ShardReplica`; this is the Ray adapter.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ import ray
 from ray import serve
 
 from deployments.metrics import ServeMetrics
-from morphogen.changes import ChangeBatch
 from morphogen.config import PartyConfig
-from morphogen.dpf import KeyBatch
-from morphogen.epoch_log import EpochLog
-from morphogen.identity import EpochIdentity
-from morphogen.replica import ShardReplica
-from morphogen.shard import ShardCore
-from morphogen.snapshots import open_snapshot
-from morphogen.storage.chunk_cache import observe_fetches
-from morphogen.storage.open import open_any
+from morphogen.party.replica import ShardReplica
+from morphogen.party.shard import ShardCore
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.dpf import KeyBatch
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.publication.log import EpochLog
+from morphogen.snapshot.chunk_cache import observe_fetches
+from morphogen.snapshot.open import open_any
+from morphogen.snapshot.source import open_snapshot
 
 log = logging.getLogger("ray.serve")
 

@@ -16,15 +16,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from morphogen.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
 from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
+from morphogen.protocol.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
 from morphogen.storage.location import check_log_location
 
 DEFAULT_ADMIN_TOKEN_ENV = "MORPHOGEN_ADMIN_TOKEN"
 
 EngineName = Literal["auto", "reference", "cpu", "gpu"]
 # Serve's custom policy for the router: replicas from the queries its coalescers hold.
-ROUTER_AUTOSCALING_POLICY = "morphogen.autoscaling:router_policy"
+ROUTER_AUTOSCALING_POLICY = "morphogen.party.autoscaling:router_policy"
 Placement = Literal["auto", "cpu", "gpu"]
 
 
@@ -195,7 +195,7 @@ class PartyConfig(BaseModel):
         "a publication whose publisher died is aborted by the next one after this")
     admin_failpoint_file: str | None = Field(
         None, description="testing only: a file naming a publication step (proposed, "
-        "prepared, decided) at which the next publisher stops for good (morphogen.publication."
+        "prepared, decided) at which the next publisher stops for good (morphogen.party.publisher."
         "FileFailpoint)")
     catch_up_wait_s: float = Field(
         10.0, ge=0, description="a scan waits this long for its replica to catch up, then 503"

@@ -28,7 +28,8 @@ def compiled_cpu_kernels() -> None:
     Servers started by the tests in other processes then find them cached instead of each
     compiling them cold at once, which on a fresh 2-core machine can take minutes.
     """
-    from morphogen import dpf, engine
+    from morphogen import engine
+    from morphogen.protocol import dpf
 
     keys = dpf.generate_keys(4, 3)
     dpf.eval_range(keys[0], 0, 16)

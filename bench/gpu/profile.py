@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from morphogen import dpf
 from morphogen.engine.gpu import GpuEngine
+from morphogen.protocol import dpf
 
 
 def main() -> int:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import RESULTS, write_csv  # noqa: E402
 from scan_gpu import device_slug  # noqa: E402
 
-from morphogen import dpf  # noqa: E402
 from morphogen.engine.gpu import GpuEngine  # noqa: E402
+from morphogen.protocol import dpf  # noqa: E402
 
 REFERENCE_MS_PER_QUERY = 30.2
 

@@ -13,9 +13,9 @@ import sys
 
 import numpy as np
 
-from morphogen import dpf
 from morphogen.engine.gpu import GpuEngine
 from morphogen.engine.reference import ReferenceEngine
+from morphogen.protocol import dpf
 
 
 def main() -> int:

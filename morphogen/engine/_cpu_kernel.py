@@ -15,7 +15,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from morphogen._dpf_jit import eval_range_into
+from morphogen.protocol._dpf_jit import eval_range_into
 
 U64_PER_PAGE = 512
 _HALF = U64_PER_PAGE // 2

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import DomainError, DpfKey, KeyBatch
+from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch
 
 
 class EngineUnavailable(RuntimeError):

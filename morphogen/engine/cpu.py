@@ -8,11 +8,11 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from morphogen import _dpf_jit
 from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
-from morphogen.dpf import DpfKey, KeyBatch, as_batch
 from morphogen.engine import _cpu_kernel
 from morphogen.engine.base import check_domain, check_pages
+from morphogen.protocol import _dpf_jit
+from morphogen.protocol.dpf import DpfKey, KeyBatch, as_batch
 
 DEFAULT_TILE_PAGES = 512
 

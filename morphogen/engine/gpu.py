@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_KEYS_PER_SCAN, PAGE_SIZE
-from morphogen.dpf import DpfKey, KeyBatch, as_batch
 from morphogen.engine.base import check_domain, check_pages
 from morphogen.engine.gpu_backend import Backend, CupyBackend
 from morphogen.engine.gpu_bench import read_bandwidth
@@ -80,6 +79,7 @@ from morphogen.engine.sliced import (
     chunk_range,
     plan_sliced_launch,
 )
+from morphogen.protocol.dpf import DpfKey, KeyBatch, as_batch
 
 __all__ = ["GpuEngine", "GpuError", "GpuShard"]
 

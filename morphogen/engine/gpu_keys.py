@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from morphogen.dpf import KeyBatch
+from morphogen.protocol.dpf import KeyBatch
 
 KEY_HEADER_WORDS = 12  # u32 words before the per-level correction words
 

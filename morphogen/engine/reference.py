@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import DpfKey, KeyBatch, eval_range
 from morphogen.engine.base import check_domain, check_pages
+from morphogen.protocol.dpf import DpfKey, KeyBatch, eval_range
 
 
 class ReferenceShard:

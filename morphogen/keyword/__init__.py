@@ -3,6 +3,10 @@
 The servers serve the table's pages like any other snapshot; a client holding the data
 owner's public key looks a key up with one query of three keys and checks every page it gets
 back (docs/keyword.md).
+
+May use: `morphogen.snapshot` (a table is written as a snapshot), `morphogen.storage` and
+`morphogen.constants`. The keyword client takes any page client (`morphogen.client`'s, or a
+test's) and imports none.
 """
 
 from morphogen.keyword.build import KeywordTable, TableFullError, build_table

@@ -30,7 +30,6 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock
 
-from morphogen.durable import fsync_dir, write_atomic
 from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates
@@ -40,6 +39,7 @@ from morphogen.keyword.records import RecordError, decode_field
 from morphogen.keyword.signing import public_bytes
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
+from morphogen.storage.durable import fsync_dir, write_atomic
 
 OWNER_FILE = "owner.json"
 OWNER_FORMAT = "morphogen-keyword-owner/1"

@@ -27,5 +27,14 @@ The modules, each imported directly (this package re-exports nothing):
 - `writer`: `write_snapshot` (any page source) and `import_raw` (a raw page file);
 - `synthetic`: deterministic pseudo-random pages and snapshots of them;
 - `chunks`: the piece size that writes stream in (not the hashed chunk);
-- `progress`: the bytes-done meter of long writes and checks.
+- `progress`: the bytes-done meter of long writes and checks;
+- `remote`: a snapshot in an object store, read chunk by chunk (`RemoteSnapshot`);
+- `chunk_cache`: the node-local cache of remote chunks, one download per node;
+- `open`: one way to open a snapshot, local path or object-store URI (`open_any`);
+- `source`: where a party's snapshot comes from: a configured path, or a synthetic one built
+  once.
+
+May use: `morphogen.constants`, `morphogen.storage` (locations, durable writes) and
+`morphogen.config` (`source` reads a party's configuration); never the engines, the servers
+or the client.
 """

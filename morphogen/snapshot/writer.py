@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
-from morphogen.durable import fsync_dir
 from morphogen.snapshot.chunks import CHUNK_PAGES, as_bytes
 from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES, ChunkHasher, checksum_str, root_hex
 from morphogen.snapshot.layout import domain_bits_for
@@ -26,6 +25,7 @@ from morphogen.snapshot.manifest import (
 )
 from morphogen.snapshot.progress import Meter, Progress
 from morphogen.snapshot.reader import Snapshot
+from morphogen.storage.durable import fsync_dir
 
 PageSource = np.ndarray | Snapshot | Iterable[bytes | bytearray | memoryview | np.ndarray]
 """What ``write_snapshot`` accepts: a ``(P, 4096)`` uint8 array (a memmap is fine), an open

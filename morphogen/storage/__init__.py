@@ -1,4 +1,12 @@
-"""Where a party's files live: local paths or object stores (S3, GCS, HTTPS), one seam for both."""
+"""Where a party's files live: local paths or object stores (S3, GCS, HTTPS), one seam for both.
+
+- `location`: a path or URI opened as one `Location` (read, list, write, conditional create);
+- `log_objects`: write-once objects in sequence, the lock of an object-store epoch log;
+- `durable`: files that are there whole or not at all after a crash.
+
+May use: `morphogen.constants` and the object-store and file-system libraries; nothing else
+of morphogen (snapshots, the epoch log and keyword tables are built on it).
+"""
 
 from morphogen.storage.location import (
     Location,

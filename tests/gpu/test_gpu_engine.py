@@ -11,11 +11,12 @@ import threading
 import numpy as np
 import pytest
 
-from morphogen import dpf, engine
+from morphogen import engine
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import DomainError
 from morphogen.engine import gpu_available, sliced
 from morphogen.engine.reference import ReferenceEngine
+from morphogen.protocol import dpf
+from morphogen.protocol.dpf import DomainError
 
 pytestmark = [
     pytest.mark.gpu,

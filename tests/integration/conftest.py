@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.churn import wait_until  # noqa: F401 - the tests' one polling helper
 from cluster.local import fast_ingress_env, free_port  # noqa: E402 - no Ray import behind it
 from morphogen.snapshot.synthetic import build_synthetic
+
+from .churn import wait_until  # noqa: F401 - the tests' one polling helper
 
 os.environ["RAY_AUTH_MODE"] = "disabled"
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")

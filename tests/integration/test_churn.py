@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.churn import ChurnPlan, run
-
+from .churn import ChurnPlan, run
 from .conftest import party_args
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

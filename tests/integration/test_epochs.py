@@ -19,7 +19,6 @@ import httpx
 import numpy as np
 import pytest
 
-from morphogen.admin_client import AdminClient
 from morphogen.client import (
     PageOutOfRange,
     PirClient,
@@ -27,6 +26,7 @@ from morphogen.client import (
     PirUnavailable,
     RetryPolicy,
 )
+from morphogen.client.admin import AdminClient
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 

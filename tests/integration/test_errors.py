@@ -8,8 +8,8 @@ import httpx
 import msgpack
 import pytest
 
-from morphogen.codec import to_hex
-from morphogen.dpf import generate_keys
+from morphogen.protocol.codec import to_hex
+from morphogen.protocol.dpf import generate_keys
 
 pytestmark = pytest.mark.ray
 

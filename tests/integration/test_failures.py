@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from morphogen.client import PirClient, PirError, RetryPolicy
-from morphogen.codec import to_hex
-from morphogen.dpf import generate_keys
+from morphogen.protocol.codec import to_hex
+from morphogen.protocol.dpf import generate_keys
 
 from .conftest import NUM_PAGES, deploy, wait_until
 

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from morphogen.client import AsyncPirClient, HandlePirClient, PirClient
-from morphogen.codec import from_hex, to_hex
-from morphogen.dpf import generate_keys
+from morphogen.protocol.codec import from_hex, to_hex
+from morphogen.protocol.dpf import generate_keys
 
 from .conftest import NUM_PAGES
 
@@ -149,7 +149,7 @@ def test_handles(parties, pages) -> None:
 def test_handle_refuses_bad_keys(parties) -> None:
     from ray import serve
 
-    from morphogen.codec import WireError
+    from morphogen.protocol.codec import WireError
 
     ha = serve.get_app_handle("a")
     wrong = [generate_keys(D + 1, 1)[0].to_bytes()] * 3

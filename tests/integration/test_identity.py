@@ -17,12 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.churn import random_changes
-from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
-from morphogen.dpf import generate_keys
+from morphogen.client.admin import AdminClient
+from morphogen.protocol.dpf import generate_keys
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
+from .churn import random_changes
 from .conftest import apply_changes, deploy, rotation_snapshots, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

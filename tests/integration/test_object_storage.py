@@ -8,7 +8,7 @@ import numpy as np
 import obstore
 import pytest
 
-from morphogen.epoch_log import EpochLog
+from morphogen.publication.log import EpochLog
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 from morphogen.storage import open_location
 from tests.integration.conftest import deploy, wait_until
@@ -58,7 +58,7 @@ def _check(urls, model: np.ndarray, wanted: list[int]) -> int:
 
 
 def test_pages_updates_and_a_rotation_all_through_object_storage(party) -> None:
-    from morphogen.admin_client import AdminClient, publish_to_parties
+    from morphogen.client.admin import AdminClient, publish_to_parties
 
     urls, bucket = party["urls"], party["bucket"]
     model = synthetic_pages(21, 0, PAGES).copy()

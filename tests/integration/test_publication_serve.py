@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from cluster.churn import random_changes
-from morphogen.admin_client import AdminClient
 from morphogen.client import PirClient, PirError
+from morphogen.client.admin import AdminClient
 from morphogen.snapshot.synthetic import synthetic_pages
 
+from .churn import random_changes
 from .conftest import apply_changes, deploy, rotation_snapshots, wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

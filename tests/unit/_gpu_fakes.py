@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import DpfKey, eval_range
 from morphogen.engine import gpu, gpu_kernels, sliced
 from morphogen.engine.gpu_backend import DeviceInfo
 from morphogen.engine.gpu_keys import KEY_HEADER_WORDS, key_words
@@ -35,6 +34,7 @@ from morphogen.engine.gpu_plan import (
     SCAN_KERNELS,
     SCAN_THREADS,
 )
+from morphogen.protocol.dpf import DpfKey, eval_range
 
 ROOT = Path(__file__).resolve().parents[2]
 EMU_DIR = Path(__file__).resolve().parent / "cuda_emu"

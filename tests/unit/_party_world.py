@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 
-from morphogen import dpf
-from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.config import PartyConfig
-from morphogen.epoch_log import EpochLog, updates_entry
-from morphogen.party import Party
-from morphogen.replica import ShardReplica
-from morphogen.shard import ShardCore
+from morphogen.party.replica import ShardReplica
+from morphogen.party.router import Party
+from morphogen.party.shard import ShardCore
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
+from morphogen.publication.log import EpochLog, updates_entry
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from morphogen import admin
-from morphogen.codec import ErrorCode, WireError
-from morphogen.dpf import DomainError
-from morphogen.epoch import EpochError, StagingConflict
+from morphogen.party import admin
+from morphogen.party.epoch import EpochError, StagingConflict
+from morphogen.protocol.codec import ErrorCode, WireError
+from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.synthetic import build_synthetic
 

@@ -1,6 +1,6 @@
 import pytest
 
-from morphogen.admin_auth import AdminAccess, AdminGuard, AdminTokenError
+from morphogen.publication.admin_auth import AdminAccess, AdminGuard, AdminTokenError
 
 TOKEN = "s3cret-admin-token-0123456789"
 
@@ -45,7 +45,7 @@ def test_bad_token_sources(tmp_path):
 
 
 def test_a_router_guard_never_fails_and_says_where_it_looked(tmp_path, monkeypatch) -> None:
-    from morphogen.admin_auth import WatchedAdminGuard
+    from morphogen.publication.admin_auth import WatchedAdminGuard
 
     missing = WatchedAdminGuard(str(tmp_path / "secret" / "token"), None)
     assert not missing.enabled
@@ -59,7 +59,7 @@ def test_a_router_guard_never_fails_and_says_where_it_looked(tmp_path, monkeypat
 
 
 def test_a_router_guard_follows_a_rotated_secret_file(tmp_path) -> None:
-    from morphogen.admin_auth import WatchedAdminGuard
+    from morphogen.publication.admin_auth import WatchedAdminGuard
 
     path = tmp_path / "token"
     guard = WatchedAdminGuard(str(path), None)  # mounted later

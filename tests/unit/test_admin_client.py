@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 from _party_world import make_party, make_world
 
-from morphogen import admin_wire
-from morphogen.admin_client import (
+from morphogen.client.admin import (
     AdminClient,
     PartiesDiverged,
     compare_parties,
     content_publication_id,
     publish_to_parties,
 )
-from morphogen.client_wire import PirUnavailable
-from morphogen.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
-from morphogen.party import Party
-from morphogen.wire import error_body
+from morphogen.client.wire import PirUnavailable
+from morphogen.party import admin_wire
+from morphogen.party.router import Party
+from morphogen.party.wire import error_body
+from morphogen.protocol.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
 
 TOKEN = "admin-client-test-token-0123456789"
 

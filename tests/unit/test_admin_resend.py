@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from morphogen.admin_client import AdminClient, publish_to_parties
-from morphogen.admin_wire import PUBLICATION_HEADER
-from morphogen.client_wire import PirError
+from morphogen.client.admin import AdminClient, publish_to_parties
+from morphogen.client.wire import PirError
+from morphogen.protocol.codec import PUBLICATION_HEADER
 
 TOKEN = "admin-client-test-token-0123456789"
 

@@ -9,11 +9,11 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import admin_wire
-from morphogen.admin_client import AdminClient
-from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
 from morphogen.client import PirError, PirUnavailable, encode_updates
-from morphogen.codec import ErrorCode, WireError, admin_body_bytes, to_hex
+from morphogen.client.admin import AdminClient
+from morphogen.party import admin_wire
+from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
+from morphogen.protocol.codec import ErrorCode, WireError, admin_body_bytes, to_hex
 
 TOKEN = "admin-token-for-tests-0123456789"
 JSON = "application/json"

@@ -1,6 +1,6 @@
-"""morphogen/_chacha.py is exactly what its generator writes (regenerate with the command below)."""
+"""morphogen/protocol/_chacha.py is exactly what its generator writes (regenerate: below)."""
 
-from morphogen import _chacha_gen
+from morphogen.protocol import _chacha_gen
 
 
 def test_chacha_module_matches_its_generator():

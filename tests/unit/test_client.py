@@ -10,7 +10,6 @@ import httpx
 import numpy as np
 import pytest
 
-from morphogen import wire
 from morphogen.client import (
     AsyncPirClient,
     EpochMismatchError,
@@ -22,8 +21,9 @@ from morphogen.client import (
     RetryPolicy,
     plan_targets,
 )
-from morphogen.codec import WireError, max_body_bytes
-from morphogen.dpf import eval_range
+from morphogen.party import wire
+from morphogen.protocol.codec import WireError, max_body_bytes
+from morphogen.protocol.dpf import eval_range
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.synthetic import synthetic_pages
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from morphogen.client_core import (
+from morphogen.client.core import (
     ClientCore,
     ReadEpoch,
     RetryPolicy,
@@ -12,7 +12,7 @@ from morphogen.client_core import (
     Sleep,
     drive,
 )
-from morphogen.client_wire import (
+from morphogen.client.wire import (
     Answer,
     EpochMismatchError,
     PageOutOfRange,

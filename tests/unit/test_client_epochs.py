@@ -15,7 +15,6 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import wire
 from morphogen.client import (
     AsyncPirClient,
     EpochMismatchError,
@@ -26,9 +25,10 @@ from morphogen.client import (
     PirUnavailable,
     RetryPolicy,
 )
-from morphogen.codec import WireError, from_hex, to_hex
 from morphogen.constants import key_length
-from morphogen.dpf import DpfKey, eval_range
+from morphogen.party import wire
+from morphogen.protocol.codec import WireError, from_hex, to_hex
+from morphogen.protocol.dpf import DpfKey, eval_range
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.synthetic import synthetic_pages
 

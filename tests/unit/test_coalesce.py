@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from morphogen.coalesce import Coalescer
+from morphogen.party.coalesce import Coalescer
 
 
 class _Recorder:

@@ -7,7 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from morphogen.combine import EpochMismatch, ShardFailure, scan_all, xor_partials
+from morphogen.party.combine import EpochMismatch, ShardFailure, scan_all, xor_partials
 
 
 def _parts(n_shards: int, n_keys: int, seed: int = 0) -> list[np.ndarray]:
@@ -99,7 +99,7 @@ def test_scan_all_epoch_mismatch_exhausted() -> None:
 
 
 def test_equal_epoch_ids_on_different_data_never_combine() -> None:
-    from morphogen.identity import EpochIdentity
+    from morphogen.protocol.identity import EpochIdentity
 
     parts = np.zeros((2, 4096), np.uint8)
     one = EpochIdentity.of_snapshot(1, "blake2b-256:" + "11" * 32)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from morphogen.codec import max_body_bytes
 from morphogen.config import PartyConfig, resolved_engine, shard_actor_options
-from morphogen.snapshots import ensure_synthetic, open_snapshot
+from morphogen.protocol.codec import max_body_bytes
+from morphogen.snapshot.source import ensure_synthetic, open_snapshot
 
 
 def test_defaults_are_valid_and_frozen() -> None:
@@ -74,7 +74,7 @@ def test_synthetic_snapshot_built_once(tmp_path, monkeypatch) -> None:
 
 
 def test_admin_settings() -> None:
-    from morphogen.codec import admin_body_bytes
+    from morphogen.protocol.codec import admin_body_bytes
 
     cfg = PartyConfig()
     assert cfg.admin_token_file is None and cfg.admin_token_env == "MORPHOGEN_ADMIN_TOKEN"
@@ -128,7 +128,7 @@ def test_autoscaling_options() -> None:
 def test_router_policy_sizes_routers_by_the_queries_they_hold() -> None:
     from types import SimpleNamespace
 
-    from morphogen.autoscaling import HELD_QUERIES, router_policy
+    from morphogen.party.autoscaling import HELD_QUERIES, router_policy
 
     def ctx(held: dict, current: int = 2) -> SimpleNamespace:
         config = SimpleNamespace(get_target_ongoing_requests=lambda: 32.0)

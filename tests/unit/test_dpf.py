@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from morphogen import dpf
 from morphogen.constants import key_length
-from morphogen.dpf import DomainError, DpfKey, KeyFormatError, eval_points, eval_range
+from morphogen.protocol import dpf
+from morphogen.protocol.dpf import DomainError, DpfKey, KeyFormatError, eval_points, eval_range
 
 S0 = bytes(range(16))
 S1 = bytes(range(16, 32))

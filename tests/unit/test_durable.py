@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from morphogen.durable import fsync_dir, write_atomic
+from morphogen.storage.durable import fsync_dir, write_atomic
 
 
 def test_write_atomic_replaces_whole(tmp_path: Path) -> None:

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from morphogen import dpf, engine
-from morphogen.dpf import DomainError
+from morphogen import engine
 from morphogen.engine import EngineUnavailable, gpu_available
+from morphogen.protocol import dpf
+from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.layout import domain_bits_for, shard_ranges
 
 

@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 
-from morphogen import dpf, engine
-from morphogen.changes import ChangeBatch, PageUpdate, PageWrite
-from morphogen.dpf import DomainError
-from morphogen.epoch import EpochError, ShardState, StagingConflict
+from morphogen import engine
+from morphogen.party.epoch import EpochError, ShardState, StagingConflict
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
+from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.layout import domain_bits_for, shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot
@@ -195,7 +196,7 @@ def test_keys_of_another_domain_are_refused(snapshots):
 
 
 def test_shard_core_rotates_to_another_page_count_and_domain(tmp_path, snapshots):
-    from morphogen.shard import ShardCore
+    from morphogen.party.shard import ShardCore
 
     snap, _ = snapshots
     bigger = tmp_path / "bigger"

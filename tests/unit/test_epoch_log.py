@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from morphogen import epoch_log as epoch_log_module
-from morphogen.changes import ChangeBatch
-from morphogen.epoch_log import (
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.identity import EMPTY_CHAIN, EpochIdentity
+from morphogen.publication import log as epoch_log_module
+from morphogen.publication.log import (
     EpochLog,
     EpochLogBusy,
     EpochLogConflict,
@@ -34,7 +35,6 @@ from morphogen.epoch_log import (
     rotation_entry,
     updates_entry,
 )
-from morphogen.identity import EMPTY_CHAIN, EpochIdentity
 
 T0 = 1_700_000_000_000  # the fake clock's start, unix milliseconds
 Build = Callable[[LogEntry | None, int], tuple[LogEntry, ChangeBatch | None]]
@@ -506,7 +506,7 @@ def test_torn_tail_is_ignored_then_truncated_by_the_next_writer(log: EpochLog, r
     assert log.head() == kept[0] and log.state().pending is None
     assert EpochLog(log.directory, create=False).live() == [kept[0]]  # a fresh reader as well
     assert log.path.stat().st_size == len(two) + len(third[:cut])  # readers never write
-    with caplog.at_level(logging.WARNING, logger="morphogen.epoch_log"):
+    with caplog.at_level(logging.WARNING, logger="morphogen.publication"):
         entry, _ = Writer(log, rng, "V").updates(outcome=None)
     assert (entry.seq, entry.epoch_id) == (2, 3)
     assert [r.getMessage() for r in caplog.records] == [
@@ -523,7 +523,7 @@ def test_zero_filled_tail_is_an_unsynced_append(log: EpochLog, rng, caplog,
     two, _ = _three_records(log, rng)
     log.path.write_bytes(two + bytes(zeros))
     assert [e.seq for e in log.entries()] == [0, 1]
-    with caplog.at_level(logging.WARNING, logger="morphogen.epoch_log"):
+    with caplog.at_level(logging.WARNING, logger="morphogen.publication"):
         entry, _ = Writer(log, rng, "V").updates()
     assert [r.getMessage() for r in caplog.records] == [
         f"{log.path}: truncating an incomplete final record at byte {len(two)} "
@@ -910,7 +910,7 @@ def test_an_expired_proposal_is_aborted_by_the_next_one(plog: EpochLog, rng, cap
     b1, b2 = _batch(rng, 1), _batch(rng, 2)
     a = log.propose("pub-a", "req-a", "A", 0.05, updates(b1))
     time.sleep(0.1)
-    with caplog.at_level(logging.WARNING, logger="morphogen.epoch_log"):
+    with caplog.at_level(logging.WARNING, logger="morphogen.publication"):
         b = log.propose("pub-b", "req-b", "B", 60, updates(b2))
     assert [r.getMessage() for r in caplog.records] == [
         "aborting publication pub-a (epoch 3): its publisher's lease ran out undecided"]

@@ -12,7 +12,7 @@ import numpy as np
 import obstore
 import pytest
 
-from morphogen.epoch_log import EpochLog, EpochLogConflict, EpochLogError, LogEntry
+from morphogen.publication.log import EpochLog, EpochLogConflict, EpochLogError, LogEntry
 from morphogen.storage import open_location
 from tests.unit.test_epoch_log import Writer, _batch, updates
 

@@ -14,11 +14,11 @@ import pytest
 from _gpu_fakes import FakeBackend, FakeCudaError, make_engine
 
 import morphogen.engine as engines
-from morphogen import dpf
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine import gpu, gpu_plan, gpu_timings
 from morphogen.engine.cpu import CpuEngine
 from morphogen.engine.reference import ReferenceEngine
+from morphogen.protocol import dpf
 
 # What CuPy 14 raises at the first RawModule compile when cuda-pathfinder finds no headers,
 # and what it raises when libnvrtc cannot be loaded.

@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 from _gpu_fakes import FakeBackend, FakeCudaError, make_engine, unpack_key
 
-from morphogen import dpf
 from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
-from morphogen.dpf import DomainError, KeyBatch
 from morphogen.engine import gpu, gpu_kernels, gpu_keys, gpu_plan, gpu_pool
 from morphogen.engine.base import EngineUnavailable
 from morphogen.engine.reference import ReferenceEngine
+from morphogen.protocol import dpf
+from morphogen.protocol.dpf import DomainError, KeyBatch
 
 
 def random_keys(rng, d, n):

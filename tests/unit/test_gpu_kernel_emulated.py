@@ -21,9 +21,7 @@ from _gpu_fakes import (
     run_emulated,
 )
 
-from morphogen import dpf, prg
 from morphogen.constants import PAGE_SIZE
-from morphogen.dpf import KeyBatch
 from morphogen.engine.gpu_kernels import READ_BW_KERNEL, READ_BW_THREADS
 from morphogen.engine.gpu_keys import pack_keys
 from morphogen.engine.gpu_plan import (
@@ -35,6 +33,8 @@ from morphogen.engine.gpu_plan import (
     plan_launch,
 )
 from morphogen.engine.reference import ReferenceEngine
+from morphogen.protocol import dpf, prg
+from morphogen.protocol.dpf import KeyBatch
 
 pytestmark = pytest.mark.skipif(
     emulator_compiler() is None, reason="no C++ compiler to build the kernel emulator"

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from _gpu_fakes import FakeBackend, make_engine, unslice_chunk
 
-from morphogen import dpf
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine import sliced
 from morphogen.engine.gpu import GpuEngine
 from morphogen.engine.reference import ReferenceEngine
+from morphogen.protocol import dpf
 
 
 def random_pages(rng, n):

@@ -24,13 +24,13 @@ from _party_world import (
     start_shard,
 )
 
-from morphogen import dpf
-from morphogen.changes import ChangeBatch, PageUpdate
-from morphogen.codec import ErrorCode, WireError
-from morphogen.epoch_log import EpochLog, EpochLogError
-from morphogen.party import Party
-from morphogen.replica import ShardReplica
-from morphogen.shard import ShardCore
+from morphogen.party.replica import ShardReplica
+from morphogen.party.router import Party
+from morphogen.party.shard import ShardCore
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import ChangeBatch, PageUpdate
+from morphogen.protocol.codec import ErrorCode, WireError
+from morphogen.publication.log import EpochLog, EpochLogError
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 

@@ -5,8 +5,8 @@ import struct
 import numpy as np
 import pytest
 
-from morphogen import prg
-from morphogen._chacha import g_words
+from morphogen.protocol import prg
+from morphogen.protocol._chacha import g_words
 
 VECTORS = [
     (bytes(16), "3e00ef2f895f40d67f5bb8e81f09a5a1", "2c840ec3ce9a7f3b181be188ef711a1e", 0, 0),

@@ -22,9 +22,9 @@ from _party_world import (
     start_replica,
 )
 
-from morphogen.codec import WireError
-from morphogen.epoch_log import EpochLog, EpochLogError
-from morphogen.party import Party
+from morphogen.party.router import Party
+from morphogen.protocol.codec import WireError
+from morphogen.publication.log import EpochLog, EpochLogError
 from morphogen.snapshot.synthetic import synthetic_pages
 
 NUM_PAGES = 96

@@ -25,10 +25,10 @@ from _party_world import (
     start_replica,
 )
 
-from morphogen import dpf
-from morphogen.codec import WireError
-from morphogen.epoch_log import EpochLog
-from morphogen.party import Party
+from morphogen.party.router import Party
+from morphogen.protocol import dpf
+from morphogen.protocol.codec import WireError
+from morphogen.publication.log import EpochLog
 from morphogen.snapshot.synthetic import synthetic_pages
 
 LEASE_S = 0.3

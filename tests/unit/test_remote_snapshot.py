@@ -11,14 +11,14 @@ import numpy as np
 import obstore
 import pytest
 
-from morphogen.admin import resolve_snapshot_path, verify_snapshot
-from morphogen.codec import WireError
+from morphogen.party.admin import resolve_snapshot_path, verify_snapshot
+from morphogen.protocol.codec import WireError
+from morphogen.snapshot.chunk_cache import ChunkCache, chunk_file
 from morphogen.snapshot.manifest import SnapshotError
+from morphogen.snapshot.open import open_any
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic
 from morphogen.storage import open_location
-from morphogen.storage.chunk_cache import ChunkCache, chunk_file
-from morphogen.storage.open import open_any
 
 PAGES, CHUNK = 100, 16  # 7 chunks, the last one short
 
@@ -181,14 +181,14 @@ def test_a_download_killed_in_its_process_resumes_where_it_stopped(remote, tmp_p
     # the child fetches everything, a chunk at a time, slowly enough to be killed halfway
     code = (
         "import time\n"
-        "from morphogen.storage import chunk_cache\n"
+        "from morphogen.snapshot import chunk_cache\n"
         "finish = chunk_cache.ChunkCache._finish\n"
         "def slow(self, *a, **k):\n"
         "    out = finish(self, *a, **k)\n"
         "    time.sleep(0.5)\n"
         "    return out\n"
         "chunk_cache.ChunkCache._finish = slow\n"
-        "from morphogen.storage.open import open_any\n"
+        "from morphogen.snapshot.open import open_any\n"
         f"with open_any({uri!r}, cache_dir={str(cache)!r}) as s:\n"
         f"    s.read_verified(0, {PAGES})\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
@@ -236,7 +236,7 @@ def test_a_web_server_cannot_hold_an_epoch_log(uri: str) -> None:
     from pydantic import ValidationError
 
     from morphogen.config import PartyConfig
-    from morphogen.epoch_log import EpochLog, EpochLogError
+    from morphogen.publication.log import EpochLog, EpochLogError
 
     expected = "an epoch log needs write-once objects \\(s3://, gs://\\) or a shared directory"
     with pytest.raises(ValidationError, match=expected):

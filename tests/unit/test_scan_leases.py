@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from _gpu_fakes import FakeBackend, make_engine
 
-from morphogen import dpf, engine
-from morphogen.changes import PageUpdate
-from morphogen.epoch import ShardState
+from morphogen import engine
+from morphogen.party.epoch import ShardState
+from morphogen.protocol import dpf
+from morphogen.protocol.changes import PageUpdate
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages

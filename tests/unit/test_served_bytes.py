@@ -13,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from morphogen import dpf, engine
+from morphogen import engine
 from morphogen.constants import PAGE_SIZE
-from morphogen.epoch import ShardState
-from morphogen.identity import EpochIdentity
-from morphogen.shard import ShardCore
+from morphogen.party.epoch import ShardState
+from morphogen.party.shard import ShardCore
+from morphogen.protocol import dpf
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.reader import Snapshot

@@ -7,9 +7,9 @@ import pickle
 import numpy as np
 import pytest
 
-from morphogen.dpf import KeyBatch, generate_keys
 from morphogen.engine import _cpu_kernel
-from morphogen.shard import ShardCore, warm_up
+from morphogen.party.shard import ShardCore, warm_up
+from morphogen.protocol.dpf import KeyBatch, generate_keys
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 

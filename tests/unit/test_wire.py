@@ -8,10 +8,10 @@ import msgpack
 import numpy as np
 import pytest
 
-from morphogen import wire
-from morphogen.codec import ErrorCode, WireError, from_hex, max_body_bytes, to_hex
 from morphogen.constants import key_length
-from morphogen.dpf import generate_keys
+from morphogen.party import wire
+from morphogen.protocol.codec import ErrorCode, WireError, from_hex, max_body_bytes, to_hex
+from morphogen.protocol.dpf import generate_keys
 
 D = 9
 

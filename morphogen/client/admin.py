@@ -1,0 +1,188 @@
+"""The admin client: page updates, snapshot rotation and status of a party's router, and one
+publication sent to both parties under one id until both have it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import httpx
+import msgpack
+
+from morphogen.client.drivers import PirError, _error_from_response
+from morphogen.client.wire import PirUnavailable, Transient, encode_updates
+from morphogen.protocol.codec import (
+    ADMIN_SNAPSHOT_PATH,
+    ADMIN_STATUS_PATH,
+    ADMIN_UPDATES_PATH,
+    JSON_TYPE,
+    MSGPACK_TYPE,
+    PUBLICATION_HEADER,
+)
+
+
+class AdminClient:
+    """The admin routes of ONE server (a party's router): page updates, snapshot rotation,
+    status. Send every operation to both parties, in the same order. The token is sent as a
+    bearer token and kept out of reprs and error messages."""
+
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        *,
+        encoding: str = "msgpack",
+        timeout_s: float = 600.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if encoding not in ("json", "msgpack"):
+            raise ValueError("encoding is 'json' or 'msgpack'")
+        self.encoding = encoding
+        self.url = server.rstrip("/")
+        self._http = httpx.Client(
+            base_url=server.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport, headers={"Authorization": f"Bearer {token}"},
+        )
+
+    def __repr__(self) -> str:
+        return f"AdminClient({str(self._http.base_url)!r})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> AdminClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, path: str, obj: Any | None = None, body: bytes | None = None,
+              publication: str | None = None) -> dict:
+        if obj is None and body is None:
+            resp = self._http.get(path)
+        else:
+            if body is None:
+                body = (msgpack.packb(obj, use_bin_type=True) if self.encoding == "msgpack"
+                        else json.dumps(obj).encode())
+            mt = MSGPACK_TYPE if self.encoding == "msgpack" else JSON_TYPE
+            headers = {"Content-Type": mt}
+            if publication is not None:
+                headers[PUBLICATION_HEADER] = publication
+            resp = self._http.post(path, content=body, headers=headers)
+        if resp.status_code != 200:
+            err = _error_from_response(resp)
+            if isinstance(err, Transient):
+                raise PirUnavailable(f"HTTP {resp.status_code}: {_message(resp)}",
+                                     resp.status_code, "unavailable")
+            raise err
+        return resp.json()
+
+    def updates(self, changes: Sequence[tuple[int, str, bytes]],
+                publication: str | None = None) -> dict:
+        """Publish the next epoch with these changes; `{"epoch_id", "identity", "applied",
+        "publication"}` (`"duplicate": true` when `publication` was committed before)."""
+        return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding),
+                          publication=publication)
+
+    def snapshot(self, path: str, publication: str | None = None) -> dict:
+        """Rotate to the snapshot at `path` (under the server's admin_snapshot_dir)."""
+        return self._send(ADMIN_SNAPSHOT_PATH, {"path": str(path)}, publication=publication)
+
+    def status(self) -> dict:
+        return self._send(ADMIN_STATUS_PATH)
+
+
+def _message(resp: httpx.Response) -> str:
+    try:
+        return str(resp.json()["error"]["message"])
+    except Exception:  # noqa: BLE001
+        return resp.text[:200]
+
+
+log = logging.getLogger(__name__)
+
+
+def content_publication_id(kind: str, content: bytes) -> str:
+    """A publication id derived from what is published: re-running the same command re-sends
+    the same id, so it is answered as done instead of applied twice."""
+    return f"{kind[0]}-" + hashlib.blake2b(kind.encode() + b"\0" + content,
+                                           digest_size=12).hexdigest()
+
+
+class PartiesDiverged(PirError):
+    """The parties answered one publication with different identities."""
+
+
+def publish_to_parties(
+    clients: Sequence[AdminClient],
+    send: Callable[[AdminClient], dict],
+    *,
+    retry_for_s: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[dict]:
+    """`send` (one publication, one id) to every party in order, re-sending to a party that
+    answers a 5xx or 429 (a 500 is what Serve answers when the router replica serving the
+    request dies) or cannot be reached until `retry_for_s` is spent; a 4xx is final. Raises
+    PartiesDiverged when the parties name different identities afterwards (they did not hold
+    the same data before: see `compare_parties`). Safe to call again with the same id: a party
+    that has it answers it as done."""
+    out = []
+    for client in clients:
+        deadline = time.monotonic() + retry_for_s
+        delay = 0.25
+        while True:
+            try:
+                out.append(send(client))
+                break
+            except (PirUnavailable, httpx.TransportError) as exc:
+                if time.monotonic() + delay > deadline:
+                    done = ", ".join(f"{c.url} at epoch {r.get('epoch_id')}"
+                                     for c, r in zip(clients, out, strict=False))
+                    raise PirUnavailable(
+                        f"{client.url} did not take the publication ({exc}); "
+                        + (f"applied on {done}; " if done else "")
+                        + "re-run the same command: it is safe, a party that has it answers "
+                          "it as done") from None
+                log.warning("%s: %s; re-sending in %.1fs", client.url, exc, delay)
+                sleep(delay)
+                delay = min(delay * 2, 5.0)
+    identities = {r.get("identity") for r in out}
+    if len(identities) > 1:
+        raise PartiesDiverged(
+            "the parties answered with different identities: "
+            + "; ".join(f"{c.url} epoch {r.get('epoch_id')} {r.get('identity')}"
+                        for c, r in zip(clients, out, strict=True))
+            + ". They held different data before this publication; rotate both to one "
+              "snapshot (morphogen admin --server A --server B snapshot PATH)")
+    return out
+
+
+def compare_parties(names: Sequence[str], statuses: Sequence[dict]) -> str | None:
+    """None when every party serves one identity, else what differs and the command that
+    brings them together."""
+    heads = [s.get("epoch_log_head") or {} for s in statuses]
+    idents = [h.get("identity") or (s.get("shards") or [{}])[0].get("identity")
+              for h, s in zip(heads, statuses, strict=True)]
+    if len(set(idents)) <= 1:
+        return None
+    lines = ["parties differ: " + "; ".join(
+        f"{n} at epoch {s.get('epoch_id')} ({i})"
+        for n, s, i in zip(names, statuses, idents, strict=True))]
+    recent = [list(s.get("recent_publications") or []) for s in statuses]
+    for n, mine in zip(names, recent, strict=True):
+        for other in recent:
+            if other is mine or (mine and mine[-1] not in other):
+                continue
+            missing = other[other.index(mine[-1]) + 1 :] if mine else other
+            if missing:
+                lines.append(f"{n} lacks publication(s) {', '.join(missing)}: re-run the "
+                             "command(s) that published them with every --server (safe: a "
+                             "party that has one answers it as done)")
+                break
+    lines.append("or bring both to one snapshot: morphogen admin " + " ".join(
+        f"--server {n}" for n in names) + " snapshot PATH")
+    return "\n".join(lines)

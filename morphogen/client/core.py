@@ -1,0 +1,299 @@
+"""The two-server client's protocol logic, free of I/O: what to ask, what to believe, when to
+retry. The drivers in `morphogen.client.drivers` only move bytes and sleep.
+
+An operation (`ClientCore.get`, `get_with_epoch`, `read_info`) is a generator. It yields
+actions (`ReadEpoch`, `Send`, `Sleep`) and is sent their results: the pair of GET /epoch
+documents, the pair of decoded `Answer`s, or nothing. A failed action is thrown back in as a
+`Transient` (worth retrying: a 5xx or 429, a dropped connection or a timeout) or a `PirError`
+(a 4xx: the router refused the request itself).
+`drive` and `adrive` run an operation against a caller's `perform` function.
+
+What the core will vouch for: a page is returned only when A and B answered from the same epoch
+and, where both name one, the same identity (a digest of the exact data), and that data is one
+whose page count and key domain the client knows from GET /epoch, so that a page past the end of
+a shrunken snapshot is never mistaken for a page of zeros. Data that either party advertised
+when the keys were planned qualifies at once (both parties advertised the same shape). An
+answer from other data makes the client re-read /epoch: it is kept when both parties now
+advertise exactly that data in the planned domain and it still holds every wanted page; a
+wanted page past the new end raises `PageOutOfRange`; otherwise the pages are asked again with
+fresh keys. Servers without identities (the reference) are checked by epoch id alone.
+
+Every reason to retry (a 5xx or 429, a dropped connection, A and B on different epochs or
+identities, parties mid-rotation, a domain refusal, data that moved again) spends from one
+budget of `RetryPolicy.attempts` per request, so a call always ends. Each retry sends fresh keys
+to both parties: a read is safe to repeat, and a replica's death (Serve answers 500 for the
+requests it had in flight, or drops the connection) is only a slower answer.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from morphogen.client.wire import (
+    Answer,
+    EpochMismatchError,
+    PirError,
+    PirUnavailable,
+    ServerInfo,
+    Transient,
+    View,
+    check_pages,
+    info_from_epoch,
+    make_keys,
+    plan_targets,
+    xor_pages,
+)
+from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """`attempts` tries per request, sleeping `backoff_s` doubled after each failure (at most
+    `max_backoff_s`, at least a server's Retry-After within that cap), jittered down to half.
+
+    The default sleeps 10.5 to 21 s in all before it gives up: long enough to ride out what a
+    replica's death does to the parties, at worst a publication whose router died on one party
+    after the other had it (the parties then serve different epochs until the admin's re-send
+    goes through, after the dead router's lease of `admin_lease_s`, 5 s by default, and the
+    publication itself), with room for a loaded machine. A read that outlasts the outage
+    succeeds at most one backoff (2 s) after it ends."""
+
+    attempts: int = 14
+    backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+
+    def delay(self, attempt: int, hint: float | None = None) -> float:
+        base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
+        if hint is not None:
+            base = min(self.max_backoff_s, max(base, hint))
+        # Jitter so that many clients retrying together do not come back in lockstep.
+        return base * (0.5 + secrets.randbelow(1000) / 2000)
+
+
+def domain_retry(exc: PirError, used: ServerInfo, fresh: ServerInfo, refusals: int) -> bool:
+    """Whether a `bad_domain` refusal is worth a retry with keys for `fresh`: the servers'
+    domain moved since the keys were made (a snapshot rotation), or it is the first refusal
+    of this fetch (a router may only now have seen a rotation that /epoch already shows).
+    A repeated refusal without any change is a client bug and is raised."""
+    moved = (fresh.domain_bits, fresh.num_pages) != (used.domain_bits, used.num_pages)
+    return exc.code == "bad_domain" and (moved or refusals == 1)
+
+
+def give_up(attempts: int, last: Transient | None) -> PirUnavailable:
+    if last is not None and last.kind == "epoch":
+        return EpochMismatchError(
+            f"servers A and B answered from different epochs ({last}) and still did after "
+            f"{attempts} attempts: they do not serve the same data; both parties must receive "
+            "the same updates and rotations in the same order"
+        )
+    if last is not None and last.kind == "identity":
+        return PirUnavailable(
+            f"{last}, still after {attempts} attempts: one party missed or reordered an update, "
+            "or a snapshot was rebuilt under the same epoch id"
+        )
+    return PirUnavailable(f"gave up after {attempts} attempts: {last or 'no attempt'}",
+                          last.status if last is not None else None)
+
+
+# --------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class ReadEpoch:
+    """Wanted: both parties' GET /epoch documents, as (A's, B's)."""
+
+
+@dataclass(frozen=True)
+class Send:
+    """Wanted: `queries_a` sent to A and `queries_b` to B, concurrently; the reply is
+    (A's `Answer`, B's `Answer`)."""
+
+    queries_a: list[list[bytes]]
+    queries_b: list[list[bytes]]
+
+
+@dataclass(frozen=True)
+class Sleep:
+    seconds: float
+
+
+Action = ReadEpoch | Send | Sleep
+Machine = Generator[Action, Any, T]
+
+
+def drive(machine: Machine[T], perform: Callable[[Action], Any]) -> T:
+    """Run an operation to its end, `perform` doing each action (blocking)."""
+    reply: Any = None
+    failure: Exception | None = None
+    try:
+        while True:
+            try:
+                action = machine.send(reply) if failure is None else machine.throw(failure)
+            except StopIteration as done:
+                return done.value
+            reply, failure = None, None
+            try:
+                reply = perform(action)
+            except (Transient, PirError) as exc:
+                failure = exc
+    finally:
+        machine.close()
+
+
+async def adrive(machine: Machine[T], perform: Callable[[Action], Awaitable[Any]]) -> T:
+    """`drive` for asyncio: `perform` is a coroutine function."""
+    reply: Any = None
+    failure: Exception | None = None
+    try:
+        while True:
+            try:
+                action = machine.send(reply) if failure is None else machine.throw(failure)
+            except StopIteration as done:
+                return done.value
+            reply, failure = None, None
+            try:
+                reply = await perform(action)
+            except (Transient, PirError) as exc:
+                failure = exc
+    finally:
+        machine.close()
+
+
+# --------------------------------------------------------------------------- the core
+
+
+class _Budget:
+    """The tries of one operation, shared by every reason to retry it."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+        self.failures = 0
+
+    def spend(self, reason: Transient) -> Machine[None]:
+        self.failures += 1
+        if self.failures >= self.policy.attempts:
+            raise give_up(self.policy.attempts, reason)
+        yield Sleep(self.policy.delay(self.failures - 1, reason.delay))
+
+
+class ClientCore:
+    """The state one client shares between its calls (the cached `ServerInfo`) and the
+    operations that run on it. Safe to use from several threads: the only shared state is
+    `info`, replaced whole."""
+
+    def __init__(
+        self, retry: RetryPolicy | None = None, max_batch_queries: int | None = None
+    ) -> None:
+        self.retry = retry or RetryPolicy()
+        self.max_batch_queries = max_batch_queries
+        self.info: ServerInfo | None = None
+
+    def pages_per_request(self, info: ServerInfo) -> int:
+        per = min(self.max_batch_queries or MAX_BATCH_QUERIES, info.max_batch_queries)
+        return per * KEYS_PER_QUERY
+
+    # ---------------------------------------------------------------- operations
+
+    def read_info(self, refresh: bool = False) -> Machine[ServerInfo]:
+        """The cached `ServerInfo`, read from both parties first when absent or `refresh`."""
+        if self.info is not None and not refresh:
+            return self.info
+        return (yield from self._refresh(_Budget(self.retry)))
+
+    def get(self, pages: Sequence[int]) -> Machine[list[bytes]]:
+        """The wanted pages in order; several requests when they do not fit in one."""
+        if len(pages) == 0:
+            return []
+        info = yield from self.read_info()
+        # Checked against the cached info, before anything is sent. Refreshing first would tell
+        # the servers that the client wants a page past the end it knew; growth is seen at the
+        # next answer from newer data, or with info(refresh=True).
+        wanted = check_pages(pages, info.num_pages)
+        out: list[bytes] = []
+        while len(out) < len(wanted):
+            assert self.info is not None
+            step = self.pages_per_request(self.info)
+            got = yield from self._fetch(wanted[len(out) : len(out) + step])
+            out.extend(got.pages)
+        return out
+
+    def get_with_epoch(self, pages: Sequence[int]) -> Machine[tuple[int, list[bytes]]]:
+        """`(epoch_id, pages)` of one request: every page from the same data."""
+        if len(pages) == 0:
+            raise ValueError("no pages asked")
+        info = yield from self.read_info()
+        wanted = check_pages(pages, info.num_pages)
+        cap = self.pages_per_request(info)
+        if len(wanted) > cap:
+            raise ValueError(f"get_with_epoch takes at most {cap} pages (one request)")
+        got = yield from self._fetch(wanted)
+        return got.epoch_id, got.pages
+
+    # ---------------------------------------------------------------- steps
+
+    def _refresh(self, budget: _Budget) -> Machine[ServerInfo]:
+        while True:
+            try:
+                docs = yield ReadEpoch()
+                info = info_from_epoch(*docs)
+            except Transient as reason:
+                yield from budget.spend(reason)
+                continue
+            self.info = info
+            return info
+
+    def _fetch(self, wanted: list[int]) -> Machine[Answer]:
+        """One request's worth of pages, verified; re-planned across rotations."""
+        budget = _Budget(self.retry)
+        refusals = 0
+        info = self.info
+        assert info is not None
+        while True:
+            targets = plan_targets(wanted, info.num_pages)
+            qa, qb = make_keys(targets, info.domain_bits)
+            try:
+                a, b = yield Send(qa, qb)
+            except Transient as reason:
+                yield from budget.spend(reason)
+                info = self.info
+                continue
+            except PirError as exc:
+                if exc.code != "bad_domain":
+                    raise
+                refusals += 1
+                fresh = yield from self._refresh(budget)
+                if not domain_retry(exc, info, fresh, refusals):
+                    raise exc from None
+                yield from budget.spend(Transient("the servers' key domain changed (rotation)"))
+                info = self.info
+                continue
+            if a.epoch_id != b.epoch_id:
+                yield from budget.spend(
+                    Transient(f"epochs differ (A {a.epoch_id}, B {b.epoch_id})", kind="epoch"))
+                info = self.info
+                continue
+            if a.identity is not None and b.identity is not None and a.identity != b.identity:
+                yield from budget.spend(Transient(
+                    f"the parties serve different data under epoch {a.epoch_id} "
+                    f"(A {a.identity}, B {b.identity})", kind="identity"))
+                info = self.info
+                continue
+            view = View(a.epoch_id, a.identity if b.identity is not None else None)
+            if not info.names(view):
+                # Computed on data the keys were not planned for: its page count is unknown
+                # until /epoch names it (a page past the end of a smaller snapshot XORs to zeros).
+                fresh = yield from self._refresh(budget)
+                check_pages(wanted, fresh.num_pages)
+                if not (fresh.is_exactly(view) and fresh.domain_bits == info.domain_bits):
+                    yield from budget.spend(Transient(
+                        f"answered from {view}, now /epoch names A {fresh.views[0]}, "
+                        f"B {fresh.views[1]}", kind="moved"))
+                    info = fresh
+                    continue
+            pages = xor_pages(a.pages, b.pages)[: len(wanted)]
+            return Answer(view.epoch_id, view.identity, pages)

@@ -1,0 +1,124 @@
+"""Admin request bodies (PROTOCOL.md's admin extension): page updates and snapshot rotation,
+decoded and checked before anything is staged. Same encodings and status codes as queries."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, ValidationError
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.party.wire import JSON, decode_body, request_encoding, validation_message
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError, from_hex
+
+# POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}
+#   diff: exactly 4096 bytes XORed into the page; data: the page's new content (at most 4096
+#   bytes, zero-padded). msgpack: the same with raw bytes. Applied in order, as one epoch.
+# POST /admin/snapshot {"path": "relative/to/admin_snapshot_dir"}
+# Both take an `Idempotency-Key` header: the publication id. The admin sends one id to both
+# parties and re-sends it after any failure; a party answers a committed id with its first
+# outcome and applies nothing twice (docs/publication.md).
+
+_PUBLICATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
+
+
+class _HexChange(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    page: StrictInt
+    diff: StrictStr | None = None
+    data: StrictStr | None = None
+
+
+class _HexUpdates(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    updates: list[_HexChange]
+
+
+class _BinChange(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    page: StrictInt
+    diff: StrictBytes | None = None
+    data: StrictBytes | None = None
+
+
+class _BinUpdates(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    updates: list[_BinChange]
+
+
+class _SnapshotRequest(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    path: StrictStr
+
+
+def _bad_update(message: str) -> WireError:
+    return WireError(400, ErrorCode.BAD_UPDATE, message)
+
+
+def parse_updates(
+    body: bytes, content_type: str | None, *, num_pages: int, max_updates: int
+) -> ChangeBatch:
+    """Decode and check an updates body; raises WireError (messages name positions and page
+    numbers, never page contents)."""
+    encoding = request_encoding(content_type)
+    data = decode_body(body, encoding)
+    model: type[BaseModel] = _HexUpdates if encoding == JSON else _BinUpdates
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        raise WireError(422, ErrorCode.INVALID_FIELD, validation_message(exc)) from None
+    items = parsed.updates  # type: ignore[attr-defined]
+    n = len(items)
+    if not 1 <= n <= max_updates:
+        raise _bad_update(f"a request holds 1..{max_updates} updates, got {n}")
+    pages = np.empty(n, np.int64)
+    replace = np.zeros(n, bool)
+    blob = bytearray(n * PAGE_SIZE)
+    for i, item in enumerate(items):
+        if not 0 <= item.page < num_pages:
+            raise _bad_update(
+                f"update {i}: page {item.page} is outside the matrix of {num_pages} pages"
+            )
+        if (item.diff is None) == (item.data is None):
+            raise _bad_update(f"update {i}: give exactly one of 'diff' and 'data'")
+        raw: str | bytes = item.diff if item.diff is not None else item.data
+        if isinstance(raw, str):
+            try:
+                raw = from_hex(raw)
+            except ValueError:
+                raise WireError(
+                    422, ErrorCode.INVALID_FIELD, f"update {i}: not valid hex"
+                ) from None
+        if item.diff is not None and len(raw) != PAGE_SIZE:
+            raise _bad_update(f"update {i}: a diff is {PAGE_SIZE} bytes, got {len(raw)}")
+        if item.data is not None and len(raw) > PAGE_SIZE:
+            raise _bad_update(f"update {i}: a page is at most {PAGE_SIZE} bytes, got {len(raw)}")
+        pages[i] = item.page
+        replace[i] = item.data is not None
+        blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
+    return ChangeBatch(pages, replace, bytes(blob))
+
+
+def publication_id(header: str | None) -> str | None:
+    """The publication id of an admin request (None: the router picks one)."""
+    if header is None:
+        return None
+    if not _PUBLICATION_ID.fullmatch(header):
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        "Idempotency-Key is 1..80 characters of A-Z a-z 0-9 _ . : -")
+    return header
+
+
+def parse_snapshot_request(body: bytes, content_type: str | None) -> str:
+    """The requested snapshot path of a `POST /admin/snapshot` body."""
+    encoding = request_encoding(content_type)
+    data = decode_body(body, encoding)
+    try:
+        parsed = _SnapshotRequest.model_validate(data)
+    except ValidationError as exc:
+        raise WireError(422, ErrorCode.INVALID_FIELD, validation_message(exc)) from None
+    if not parsed.path or "\x00" in parsed.path:
+        raise WireError(400, ErrorCode.BAD_REQUEST, "path must be a non-empty string")
+    return parsed.path

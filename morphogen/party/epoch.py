@@ -1,0 +1,403 @@
+"""One shard's versioned state: epochs, pending page updates, copy-on-write folding, rotation.
+
+An epoch is an immutable view of the matrix: a snapshot plus an ordered list of page updates
+(`PageUpdate`: XOR diffs), held on a shard as a `Version` (morphogen.party.version) whose answers
+apply the pending updates to the scan of the pages, so an update becomes visible the moment its
+epoch is published, and the background fold that later writes it into the pages (copy-on-write,
+per touched chunk) changes no answer's bytes.
+
+Publication is two-phase so that every shard of a party switches together: `prepare_*` builds
+the next version off to the side (the expensive part: loading a snapshot range, resolving page
+replacements) and `commit` makes it current with one reference swap. A scan reads the current
+version once and finishes on it, so in-flight scans end on the epoch they started on.
+
+Every version carries an `EpochIdentity` (morphogen.protocol.identity): the epoch id, the root
+of the snapshot's chunk hashes and a running hash of the update batches applied since, so that a
+partial names the data it was computed from and never only a counter. A version's pages are a
+private copy of the shard's range checked against those chunk hashes as it was read
+(`Snapshot.read_verified`), so the bytes scanned are the bytes named, even if the file changes.
+
+Scan leases (morphogen.party.leases): a scan holds the segments of the version it read until it
+finishes; a commit, a rotation or a fold retires the segments the new version no longer uses,
+closed when their last scan ends, never under one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.engine.base import Engine, check_domain
+from morphogen.party.leases import ScanLeases
+from morphogen.party.version import Segment, Version, page_with
+from morphogen.protocol.changes import Change, ChangeBatch, PageUpdate, PageWrite
+from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch, as_batch
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.snapshot.reader import Snapshot
+
+DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
+# A staged version left by an admin operation that never committed nor aborted (its router
+# died) may be replaced by another operation after this long.
+DEFAULT_STALE_STAGE_S = 300.0
+
+
+class EpochError(RuntimeError):
+    """An epoch transition that does not fit the shard's state (stale, out of order, ...)."""
+
+
+class StagingConflict(EpochError):
+    """Another admin operation holds this shard's staging slot."""
+
+
+class ShardState:
+    """The current (and at most one staged) version of one shard, with transitions.
+
+    Thread-safe: scans run concurrently with prepare/commit/fold, which serialise among
+    themselves. The staging slot belongs to one admin operation at a time (`op`, an opaque
+    id): another operation's prepare is refused (`StagingConflict`) unless the staged version
+    is older than `stale_stage_s` (its operation died), and commit/abort with an `op` touch
+    only that operation's version. At most two versions' page copies exist at once: current
+    and staged (plus whatever in-flight scans still hold until they finish).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        snapshot: Snapshot,
+        first_page: int,
+        stop_page: int,
+        *,
+        epoch_id: int | None = None,
+        chunk_pages: int = DEFAULT_CHUNK_PAGES,
+        stale_stage_s: float = DEFAULT_STALE_STAGE_S,
+    ) -> None:
+        if chunk_pages < 1:
+            raise ValueError("chunk_pages must be at least 1")
+        self._engine = engine
+        self._chunk = chunk_pages
+        self._stale_s = float(stale_stage_s)
+        self._lock = threading.RLock()
+        epoch = snapshot.epoch_id if epoch_id is None else epoch_id
+        self._leases = ScanLeases(self._fresh_version(snapshot, first_page, stop_page, int(epoch)))
+        self._staged: Version | None = None
+        self._staged_op: str | None = None
+        self._staged_at = 0.0
+        self._loading = False  # a prepare_snapshot is loading its range
+
+    # -- reads
+    @property
+    def current(self) -> Version:
+        return self._leases.current
+
+    @property
+    def epoch_id(self) -> int:
+        return self.current.epoch_id
+
+    @property
+    def identity(self) -> EpochIdentity:
+        return self.current.identity
+
+    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
+        """`(identity, partials)`: every key over this shard's pages, all on the version that
+        was current when the scan started (held by a lease until it ends)."""
+        identity, acc, _ = self.scan_timed(keys)
+        return identity, acc
+
+    def scan_timed(
+        self, keys: Sequence[DpfKey] | KeyBatch
+    ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
+        """`scan` plus its seconds by phase (Version.scan_timed)."""
+        batch = as_batch(keys)
+        with self.lease() as version:
+            if batch.domain_bits != version.snapshot.domain_bits:
+                # a rotation may change the domain: keys made for the old one are refused,
+                # never answered (a smaller domain would alias pages, a larger one costs a
+                # wrong walk)
+                raise DomainError(
+                    f"keys of domain {batch.domain_bits}, epoch {version.epoch_id} has domain "
+                    f"{version.snapshot.domain_bits}"
+                )
+            check_domain(batch, version.first_page, version.stop_page - version.first_page)
+            acc, phases = version.scan_timed(batch)
+            return version.identity, acc, phases
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[Version]:
+        """The current version, its segments kept open until the block ends (a scan's
+        lease): a commit, rotation or fold meanwhile retires them but closes them only after."""
+        version = self._leases.acquire()
+        try:
+            yield version
+        finally:
+            self._leases.release(version)
+
+    @property
+    def rotation_in_progress(self) -> bool:
+        staged = self._staged
+        return self._loading or (
+            staged is not None and staged.snapshot is not self.current.snapshot
+        )
+
+    def info(self) -> dict[str, Any]:
+        v = self.current
+        staged = self._staged
+        return {
+            "epoch_id": v.epoch_id,
+            "identity": v.identity.digest,
+            "identity_snapshot": v.identity.snapshot_checksum,
+            "update_chain": "0x" + v.identity.chain,
+            "pending_updates": len(v.pending),
+            "folded_chunks": len(v.folded),
+            "segments": len(v.segments),
+            "rotation_in_progress": self.rotation_in_progress,
+            "staged_epoch_id": None if staged is None else staged.epoch_id,
+            "snapshot_epoch_id": v.snapshot.epoch_id,
+            "snapshot_checksum": v.snapshot.manifest.checksum,
+            "num_pages": v.snapshot.num_pages,
+            "domain_bits": v.snapshot.domain_bits,
+            "first_page": v.first_page,
+            "stop_page": v.stop_page,
+        }
+
+    # -- two-phase transitions
+    def prepare_updates(
+        self,
+        epoch_id: int,
+        changes: Sequence[Change] | ChangeBatch,
+        *,
+        base_epoch: int | None = None,
+        op: str | None = None,
+        force: bool = False,
+    ) -> int:
+        """Stage `epoch_id` = current + these changes; returns how many touch this shard.
+
+        `base_epoch`, when given, must be the current epoch: the caller computed the changes
+        against it (a shard that restarted from an older snapshot must not take them).
+        `force`: replace whatever another operation staged (the party's log decides who
+        publishes, so a staged version of another operation is an orphan).
+        """
+        with self._lock:
+            base = self._check_next(epoch_id, op, force)
+            if base_epoch is not None and base.epoch_id != base_epoch:
+                raise EpochError(
+                    f"updates were made for epoch {base_epoch}, this shard is at {base.epoch_id}"
+                )
+            num_pages = base.snapshot.num_pages
+            if not isinstance(changes, ChangeBatch):
+                changes = ChangeBatch.from_changes(changes)
+            if changes.max_page() >= num_pages:
+                raise ValueError(
+                    f"page {changes.max_page()} is outside the matrix of {num_pages} pages"
+                )
+            selected = changes.select(base.first_page, base.stop_page)
+            pending = list(base.pending)
+            mine = 0
+            for c in selected:
+                if not 0 <= c.page < num_pages:
+                    raise ValueError(f"page {c.page} is outside the matrix of {num_pages} pages")
+                if not base.first_page <= c.page < base.stop_page:
+                    continue
+                mine += 1
+                if isinstance(c, PageWrite):
+                    now = page_with(base, pending, c.page)
+                    new = np.zeros(PAGE_SIZE, np.uint8)
+                    new[: len(c.data)] = np.frombuffer(c.data, np.uint8)
+                    pending.append(PageUpdate(c.page, (now ^ new).tobytes()))
+                else:
+                    pending.append(c)
+            self._replace_staged(
+                Version(
+                    identity=base.identity.after_updates(epoch_id, changes.digest),
+                    snapshot=base.snapshot,
+                    first_page=base.first_page,
+                    stop_page=base.stop_page,
+                    segments=base.segments,
+                    pending=tuple(pending),
+                    folded=base.folded,
+                ),
+                op,
+            )
+            return mine
+
+    def prepare_snapshot(
+        self,
+        epoch_id: int,
+        snapshot: Snapshot,
+        first_page: int,
+        stop_page: int,
+        *,
+        op: str | None = None,
+        force: bool = False,
+    ) -> None:
+        """Stage `epoch_id` = a new snapshot's range (loaded now, while the old one serves)."""
+        with self._lock:
+            self._check_next(epoch_id, op, force)
+            # the slot is ours from here: drop any earlier staged version before loading, so
+            # that no more than two copies of the shard exist at once
+            self._replace_staged(None, None)
+            self._loading = True
+            try:
+                version = self._fresh_version(snapshot, first_page, stop_page, epoch_id)
+            finally:
+                self._loading = False
+            self._replace_staged(version, op)
+
+    def commit(self, epoch_id: int, *, op: str | None = None) -> None:
+        with self._lock:
+            staged = self._staged
+            if staged is None or staged.epoch_id != epoch_id:
+                if self.current.epoch_id == epoch_id:
+                    return  # a repeated commit (a retried admin call) is harmless
+                raise EpochError(f"epoch {epoch_id} is not staged on this shard")
+            if op is not None and self._staged_op != op:
+                raise StagingConflict(f"epoch {epoch_id} was staged by another admin operation")
+            old = self.current
+            self._leases.swap(staged)
+            self._staged = None
+            self._staged_op = None
+            self._leases.retire(old.segments, keep=staged.segments)
+
+    @property
+    def staged(self) -> tuple[Version, str | None] | None:
+        """The staged version and the operation that staged it."""
+        staged = self._staged
+        return None if staged is None else (staged, self._staged_op)
+
+    def abort(self, epoch_id: int, *, op: str | None = None) -> None:
+        with self._lock:
+            staged = self._staged
+            if staged is None or staged.epoch_id != epoch_id:
+                return
+            if op is not None and self._staged_op != op:
+                return  # not ours to drop
+            self._replace_staged(None, None)
+
+    # -- background maintenance
+    def fold_pending(self) -> int:
+        """Write the current version's pending updates into private page copies.
+
+        Builds a version with the same epoch id and identical answers, and swaps it in only if
+        nothing was published meanwhile. Returns the number of updates folded.
+
+        Every touched chunk becomes a private copy and the untouched runs around it become
+        segments of their own. On the CPU these are views (no copy); on the GPU engine each new
+        segment is a device load, so a fold re-uploads the untouched runs of a split segment
+        too: correct, but an in-place device write between scans (an engine API) is the
+        efficient form there.
+        """
+        with self._lock:
+            base = self.current
+            if not base.pending or self._staged is not None:
+                return 0
+            folded_version = self._fold(base)
+            self._leases.swap(folded_version)
+            self._leases.retire(base.segments, keep=folded_version.segments)
+            return len(base.pending)
+
+    # -- internals
+    def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
+        cur = self.current
+        if epoch_id <= cur.epoch_id:
+            raise EpochError(f"epoch {epoch_id} is not after the current epoch {cur.epoch_id}")
+        staged = self._staged
+        if (
+            not force
+            and staged is not None
+            and self._staged_op != op
+            and time.monotonic() - self._staged_at < self._stale_s
+        ):
+            raise StagingConflict(
+                f"epoch {staged.epoch_id} is being staged by another admin operation"
+            )
+        return cur
+
+    def _replace_staged(self, version: Version | None, op: str | None) -> None:
+        old = self._staged
+        self._staged = version
+        self._staged_op = op
+        self._staged_at = time.monotonic()
+        if old is not None:
+            keep = self.current.segments + (version.segments if version is not None else ())
+            self._leases.retire(old.segments, keep=keep)
+
+    def close(self) -> None:
+        """Retire every version (current and staged): each closes once its scans end."""
+        with self._lock:
+            staged = self._staged
+            self._staged = None
+            self._leases.retire(self.current.segments + (staged.segments if staged else ()))
+
+    def _fresh_version(
+        self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int
+    ) -> Version:
+        if not 0 <= first_page < stop_page <= snapshot.num_pages:
+            raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
+        # A verified private copy, never the mapping: the identity below names the chunk
+        # hashes, and only bytes checked against them (and that no one can change afterwards)
+        # may be scanned under it; the GPU engine uploads these same checked bytes.
+        pages = snapshot.read_verified(first_page, stop_page)
+        seg = Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
+        identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
+        return Version(identity, snapshot, first_page, stop_page, (seg,))
+
+    def _fold(self, base: Version) -> Version:
+        c = self._chunk
+        touched: dict[int, np.ndarray] = {}
+        for u in base.pending:
+            idx = u.page // c
+            if idx not in touched:
+                lo = max(base.first_page, idx * c)
+                hi = min(base.stop_page, (idx + 1) * c)
+                touched[idx] = np.stack([base.stored_page(p) for p in range(lo, hi)])
+            lo = max(base.first_page, idx * c)
+            touched[idx][u.page - lo] ^= np.frombuffer(u.diff, np.uint8)
+        kept = []
+        for seg in base.segments:
+            lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
+            if any(lo < (i + 1) * c and i * c < hi for i in touched):
+                kept.extend(self._split_around(seg, touched, c))
+            else:
+                kept.append(seg)
+        for idx, arr in touched.items():
+            lo = max(base.first_page, idx * c)
+            # never written again; read-only like the loaded pages, so a jitted engine reuses
+            # the kernel it compiled for those instead of compiling another signature
+            arr.flags.writeable = False
+            kept.append(Segment(lo, arr, self._engine.load(arr, first_page=lo)))
+        kept.sort(key=lambda s: s.first_page)
+        return Version(
+            identity=base.identity,
+            snapshot=base.snapshot,
+            first_page=base.first_page,
+            stop_page=base.stop_page,
+            segments=tuple(kept),
+            pending=(),
+            folded=base.folded | frozenset(touched),
+        )
+
+    def _split_around(
+        self, seg: Segment, touched: dict[int, np.ndarray], c: int
+    ) -> list[Segment]:
+        """The parts of `seg` outside the touched chunks, as segments of their own."""
+        lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
+        out, run_start = [], lo
+        p = lo
+        while p < hi:
+            idx = p // c
+            chunk_end = min(hi, (idx + 1) * c)
+            if idx in touched:
+                if run_start < p:
+                    view = seg.pages[run_start - lo : p - lo]
+                    out.append(Segment(run_start, view, self._engine.load(view, run_start)))
+                run_start = chunk_end
+            p = chunk_end
+        if run_start < hi:
+            view = seg.pages[run_start - lo : hi - lo]
+            out.append(Segment(run_start, view, self._engine.load(view, run_start)))
+        return out

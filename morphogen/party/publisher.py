@@ -1,0 +1,439 @@
+"""Admin publication of one party, without Ray: page updates and rotations, decided in the log.
+
+The protocol (docs/publication.md) in the order this module runs it:
+
+1. *propose*: the publication, named by its id (the admin's idempotency key), is appended to
+   the party's epoch log on top of the last committed entry, with a lease this publisher
+   renews while it works. An id committed before is answered from the log, applying nothing.
+   Another publisher's undecided proposal waits for its lease (seconds), then is aborted.
+2. *prepare* on every replica of every shard (the next version built off to the side).
+3. *decide*: `commit` (every prepare succeeded) or `abort`, written once to the log. Nothing
+   is served before this point, so a crash before it leaves nothing to undo.
+4. *commit* on every replica. One that fails or is not reached reaches the decided entry from
+   the log (a scan that wants it, its health check, or its start): the admin is answered 200
+   once the decision is written, whatever the stragglers.
+
+A publication runs as a task of its own: a request that is cancelled (the admin client went
+away) does not stop it between two steps. Without a log directory the same records are kept in
+the router's memory (`EpochLog.in_memory`): one publisher and idempotent ids while the router
+lives, nothing durable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import os
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+from morphogen.config import PartyConfig
+from morphogen.party import admin
+from morphogen.party.combine import ShardFailure
+from morphogen.party.redact import reason
+from morphogen.party.shards import Layout, ShardLink
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import ErrorCode, WireError
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.publication.log import (
+    EpochLog,
+    EpochLogBusy,
+    EpochLogConflict,
+    EpochLogError,
+    LogEntry,
+    Published,
+    new_publisher_id,
+    rotation_entry,
+    updates_entry,
+)
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class Publishing(Protocol):
+    """What a publisher drives: the party's shards, their layout and the identity its scans
+    want (`morphogen.party.router.Party` is one). The party holds its publisher, so the
+    publisher names only what it uses of the party."""
+
+    cfg: PartyConfig
+    shards: list[ShardLink]
+    epoch_log: EpochLog | None
+    want: EpochIdentity | None
+
+    def unavailable(self, message: str) -> WireError: ...
+    async def from_every_shard(self, calls: list[Awaitable[T]], what: str,
+                               timeout_s: float) -> list[T]: ...
+    async def infos(self) -> list[dict[str, Any]]: ...
+    async def layout(self) -> Layout: ...
+    def set_layout(self, infos: list[dict[str, Any]]) -> Layout | None: ...
+    def advance_want(self, identities: frozenset[Any] | set[Any]) -> None: ...
+
+
+# Fault injection for the crash tests: awaited at each step boundary with the step's name.
+Pause = Callable[[str], Awaitable[None]]
+
+
+class FileFailpoint:
+    """A one-shot failpoint armed by a file (the crash tests on a real Serve): when `path`
+    holds a step name, the publisher that reaches that step deletes the file, writes its pid
+    to `path + ".fired"` and stops there for good, as a router killed at that step would."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    async def __call__(self, step: str) -> None:
+        try:
+            with open(self.path) as fh:
+                armed = fh.read().strip()
+        except OSError:
+            return
+        if armed != step:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return  # another publisher took it
+        with open(self.path + ".fired", "w") as fh:
+            fh.write(str(os.getpid()))
+        log.warning("failpoint: publisher stopped at step %s", step)
+        await asyncio.Event().wait()
+
+
+def identity_of(info: dict[str, Any]) -> EpochIdentity:
+    """The identity a shard's info reports, rebuilt and checked against its digest."""
+    ident = EpochIdentity(
+        int(info["epoch_id"]), str(info["identity_snapshot"]),
+        str(info["update_chain"]).removeprefix("0x"),
+    )
+    if ident.digest != info["identity"]:
+        raise ShardFailure(f"shard {info.get('shard')} reports an inconsistent identity")
+    return ident
+
+
+def new_publication_id() -> str:
+    return "p-" + secrets.token_hex(12)
+
+
+def updates_request(changes: ChangeBatch) -> str:
+    """What a re-sent publication id must ask again: the batch."""
+    return "updates:" + changes.digest
+
+
+def rotation_request(path: str, checksum: str) -> str:
+    return f"rotation:{checksum}:{path}"
+
+
+# What admin status shows of each replica of a shard.
+_REPLICA_KEYS = ("replica", "node_id", "epoch_id", "identity", "pending_updates", "scans")
+
+
+class Publisher:
+    """The admin side of a `Party` (its `admin` attribute)."""
+
+    def __init__(self, party: Publishing, *, lease_s: float = 5.0) -> None:
+        self.party = party
+        self.log: EpochLog = party.epoch_log or EpochLog.in_memory()
+        self.lease_s = float(lease_s)
+        self.rotating = False
+        self.pause: Pause | None = (FileFailpoint(party.cfg.admin_failpoint_file)
+                                    if party.cfg.admin_failpoint_file else None)
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._renewers: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ shards
+
+    async def replica_infos(self) -> list[list[dict[str, Any]]]:
+        """Every running replica's info, by shard."""
+        return await self.party.from_every_shard(
+            [s.replicas() for s in self.party.shards], "shard replicas",
+            self.party.cfg.admin_timeout_s)
+
+    async def _shards_identity(self) -> EpochIdentity:
+        """The identity every replica serves (a log with no committed entry yet: the
+        configured snapshot); 503 when they disagree."""
+        infos = [i for infos in await self.replica_infos() for i in infos]
+        if not admin.same_data(infos):
+            raise self.party.unavailable(
+                "shards serve different data and the log has no committed entry to bring them "
+                "together: rotate both parties to one snapshot")
+        try:
+            return identity_of(infos[0])
+        except ShardFailure as exc:
+            raise self.party.unavailable(str(exc)) from None
+
+    async def catch_up(self) -> list[dict[str, Any]]:
+        """Every shard replays the epoch log to its committed head."""
+        results = await asyncio.gather(*(s.catch_up() for s in self.party.shards),
+                                       return_exceptions=True)
+        for i, r in enumerate(results):
+            if isinstance(r, BaseException):
+                log.warning("shard %d could not catch up from the epoch log (%s)", i,
+                            reason(admin.unwrap(r)))
+        return [r for r in results if not isinstance(r, BaseException)]
+
+    # ------------------------------------------------------------------ the log steps
+
+    async def _in_log(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except EpochLogConflict:
+            raise
+        except (EpochLogError, OSError) as exc:
+            log.error("epoch log: %s", reason(exc))
+            raise self.party.unavailable(
+                "the epoch log cannot be read or written; nothing was changed") from None
+
+    async def _propose(self, pub: str, request: str,
+                       build: Callable[[LogEntry | None, int], Any]) -> Published | LogEntry:
+        """Step 1, waiting for another publisher's lease (at most `admin_timeout_s`)."""
+        publisher = new_publisher_id()
+        deadline = time.monotonic() + self.party.cfg.admin_timeout_s
+        while True:
+            try:
+                return await self._in_log(self.log.propose, pub, request, publisher,
+                                          self.lease_s, build)
+            except EpochLogBusy as busy:
+                if time.monotonic() + busy.remaining_s > deadline:
+                    raise self.party.unavailable(f"{busy}; retry") from None
+                await asyncio.sleep(min(0.25, busy.remaining_s + 0.01))
+            except EpochLogConflict as exc:  # the head moved between two reads: build again
+                log.info("proposal of %s retried (%s)", pub, reason(exc))
+                await asyncio.sleep(0.01)
+            except ValueError as exc:
+                raise WireError(400, ErrorCode.BAD_REQUEST, str(exc)) from None
+
+    async def _renew(self, proposal: LogEntry) -> None:
+        """Keep the lease of `proposal` while this publisher works on it."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            try:
+                await asyncio.to_thread(self.log.renew, proposal, self.lease_s)
+            except EpochLogConflict:
+                return  # decided (by us, or by another publisher after our lease ran out)
+            except Exception as exc:  # noqa: BLE001 - the decision step reports it
+                log.warning("lease renewal failed (%s)", reason(exc))
+
+    async def _step(self, name: str) -> None:
+        if self.pause is not None:
+            await self.pause(name)
+
+    def halt(self) -> None:
+        """Stop renewing every lease (the crash tests: a publisher that froze is a dead one)."""
+        for task in list(self._renewers):
+            task.cancel()
+
+    # ------------------------------------------------------------------ one publication
+
+    async def _run(self, pub: str, request: str, build: Callable[[LogEntry | None, int], Any],
+                   prepare: Callable[[LogEntry], list[Callable[[], Awaitable[Any]]]],
+                   ) -> tuple[LogEntry | Published, list[Any], int]:
+        """Steps 1-4 as one task that a cancelled request does not interrupt. Returns (the
+        committed proposal, or the earlier publication of the same id; the prepare results;
+        replicas still behind)."""
+        task = asyncio.get_running_loop().create_task(self._publication(pub, request, build,
+                                                                         prepare))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _publication(self, pub: str, request: str,
+                           build: Callable[[LogEntry | None, int], Any],
+                           prepare: Callable[[LogEntry], list[Callable[[], Awaitable[Any]]]],
+                           ) -> tuple[LogEntry | Published, list[Any], int]:
+        cfg = self.party.cfg
+        proposal = await self._propose(pub, request, build)
+        if isinstance(proposal, Published):
+            if proposal.request != request:
+                raise WireError(409, ErrorCode.CONFLICT,
+                                f"publication id {pub} was used for another request (epoch "
+                                f"{proposal.epoch_id}); use a new id")
+            await self.catch_up()  # replicas a crash left behind reach it now, not later
+            return proposal, [], 0
+        await self._step("proposed")
+        renewer = asyncio.get_running_loop().create_task(self._renew(proposal))
+        self._renewers.add(renewer)
+        renewer.add_done_callback(self._renewers.discard)
+        op = proposal.pub or pub
+        target = proposal.identity
+        assert target is not None
+        try:
+            aborts = [functools.partial(s.abort, proposal.epoch_id, op)
+                      for s in self.party.shards]
+            try:
+                results = await admin.prepare_all(
+                    proposal.epoch_id, prepare(proposal), aborts,
+                    timeout_s=cfg.admin_timeout_s, retry_after=cfg.retry_after_s)
+            except BaseException:
+                try:
+                    await asyncio.to_thread(self.log.decide, proposal, "abort")
+                except Exception as exc:  # noqa: BLE001 - decided already, or the log is gone
+                    log.warning("abort of %s not logged (%s)", proposal.pub, reason(exc))
+                raise
+            await self._step("prepared")
+            try:
+                await self._in_log(self.log.decide, proposal, "commit")
+            except EpochLogConflict as exc:
+                await admin.abort_all(proposal.epoch_id, aborts, timeout_s=cfg.admin_timeout_s)
+                raise self.party.unavailable(f"{exc}; nothing was changed, retry") from None
+        finally:
+            renewer.cancel()
+        await self._step("decided")
+        behind = await admin.commit_all(
+            proposal.epoch_id,
+            [functools.partial(s.commit, proposal.epoch_id, op, target)
+             for s in self.party.shards],
+            timeout_s=cfg.admin_timeout_s)
+        ident = proposal.epoch_identity()
+        if ident is not None:
+            self.party.advance_want({ident})
+        return proposal, results, behind
+
+    async def _fallback_base(self) -> EpochIdentity | None:
+        """What the first publication builds on when the log has no committed entry."""
+        state = await self._in_log(self.log.state)
+        return None if state.head is not None else await self._shards_identity()
+
+    # ------------------------------------------------------------------ the admin routes
+
+    async def updates(self, changes: ChangeBatch, pub: str | None = None) -> dict[str, Any]:
+        """Publish `head + 1` = head + `changes` on every shard as one step."""
+        layout = await self.party.layout()
+        if changes.max_page() >= layout.num_pages:
+            # the cached layout may predate a rotation that grew the matrix
+            layout = self.party.set_layout(await self.party.infos()) or layout
+        if changes.max_page() >= layout.num_pages:
+            # checked before the log: an entry no shard can apply must never be written
+            raise WireError(400, ErrorCode.BAD_UPDATE,
+                            f"page {changes.max_page()} is outside the matrix of "
+                            f"{layout.num_pages} pages")
+        pub = pub or new_publication_id()
+        fallback = await self._fallback_base()
+
+        def build(head: LogEntry | None, seq: int) -> tuple[LogEntry, ChangeBatch]:
+            base = head.epoch_identity() if head is not None else fallback
+            if base is None:  # committed meanwhile and compacted away: cannot happen
+                raise EpochLogConflict("the log head moved")
+            epoch_id = base.epoch_id + 1
+            target = base.after_updates(epoch_id, changes.digest)
+            return updates_entry(epoch_id, base.epoch_id, changes, target, seq), changes
+
+        def prepare(p: LogEntry) -> list[Callable[[], Awaitable[Any]]]:
+            assert p.base_epoch is not None and p.identity is not None and p.pub is not None
+            return [functools.partial(s.prepare_updates, p.epoch_id, changes, p.base_epoch,
+                                      p.pub, p.identity) for s in self.party.shards]
+
+        done, _, behind = await self._run(pub, updates_request(changes), build, prepare)
+        out = {"epoch_id": done.epoch_id, "identity": done.identity, "publication": pub,
+               "applied": len(changes)}
+        if isinstance(done, Published):
+            out.update(applied=0, duplicate=True)
+        if behind:
+            out["replicas_catching_up"] = behind
+        return out
+
+    async def snapshot(self, requested: str, pub: str | None = None) -> dict[str, Any]:
+        """Rotate every shard to the snapshot at `requested` (inside admin_snapshot_dir), its
+        checksum verified before any shard is touched."""
+        path = admin.resolve_snapshot_path(requested, self.party.cfg.admin_snapshot_dir)
+        started = time.monotonic()
+        manifest = await asyncio.to_thread(admin.verify_snapshot, path)
+        verified = time.monotonic() - started
+        if manifest.num_pages < len(self.party.shards):
+            raise WireError(
+                422, ErrorCode.BAD_SNAPSHOT,
+                f"snapshot refused: {manifest.num_pages} pages for "
+                f"{len(self.party.shards)} shards",
+            )
+        checksum = manifest.checksum
+        assert checksum is not None  # verify_snapshot refuses none
+        pub = pub or new_publication_id()
+        fallback = await self._fallback_base()
+
+        def build(head: LogEntry | None, seq: int) -> tuple[LogEntry, None]:
+            current = head.epoch_id if head is not None else (
+                fallback.epoch_id if fallback is not None else 0)
+            epoch_id = admin.rotation_epoch(current, manifest.epoch_id)
+            target = EpochIdentity.of_snapshot(epoch_id, checksum)
+            return rotation_entry(epoch_id, str(path), checksum, target, seq), None
+
+        def prepare(p: LogEntry) -> list[Callable[[], Awaitable[Any]]]:
+            assert p.identity is not None and p.pub is not None
+            return [functools.partial(s.prepare_snapshot, p.epoch_id, str(path), checksum,
+                                      p.pub, p.identity) for s in self.party.shards]
+
+        self.rotating = True
+        try:
+            done, _, behind = await self._run(pub, rotation_request(str(path), checksum),
+                                              build, prepare)
+            self.party.set_layout(await self.party.infos())
+        finally:
+            self.rotating = False
+        if not isinstance(done, Published):
+            await self._compact()
+        log.info("rotated to epoch %d (%d pages) in %.2fs", done.epoch_id, manifest.num_pages,
+                 time.monotonic() - started)
+        out = {
+            "epoch_id": done.epoch_id,
+            "identity": done.identity,
+            "publication": pub,
+            "num_pages": manifest.num_pages,
+            "domain_bits": manifest.domain_bits,
+            "checksum": checksum,
+            "snapshot_epoch_id": manifest.epoch_id,
+            "seconds": round(time.monotonic() - started, 3),
+            "verify_seconds": round(verified, 3),
+        }
+        if isinstance(done, Published):
+            out["duplicate"] = True
+        if behind:
+            out["replicas_catching_up"] = behind
+        return out
+
+    async def _compact(self) -> None:
+        """A committed rotation makes every earlier entry dead weight for replay: drop it
+        (inline: a rewrite of a small file, next to a rotation's load)."""
+        try:
+            dropped = await asyncio.to_thread(self.log.compact)
+            if dropped:
+                log.info("epoch log compacted: %d records dropped", dropped)
+        except Exception as exc:  # noqa: BLE001 - the next rotation tries again
+            log.warning("epoch log compaction failed (%s)", reason(exc))
+
+    async def status(self) -> dict[str, Any]:
+        by_shard = await self.replica_infos()
+        infos = [replicas[0] for replicas in by_shard]
+        state = admin.party_epoch([i for replicas in by_shard for i in replicas])
+        keep = ("shard", "epoch_id", "identity", "first_page", "stop_page", "pending_updates",
+                "folded_chunks", "segments", "rotation_in_progress", "staged_epoch_id",
+                "snapshot_epoch_id", "snapshot_checksum", "engine", "scans", "folds")
+        log_state = await self._in_log(self.log.state)
+        head = log_state.head
+        pending = log_state.pending
+        recent = [e.pub for e in log_state.committed[-8:]]
+        return {
+            **state.as_dict(),
+            "consistent": state.consistent,
+            "num_pages": state.num_pages,
+            "domain_bits": state.domain_bits,
+            "rotation_in_progress": state.rotation_in_progress or self.rotating,
+            "admin_busy": pending is not None,
+            "epoch_log": str(self.log.directory) if self.log.durable else None,
+            "epoch_log_head": None if head is None else {
+                "epoch_id": head.epoch_id, "kind": head.kind, "identity": head.identity,
+                "publication": head.pub},
+            "epoch_log_pending": None if pending is None else {
+                "epoch_id": pending.epoch_id, "publication": pending.pub,
+                "lease_left_s": round(log_state.lease_left_s(int(time.time() * 1000)), 3)},
+            "recent_publications": recent,
+            "wanted_identity": None if self.party.want is None else self.party.want.digest,
+            "shards": [
+                {**{k: i.get(k) for k in keep},
+                 "replicas": [{k: r.get(k) for k in _REPLICA_KEYS} for r in replicas]}
+                for i, replicas in zip(infos, by_shard, strict=True)
+            ],
+        }

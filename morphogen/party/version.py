@@ -1,0 +1,128 @@
+"""One epoch's data on one shard: a `Version` (snapshot range, segments, pending updates) and
+how its answers and pages are computed from them.
+
+The answer of a version for a key is
+
+    scan(pages of its segments) XOR  sum over pending updates u of (u.diff AND tile(mask(u.page)))
+
+so a version built with more pending updates answers for them at once, and a fold that writes
+them into private page copies (new segments, no pending updates) changes no answer's bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.engine.base import ShardScanner
+from morphogen.protocol.changes import PageUpdate
+from morphogen.protocol.dpf import KeyBatch, eval_points
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.snapshot.reader import Snapshot
+
+# Bytes of the (keys x updates x page) temporary when pending updates are applied to a scan.
+_PENDING_STEP_BYTES = 8 << 20
+
+
+class Lease:
+    """Scans in flight on one segment, and whether a newer version retired it."""
+
+    __slots__ = ("scans", "retired", "closed")
+
+    def __init__(self) -> None:
+        self.scans = 0
+        self.retired = False
+        self.closed = False
+
+
+@dataclass(frozen=True, eq=False)
+class Segment:
+    """A run of a version's pages and the engine's scanner over them (shared by the versions
+    that keep it); `lease` counts the scans holding it."""
+
+    first_page: int
+    pages: np.ndarray  # (n, 4096) uint8: a view of the snapshot or a private chunk copy
+    scanner: ShardScanner
+    lease: Lease = field(default_factory=Lease, repr=False)
+
+
+@dataclass(frozen=True)
+class Version:
+    """Everything one epoch's answers are computed from. Never mutated once built."""
+
+    identity: EpochIdentity
+    snapshot: Snapshot
+    first_page: int
+    stop_page: int
+    segments: tuple[Segment, ...]
+    pending: tuple[PageUpdate, ...] = ()
+    folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
+
+    @property
+    def epoch_id(self) -> int:
+        return self.identity.epoch_id
+
+    def page(self, page: int) -> np.ndarray:
+        """The page's bytes in this epoch (pending updates applied)."""
+        return page_with(self, self.pending, page)
+
+    def stored_page(self, page: int) -> np.ndarray:
+        """The page's bytes in this version's segments (pending updates not applied)."""
+        for seg in self.segments:
+            if seg.first_page <= page < seg.first_page + seg.pages.shape[0]:
+                return np.asarray(seg.pages[page - seg.first_page])
+        raise IndexError(page)
+
+    @cached_property
+    def _pending_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(pages (U,), diffs (U, 256, 16)) of the pending updates, built once per version."""
+        pages = np.fromiter((u.page for u in self.pending), np.int64, len(self.pending))
+        diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
+        return pages, diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
+
+    def scan(self, batch: KeyBatch) -> np.ndarray:
+        return self.scan_timed(batch)[0]
+
+    def scan_timed(self, batch: KeyBatch) -> tuple[np.ndarray, dict[str, float]]:
+        """The answers and seconds by phase: `h2d`, `kernel`, `d2h` from an engine that
+        times its device phases, `scan` for the rest, `pending` for the pending updates."""
+        acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
+        phases: dict[str, float] = {}
+        for seg in self.segments:
+            timed = getattr(seg.scanner, "scan_timed", None)
+            if timed is not None:
+                part, t = timed(batch)
+                for name in ("h2d", "kernel", "d2h"):
+                    phases[name] = phases.get(name, 0.0) + getattr(t, f"{name}_ms") / 1000
+            else:
+                start = time.perf_counter()
+                part = seg.scanner.scan(batch)
+                phases["scan"] = phases.get("scan", 0.0) + time.perf_counter() - start
+            acc ^= part
+        if self.pending:
+            start = time.perf_counter()
+            # the same work for every key whatever its target: all pending pages, every key
+            pages, diffs = self._pending_arrays
+            masks = eval_points(batch, pages)  # (K, U, 16)
+            k = len(batch)
+            step = max(1, _PENDING_STEP_BYTES // (k * PAGE_SIZE))
+            for j0 in range(0, len(pages), step):
+                j1 = min(len(pages), j0 + step)
+                part = diffs[None, j0:j1] & masks[:, j0:j1, None, :]  # (K, u, 256, 16)
+                acc ^= np.bitwise_xor.reduce(part, axis=1).reshape(k, PAGE_SIZE)
+            phases["pending"] = time.perf_counter() - start
+        return acc, phases
+
+
+def page_with(base: Version, pending: Sequence[PageUpdate], page: int) -> np.ndarray:
+    """The page's stored bytes in `base` with `pending` applied (a version being built)."""
+    out = base.stored_page(page).copy()
+    for u in pending:
+        if u.page == page:
+            out ^= np.frombuffer(u.diff, np.uint8)
+    return out

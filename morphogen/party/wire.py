@@ -1,0 +1,319 @@
+"""Server side of the HTTP contract (PROTOCOL.md section 5): request models, validation of every
+key before any scan, and response encoding in JSON (hex) or msgpack (raw bytes).
+
+Status codes follow the reference: 400 for an unparsable body, a bad key count, a malformed key,
+a wrong domain or an empty/oversized batch; 415 for a wrong content type; 422 for wrong field
+types or bad hex. Error messages name positions, never key bytes.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import numpy as np
+from pydantic import BaseModel, ConfigDict, StrictBytes, StrictStr, ValidationError
+
+from morphogen.constants import (
+    KEYS_PER_QUERY,
+    MAX_DOMAIN_BITS,
+    MIN_DOMAIN_BITS,
+    PAGE_SIZE,
+    key_length,
+)
+from morphogen.protocol.codec import (
+    JSON_TYPE,
+    MSGPACK_TYPE,
+    ErrorCode,
+    WireError,
+    from_hex,
+    is_json,
+    is_msgpack,
+    media_type,
+)
+from morphogen.protocol.dpf import KeyBatch, KeyFormatError
+
+JSON = "json"
+MSGPACK = "msgpack"
+
+
+# --------------------------------------------------------------------------- request models
+# Strict: a number where a string belongs is a 422, as with the reference's serde types.
+# Unknown fields are ignored, as serde does by default.
+
+
+class _HexQuery(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    keys: list[StrictStr]
+
+
+class _HexBatch(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    queries: list[_HexQuery]
+
+
+class _BinQuery(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    keys: list[StrictBytes]
+
+
+class _BinBatch(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    queries: list[_BinQuery]
+
+
+@dataclass(frozen=True)
+class ParsedQueries:
+    """The validated keys of one request, query after query (KEYS_PER_QUERY each)."""
+
+    keys: KeyBatch
+    encoding: str  # JSON or MSGPACK: how the request came
+
+    @property
+    def num_queries(self) -> int:
+        return len(self.keys) // KEYS_PER_QUERY
+
+
+def request_encoding(content_type: str | None) -> str:
+    """JSON or MSGPACK from the Content-Type, else 415 (the reference refuses a missing one)."""
+    if is_json(content_type):
+        return JSON
+    if is_msgpack(content_type):
+        return MSGPACK
+    shown = media_type(content_type) or "none"
+    raise WireError(
+        415,
+        ErrorCode.UNSUPPORTED_MEDIA_TYPE,
+        f"content type {shown!r} is not supported; send {JSON_TYPE} or {MSGPACK_TYPE}",
+    )
+
+
+def response_encoding(accept: str | None, request_enc: str) -> str:
+    """Answer in msgpack when asked (Accept) or when the request was msgpack and Accept does
+    not ask for JSON; JSON otherwise."""
+    accept = (accept or "").lower()
+    if any(t in accept for t in ("msgpack",)):
+        return MSGPACK
+    if "json" in accept:
+        return JSON
+    return request_enc
+
+
+def validation_message(exc: ValidationError) -> str:
+    # Locations and pydantic's short messages only: `input` would echo key material.
+    parts = []
+    for err in exc.errors(include_url=False, include_input=False)[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ())) or "body"
+        parts.append(f"{loc}: {err.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request body"
+
+
+def decode_body(body: bytes, encoding: str) -> Any:
+    try:
+        if encoding == JSON:
+            return json.loads(body)
+        return msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except (ValueError, UnicodeDecodeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError, TypeError):
+        # json.JSONDecodeError and msgpack's UnpackValueError are ValueErrors.
+        what = "JSON" if encoding == JSON else "msgpack"
+        raise WireError(400, ErrorCode.BAD_REQUEST, f"request body is not valid {what}") from None
+
+
+def _check_key_size(raw: bytes, domain_bits: int, where: str) -> None:
+    """Length and domain byte of one key (PROTOCOL.md section 4, `d == advertised domain`);
+    the flag bytes are checked for the whole request at once (`KeyBatch.from_rows`)."""
+    if len(raw) < 19:
+        raise WireError(400, ErrorCode.BAD_KEY, f"{where}: key is {len(raw)} bytes, too short")
+    d = raw[18]
+    if not MIN_DOMAIN_BITS <= d <= MAX_DOMAIN_BITS:
+        raise WireError(400, ErrorCode.BAD_KEY, f"{where}: key domain bits {d} not in 1..32")
+    if d != domain_bits:
+        raise WireError(
+            400,
+            ErrorCode.BAD_DOMAIN,
+            f"{where}: key domain bits {d}, this server's domain is {domain_bits} "
+            "(see GET /epoch)",
+        )
+    if len(raw) != key_length(d):
+        raise WireError(
+            400,
+            ErrorCode.BAD_KEY,
+            f"{where}: key is {len(raw)} bytes, a key of domain {d} is {key_length(d)}",
+        )
+
+
+def _key_bytes(item: str | bytes, encoding: str, where: str) -> bytes:
+    if encoding == MSGPACK:
+        assert isinstance(item, bytes)
+        return item
+    assert isinstance(item, str)
+    try:
+        return from_hex(item)
+    except ValueError:
+        raise WireError(422, ErrorCode.INVALID_FIELD, f"{where}: key is not valid hex") from None
+
+
+def parse_queries(
+    body: bytes,
+    content_type: str | None,
+    *,
+    batch: bool,
+    domain_bits: int,
+    max_queries: int,
+) -> ParsedQueries:
+    """Decode, type-check and validate a query or batch body; raises WireError."""
+    encoding = request_encoding(content_type)
+    data = decode_body(body, encoding)
+    model: type[BaseModel]
+    if batch:
+        model = _HexBatch if encoding == JSON else _BinBatch
+    else:
+        model = _HexQuery if encoding == JSON else _BinQuery
+    try:
+        parsed = model.model_validate(data)
+    except ValidationError as exc:
+        raise WireError(422, ErrorCode.INVALID_FIELD, validation_message(exc)) from None
+    raw_queries = [q.keys for q in parsed.queries] if batch else [parsed.keys]  # type: ignore[attr-defined]
+    return ParsedQueries(
+        validate_queries(raw_queries, encoding, domain_bits=domain_bits,
+                         max_queries=max_queries, batch=batch),
+        encoding,
+    )
+
+
+def validate_queries(
+    raw_queries: Sequence[Sequence[str | bytes]],
+    encoding: str,
+    *,
+    domain_bits: int,
+    max_queries: int,
+    batch: bool = True,
+) -> KeyBatch:
+    """Counts first (cheap), then every key, into one buffer that becomes the request's
+    `KeyBatch`; nothing is scanned unless all of them pass."""
+    n = len(raw_queries)
+    if batch and not 1 <= n <= max_queries:
+        raise WireError(
+            400, ErrorCode.BAD_BATCH, f"a batch holds 1..{max_queries} queries, got {n}"
+        )
+    for qi, keys in enumerate(raw_queries):
+        if len(keys) != KEYS_PER_QUERY:
+            raise WireError(
+                400,
+                ErrorCode.BAD_KEY_COUNT,
+                f"{_where(qi, None, batch)}: a query holds exactly {KEYS_PER_QUERY} keys, "
+                f"got {len(keys)}",
+            )
+    raws = []
+    for qi, keys in enumerate(raw_queries):
+        for ki, item in enumerate(keys):
+            where = _where(qi, ki, batch)
+            raw = _key_bytes(item, encoding, where)
+            _check_key_size(raw, domain_bits, where)
+            raws.append(raw)
+    rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
+    try:
+        return KeyBatch.from_rows(rows)  # the batch's arrays are its own copies
+    except KeyFormatError as exc:
+        # the parser's reasons name fields and small flag values, never seeds
+        qi, ki = divmod(exc.index, KEYS_PER_QUERY)
+        raise WireError(400, ErrorCode.BAD_KEY, f"{_where(qi, ki, batch)}: {exc.reason}") from None
+
+
+def _where(query: int, key: int | None, batch: bool) -> str:
+    q = f"query {query}" if batch else "query"
+    if key is None:
+        return q
+    return f"query {query} key {key}" if batch else f"key {key}"
+
+
+def handle_queries(
+    queries: Sequence[Sequence[bytes]], *, domain_bits: int, max_queries: int, batch: bool
+) -> KeyBatch:
+    """Validation for the handle API (raw key bytes from Python drivers)."""
+    if not isinstance(queries, Sequence) or isinstance(queries, bytes | str):
+        raise WireError(422, ErrorCode.INVALID_FIELD, "queries must be a list of key lists")
+    for qi, keys in enumerate(queries):
+        if not isinstance(keys, Sequence) or isinstance(keys, bytes | str):
+            raise WireError(422, ErrorCode.INVALID_FIELD, f"query {qi}: keys must be a list")
+        for ki, k in enumerate(keys):
+            if not isinstance(k, bytes | bytearray | memoryview):
+                raise WireError(
+                    422, ErrorCode.INVALID_FIELD, f"query {qi} key {ki}: key must be bytes"
+                )
+    raw = [[bytes(k) for k in keys] for keys in queries]
+    return validate_queries(raw, MSGPACK, domain_bits=domain_bits, max_queries=max_queries,
+                            batch=batch)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def _hex_rows(acc: np.ndarray) -> list[bytes]:
+    return [b'"0x' + binascii.hexlify(row) + b'"' for row in acc]
+
+
+def encode_answer(
+    epoch_id: int, acc: np.ndarray, *, batch: bool, encoding: str, identity: str | None = None
+) -> bytes:
+    """Encode accumulators (n_queries * 3, 4096) as the single or batch response body.
+
+    `identity` (EpochIdentity.digest: "0x" + 32 hex digits) names the data the answer was
+    computed from, beside the reference's `epoch_id`; clients of the reference ignore it.
+    JSON is assembled by hand: hex strings need no escaping and this avoids building then
+    re-scanning megabytes of Python strings.
+    """
+    if acc.ndim != 2 or acc.shape[1] != PAGE_SIZE or acc.shape[0] % KEYS_PER_QUERY:
+        raise ValueError(f"unexpected accumulator shape {acc.shape}")
+    epoch = int(epoch_id)
+    if encoding == MSGPACK:
+        return msgpack.packb(answer_dict(epoch, acc, batch=batch, identity=identity),
+                             use_bin_type=True)
+    rows = _hex_rows(acc)
+    head = b'{"epoch_id":%d,' % epoch
+    if identity is not None:
+        head += b'"identity":' + encode_json(_checked_identity(identity)) + b","
+    if not batch:
+        return head + b'"pages":[' + b",".join(rows) + b"]}"
+    groups = [
+        b'{"pages":[' + b",".join(rows[i : i + KEYS_PER_QUERY]) + b"]}"
+        for i in range(0, len(rows), KEYS_PER_QUERY)
+    ]
+    return head + b'"results":[' + b",".join(groups) + b"]}"
+
+
+def _checked_identity(identity: str) -> str:
+    if not (identity.startswith("0x") and len(identity) == 34):
+        raise ValueError("an identity is 0x + 32 hex digits")
+    int(identity, 16)
+    return identity
+
+
+def answer_dict(
+    epoch_id: int, acc: np.ndarray, *, batch: bool, identity: str | None = None
+) -> dict[str, Any]:
+    """The same answer as Python objects with raw bytes (msgpack body and handle API)."""
+    pages = [row.tobytes() for row in acc]
+    out: dict[str, Any] = {"epoch_id": int(epoch_id)}
+    if identity is not None:
+        out["identity"] = _checked_identity(identity)
+    if not batch:
+        out["pages"] = pages
+        return out
+    out["results"] = [
+        {"pages": pages[i : i + KEYS_PER_QUERY]} for i in range(0, len(pages), KEYS_PER_QUERY)
+    ]
+    return out
+
+
+def encode_json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def error_body(err: WireError) -> bytes:
+    return encode_json(err.to_body())

@@ -1,0 +1,104 @@
+"""Page changes: what an admin update publishes, as objects and as one batch in transit.
+
+`PageUpdate` XORs a diff into a page, `PageWrite` replaces a page; `ChangeBatch` carries many of
+either between the router, the shards and the epoch log as three buffers, and its `digest` is
+what an epoch identity's update chain hashes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.protocol.identity import batch_digest
+
+
+@dataclass(frozen=True)
+class PageUpdate:
+    """XOR `diff` into global page `page` (4096 bytes)."""
+
+    page: int
+    diff: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.diff) != PAGE_SIZE:
+            raise ValueError(f"a page diff is {PAGE_SIZE} bytes, got {len(self.diff)}")
+        if self.page < 0:
+            raise ValueError("page numbers are non-negative")
+
+
+@dataclass(frozen=True)
+class PageWrite:
+    """Replace global page `page` with `data` (at most 4096 bytes, zero-padded)."""
+
+    page: int
+    data: bytes
+
+    def __post_init__(self) -> None:
+        if len(self.data) > PAGE_SIZE:
+            raise ValueError(f"a page is at most {PAGE_SIZE} bytes, got {len(self.data)}")
+        if self.page < 0:
+            raise ValueError("page numbers are non-negative")
+
+
+Change = PageUpdate | PageWrite
+
+
+@dataclass(frozen=True, eq=False)
+class ChangeBatch:
+    """Page changes in transit (router -> shards): one page array, one flag array, one blob.
+
+    Thousands of small Python objects would each be pickled on every hop; this is three
+    buffers. `replace[i]` marks a page replacement (its data zero-padded to 4096 bytes),
+    otherwise `data[i]` is an XOR diff. Order matters: changes apply in sequence.
+    """
+
+    pages: np.ndarray  # (n,) int64, global page numbers
+    replace: np.ndarray  # (n,) bool
+    data: bytes  # n * 4096 bytes
+
+    def __post_init__(self) -> None:
+        n = int(self.pages.shape[0]) if self.pages.ndim == 1 else -1
+        if n < 0 or self.replace.shape != (n,):
+            raise ValueError("pages and replace must be two arrays of the same length")
+        if len(self.data) != n * PAGE_SIZE:
+            raise ValueError(f"{n} changes need {n * PAGE_SIZE} bytes of data")
+        if n and int(self.pages.min()) < 0:
+            raise ValueError("page numbers are non-negative")
+
+    @classmethod
+    def from_changes(cls, changes: Sequence[Change]) -> ChangeBatch:
+        pages = np.fromiter((c.page for c in changes), np.int64, len(changes))
+        replace = np.fromiter((isinstance(c, PageWrite) for c in changes), bool, len(changes))
+        blob = bytearray(len(changes) * PAGE_SIZE)
+        for i, c in enumerate(changes):
+            raw = c.data if isinstance(c, PageWrite) else c.diff
+            blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
+        return cls(pages, replace, bytes(blob))
+
+    def __len__(self) -> int:
+        return int(self.pages.shape[0])
+
+    @cached_property
+    def digest(self) -> str:
+        """What the epoch identity's update chain hashes: the whole batch, whatever part of it
+        a shard holds, so every shard of a party derives the same identity."""
+        return batch_digest(self.pages, self.replace, self.data)
+
+    def max_page(self) -> int:
+        return int(self.pages.max()) if len(self) else -1
+
+    def select(self, first_page: int, stop_page: int) -> list[Change]:
+        """The changes to pages in `[first_page, stop_page)`, in order, as objects."""
+        inside = np.flatnonzero((self.pages >= first_page) & (self.pages < stop_page))
+        view = memoryview(self.data)
+        out: list[Change] = []
+        for i in inside.tolist():
+            raw = bytes(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
+            page = int(self.pages[i])
+            out.append(PageWrite(page, raw) if self.replace[i] else PageUpdate(page, raw))
+        return out

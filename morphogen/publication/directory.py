@@ -1,0 +1,163 @@
+"""An epoch log in a directory every node of the party sees.
+
+Files, in the log's directory:
+  `log.json`    the marker: format and the log's id. Written once, by whoever creates the log
+      (the application builder); every router and shard replica checks it before it trusts the
+      directory, so a node whose path is not the shared log refuses to start.
+  `epochs.log`  one frame per record (morphogen.publication.records), appended with one write
+      on an O_APPEND descriptor under an exclusive flock, then fsynced.
+  `updates-<epoch:012d>-<digest16>.bin`  one batch, written under a temporary name, fsynced,
+      renamed and the directory fsynced before its record is appended.
+
+An incomplete final frame (a crash, or an append in progress) was never acknowledged, hence
+never published: readers ignore it and the next writer truncates it under the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from morphogen.publication.compaction import Compaction
+from morphogen.publication.records import (
+    BLOB_NAME,
+    MARKER_FILE,
+    EpochLogError,
+    LogState,
+    check_marker,
+    frame,
+    marker_id,
+    new_marker,
+    on_node,
+)
+from morphogen.storage.durable import fsync_dir, write_atomic
+
+log = logging.getLogger(__name__)
+
+LOG_FILE = "epochs.log"
+_TMP_PREFIX = ".tmp-"
+
+Scan = Callable[[bytes], tuple[LogState, int]]
+
+
+class DirectoryLog:
+    durable = True
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.path = directory / LOG_FILE  # the records file
+
+    def _where(self) -> str:
+        return on_node(self.directory)
+
+    # -- the marker
+    def write_marker(self) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        marker = self.directory / MARKER_FILE
+        if marker.exists():
+            return
+        if self.path.exists() and self.path.stat().st_size:
+            raise EpochLogError(
+                f"{self._where()}: an epoch log without a {MARKER_FILE} (written by an older "
+                "version): move the directory aside and rotate both parties to one snapshot")
+        tmp = self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{MARKER_FILE}"
+        tmp.write_bytes(new_marker())
+        try:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.link(tmp, marker)  # write-once: a concurrent creator's marker wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        fsync_dir(self.directory)
+
+    def read_marker(self, expect: str | None) -> str:
+        if not self.directory.is_dir():
+            raise EpochLogError(
+                f"{self._where()}: no epoch log directory (epoch_log_dir must be a directory "
+                "that every node of the party sees, created by the application)")
+        try:
+            log_id, fmt = marker_id((self.directory / MARKER_FILE).read_text())
+        except FileNotFoundError:
+            raise EpochLogError(
+                f"{self._where()}: not an epoch log (no {MARKER_FILE}): this node does not see "
+                "the party's shared epoch log directory") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise EpochLogError(f"{self._where()}: unreadable {MARKER_FILE} ({exc})") from None
+        return check_marker(self._where(), log_id, fmt, expect)
+
+    # -- reading
+    def raw(self) -> bytes:
+        try:
+            return self.path.read_bytes()
+        except FileNotFoundError:
+            if not (self.directory / MARKER_FILE).exists():
+                self.read_marker(None)  # names what is wrong with the directory
+            return b""
+
+    def blob_path(self, name: str) -> Path:
+        return self.directory / name
+
+    def read_blob(self, name: str) -> bytes:
+        return (self.directory / name).read_bytes()
+
+    # -- writing
+    def write_file(self, name: str, parts: tuple[bytes, ...]) -> None:
+        """`name` in the log directory holds `parts` whole or not at all, durably."""
+        write_atomic(self.directory / name, parts,
+                     tmp=self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{name}")
+
+    @contextlib.contextmanager
+    def locked(self, scan: Scan) -> Iterator[tuple[Callable[[bytes], None], LogState]]:
+        """The records under an exclusive flock, a torn tail cut: yields (append, state)."""
+        if not (self.directory / MARKER_FILE).exists():
+            self.read_marker(None)  # never write into a directory that is not a log
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                st = os.fstat(fd)
+                now = os.stat(self.path)
+            except FileNotFoundError:
+                now = None
+            except BaseException:
+                os.close(fd)
+                raise
+            if now is not None and (st.st_dev, st.st_ino) == (now.st_dev, now.st_ino):
+                break
+            os.close(fd)  # a compaction replaced the file while we waited: lock the new one
+        try:
+            raw = self.path.read_bytes()  # the locked file: only a lock holder replaces it
+            state, end = scan(raw)
+            if end < len(raw):
+                log.warning("%s: truncating an incomplete final record at byte %d (%d bytes, "
+                            "never acknowledged)", self.path, end, len(raw) - end)
+                os.ftruncate(fd, end)
+                os.fsync(fd)
+            if end == 0:
+                fsync_dir(self.directory)  # the records file may be new
+
+            def append(record: bytes) -> None:
+                if os.write(fd, record) != len(record):
+                    raise EpochLogError(f"{self.path}: short write appending a record")
+                os.fsync(fd)
+
+            yield append, state
+        finally:
+            os.close(fd)  # releases the lock
+
+    def rewrite(self, state: LogState, plan: Compaction) -> None:
+        """Blobs go first, while the lock still excludes every writer: once the new file is
+        in place, a writer may lock it and write a blob this sweep must not see. Only dropped
+        records name the blobs removed, and replay never reads those."""
+        for p in self.directory.iterdir():
+            stale = p.name.startswith(_TMP_PREFIX)  # left by a writer that died
+            if stale or (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used):
+                p.unlink(missing_ok=True)
+        self.write_file(LOG_FILE, tuple(frame(e) for e in plan.records))

@@ -1,0 +1,61 @@
+"""An epoch log kept in the process (`EpochLog.in_memory()`, a party without a log directory):
+the same records and checks, so one publisher and idempotent publication ids while the router
+lives; nothing durable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from morphogen.publication.compaction import Compaction
+from morphogen.publication.records import LogState, frame
+
+Scan = Callable[[bytes], tuple[LogState, int]]
+
+
+class MemoryLog:
+    durable = False
+
+    def __init__(self) -> None:
+        self.directory = Path("<memory>")
+        self.path = self.directory / "epochs.log"
+        self.log_id = secrets.token_hex(8)
+        self._frames: list[bytes] = []
+        self._blobs: dict[str, bytes] = {}
+        self._mutex = threading.Lock()
+
+    def write_marker(self) -> None:
+        pass  # nothing to share: the id is this object's
+
+    def read_marker(self, expect: str | None) -> str:
+        return self.log_id
+
+    def raw(self) -> bytes:
+        with self._mutex:
+            return b"".join(self._frames)
+
+    def blob_path(self, name: str) -> Path:
+        return self.directory / name
+
+    def read_blob(self, name: str) -> bytes:
+        with self._mutex:
+            if name not in self._blobs:
+                raise FileNotFoundError(2, "no such blob")
+            return self._blobs[name]
+
+    def write_file(self, name: str, parts: tuple[bytes, ...]) -> None:
+        self._blobs[name] = b"".join(parts)
+
+    @contextlib.contextmanager
+    def locked(self, scan: Scan) -> Iterator[tuple[Callable[[bytes], None], LogState]]:
+        with self._mutex:
+            frames = self._frames
+            yield frames.append, scan(b"".join(frames))[0]
+
+    def rewrite(self, state: LogState, plan: Compaction) -> None:
+        self._blobs = {k: v for k, v in self._blobs.items() if k in plan.used}
+        self._frames[:] = [frame(e) for e in plan.records]
