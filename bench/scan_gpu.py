@@ -14,7 +14,7 @@ snapshot: `--matrix` names one, else a synthetic one of `--gib` GiB is written o
     launch on its own stream (the engine never merges callers). A Q=1 launch already reads
     at the card's bandwidth, so launches side by side only share it;
   * coalesced: N clients issuing Q=1 calls through the router's coalescer
-    (morphogen/coalesce.py, the party's defaults: 2 ms window, 96 keys a call, as many calls
+    (morphogen/party/coalesce.py, the party's defaults: 2 ms window, 96 keys a call, as many calls
     in flight as the pool has workspaces) in front of the same shard, as a party's router
     drives it; every answer is compared with the one its keys got alone. Merging is where
     concurrency pays: end to end through Serve, bench/serve_e2e.py.
@@ -92,7 +92,7 @@ def run_coalesced(shard, keysets, clients: int, seconds: float) -> tuple[float, 
     through a Coalescer, as the router does; every answer checked against `shard.scan` alone."""
     import asyncio
 
-    from morphogen.coalesce import Coalescer
+    from morphogen.party.coalesce import Coalescer
 
     alone = [shard.scan(k) for k in keysets]
 

@@ -1,4 +1,15 @@
-"""Scan engines: one contract (`base.py`), several backends giving identical bytes."""
+"""Scan engines: one contract (`base.py`), several backends giving identical bytes.
+
+- `reference`: NumPy, the oracle; `cpu`: numba, a fused DPF-expand and AND-XOR pass;
+- `gpu`: CuPy over two CUDA kernels, `sliced` (tensor cores over bit-sliced pages, the default)
+  and `fused` (integer AND-XOR): `gpu.py` drives them, `gpu_kernels`/`gpu_plan`/`sliced` plan
+  and compile, `gpu_pool` lends the workspaces, `nvcc_check` holds the kernels to a clean
+  register report in CI.
+
+May use: `morphogen.protocol` (the PRG and DPF keys), `morphogen.constants`, NumPy, numba and
+CuPy. Never Ray, pydantic or httpx (the GPU machines lack them; the import contract checks it),
+nor the party, client or snapshot packages.
+"""
 
 from __future__ import annotations
 

@@ -4,9 +4,10 @@ A workspace holds everything one launch needs: its own non-blocking stream (so l
 different workspaces overlap), pinned host buffers and device buffers. The pool is a plain
 bounded lender: a scan call takes a free workspace, waiting its turn (first come, first served)
 while none is free, runs its own launches on it and gives it back. Calls are never merged:
-merging concurrent requests into one pass is the router's coalescer's job (morphogen/coalesce.py).
-The pool size is the number of launches in flight; every launch is a full pass over the pages,
-so two side by side already keep the device busy (one runs while the next is packed and copied).
+merging concurrent requests into one pass is the router's coalescer's job
+(morphogen/party/coalesce.py). The pool size is the number of launches in flight; every launch
+is a full pass over the pages, so two side by side already keep the device busy (one runs while
+the next is packed and copied).
 """
 
 from __future__ import annotations
