@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from morphogen.party.epoch import EpochError, StagingConflict
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
@@ -33,7 +34,7 @@ from morphogen.protocol.dpf import DomainError
 from morphogen.snapshot.manifest import Manifest, SnapshotError
 from morphogen.snapshot.open import open_any
 from morphogen.snapshot.reader import Snapshot
-from morphogen.storage.location import is_remote
+from morphogen.storage.location import is_remote, lies_under, requested_location
 
 log = logging.getLogger(__name__)
 
@@ -157,10 +158,35 @@ def resolve_snapshot_path(requested: str, allowed_dir: str | None) -> Path | str
     return real
 
 
+def _not_a_plain_name(segment: str) -> str | None:
+    """Why `segment` of a snapshot URI could name another place (None: it cannot).
+
+    Checked as written and after each round of percent-decoding: the HTTP client resolves
+    `%2e%2e` itself, and a web server or proxy in front of the snapshots decodes again
+    (`%2f` becomes `/`, `%252e` a `%2e` and then a dot) before it maps the path to a file. No
+    snapshot's name needs any of these."""
+    text = segment
+    for depth in range(8):
+        why = None
+        if text in ("", ".", ".."):
+            why = "is empty or a dot segment"
+        elif any(c in text for c in "/\\?#") or any(ord(c) < 32 or ord(c) == 127 for c in text):
+            why = "holds a separator, query or control character"
+        if why:
+            return why + (" once percent-decoded" if depth else "")
+        decoded = unquote(text)
+        if decoded == text:
+            return None
+        text = decoded
+    return "is percent-encoded over and over"
+
+
 def resolve_snapshot_uri(requested: str, allowed: str) -> str:
     """`requested` as a URI under the allowed prefix: a full URI must start with it, a name
-    is taken relative to it; no `..` or empty segments (an object key is taken literally, so
-    a prefix check is all that keeps a request inside)."""
+    is taken relative to it. What the store's client will request (dot segments resolved,
+    percent-encoded ones included, `\\` read as `/`) must lie under the prefix segment by
+    segment, and every segment after it must be a plain name however often it is decoded:
+    the prefix is all that keeps a request inside."""
     if not is_remote(allowed):
         raise WireError(403, ErrorCode.FORBIDDEN, "the snapshot URI is outside the allowed "
                         "snapshot directory (admin_snapshot_dir is a local path)")
@@ -169,10 +195,20 @@ def resolve_snapshot_uri(requested: str, allowed: str) -> str:
         raise WireError(403, ErrorCode.FORBIDDEN, "a local snapshot path, but the allowed "
                         "snapshot prefix is in object storage")
     uri = requested if is_remote(requested) else f"{base}/{requested}"
-    rest = uri[len(base):] if uri.startswith(base + "/") else None
-    if rest is None or any(seg in ("", ".", "..") for seg in rest[1:].rstrip("/").split("/")):
+    if not uri.startswith(base + "/"):
         raise WireError(403, ErrorCode.FORBIDDEN,
                         "the snapshot URI is outside the allowed snapshot prefix")
+    if not lies_under(uri, base):
+        scheme, authority, segments, extra = requested_location(uri)
+        where = f"{scheme}://{authority}/{'/'.join(segments)}{extra}"
+        raise WireError(403, ErrorCode.FORBIDDEN, f"the snapshot URI resolves to {where!r} "
+                        "as the client requests it, which is not under the allowed snapshot "
+                        "prefix")
+    for segment in uri[len(base) + 1:].rstrip("/").split("/"):
+        if why := _not_a_plain_name(segment):
+            raise WireError(403, ErrorCode.FORBIDDEN, f"the snapshot URI is refused: "
+                            f"{segment!r} {why}, which a web server could read as a place "
+                            "outside the allowed snapshot prefix")
     return uri.rstrip("/")
 
 

@@ -30,7 +30,6 @@ from morphogen.publication.records import (
     EpochLogError,
     LogState,
     check_marker,
-    frame,
     marker_id,
     new_marker,
     on_node,
@@ -160,4 +159,4 @@ class DirectoryLog:
             stale = p.name.startswith(_TMP_PREFIX)  # left by a writer that died
             if stale or (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used):
                 p.unlink(missing_ok=True)
-        self.write_file(LOG_FILE, tuple(frame(e) for e in plan.records))
+        self.write_file(LOG_FILE, tuple(plan.frames))

@@ -325,10 +325,11 @@ class EpochLog:
 
     @_retrying
     def compact(self) -> int:
-        """Rewrite the log to hold a history record (the committed publication ids, newest
-        `HISTORY_MAX`) and the committed entries from the last rotation on, renumbered, and
-        delete the blobs no kept entry names; returns how many records were dropped. Does
-        nothing while a proposal is undecided (the next compaction does it)."""
+        """Rewrite the log to hold a history record (the committed publication ids, the newest
+        `HISTORY_MAX` that fit in one record) and the committed entries from the last
+        rotation on, renumbered, and delete the blobs no kept entry names; returns how many
+        records were dropped. Does nothing while a proposal is undecided (the next compaction
+        does it)."""
         with self._store.locked(self._scan) as (_append, state):
             if state.pending is not None:
                 return 0

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from morphogen.publication.compaction import Compaction
-from morphogen.publication.records import LogState, frame
+from morphogen.publication.records import LogState
 
 Scan = Callable[[bytes], tuple[LogState, int]]
 
@@ -58,4 +58,4 @@ class MemoryLog:
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
         self._blobs = {k: v for k, v in self._blobs.items() if k in plan.used}
-        self._frames[:] = [frame(e) for e in plan.records]
+        self._frames[:] = list(plan.frames)

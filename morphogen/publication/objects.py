@@ -16,7 +16,6 @@ from morphogen.publication.records import (
     EpochLogError,
     LogState,
     check_marker,
-    frame,
     marker_id,
     new_marker,
     on_node,
@@ -113,8 +112,7 @@ class ObjectLog:
     def rewrite(self, state: LogState, plan: Compaction) -> None:
         # the seal is one more record: a writer that read before it loses its seq and reads
         # again, now from the sealed state
-        self.objects.seal(self._generation, len(state.entries),
-                          b"".join(frame(e) for e in plan.records))
+        self.objects.seal(self._generation, len(state.entries), b"".join(plan.frames))
         dropped = {e.blob for e in state.entries if e.blob and e.blob not in plan.used}
         # and the batches no record names that were made for an epoch the log has passed (a
         # publisher died or stalled between upload and record): a writer still in flight

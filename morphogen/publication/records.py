@@ -38,6 +38,8 @@ BLOB_MAGIC = b"MGB1"
 # reads as corruption, not as a torn tail that a writer would silently cut off.
 FRAME = struct.Struct("<4sII16s")
 _BLOB = struct.Struct("<4sIQ")
+# The longest payload a reader accepts (a longer length reads as a damaged frame); `frame`
+# refuses to write one, so every reader can read what any writer wrote.
 MAX_PAYLOAD = 4 << 20
 
 PROPOSALS = ("rotation", "updates")
@@ -159,10 +161,19 @@ def new_publisher_id() -> str:
     return f"{socket.gethostname()[:32]}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def json_text(value: Any) -> str:
+    """`value` as a record's payload writes it (ASCII: one byte a character)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def frame(entry: LogEntry) -> bytes:
-    """The bytes of one record."""
+    """The bytes of one record; ValueError for a record longer than readers accept (a record
+    every reader refuses would stop the whole party, so it is refused before it is written)."""
     data = {k: v for k, v in asdict(entry).items() if v is not None}
-    payload = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    payload = json_text(data).encode()
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"a {entry.kind} record of {len(payload)} bytes: readers refuse "
+                         f"records over {MAX_PAYLOAD} bytes, so it is not written")
     digest = hashlib.blake2b(payload, digest_size=16).digest()
     return FRAME.pack(FRAME_MAGIC, len(payload), len(payload) ^ 0xFFFFFFFF, digest) + payload
 

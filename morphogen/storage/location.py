@@ -32,6 +32,51 @@ def is_remote(uri: str | os.PathLike[str]) -> bool:
     return scheme in REMOTE_SCHEMES
 
 
+# Tabs and newlines anywhere in a URL are dropped (by urlsplit and by WHATWG URL parsing).
+# For http(s), WHATWG parsing (the `url` crate under obstore's HTTP client) also reads `\` as
+# `/`, and resolves a segment that is `.` or `..` once `%2e` is read as a dot.
+_DROPPED = str.maketrans("", "", "\t\n\r")
+_DOT = frozenset({".", "%2e"})
+_DOTDOT = frozenset({"..", ".%2e", "%2e.", "%2e%2e"})
+
+
+def requested_location(uri: str) -> tuple[str, str, tuple[str, ...], str]:
+    """(scheme, authority, path segments, query and fragment) of `uri` as its store's client
+    will request it. An http(s) URL is resolved as the HTTP client parses it (see above), so
+    `http://h/snaps/%2e%2e/x` is `http://h/x`; an s3:// or gs:// key is taken literally (it
+    names one object, whatever it holds). A trailing slash is left out."""
+    text = uri.strip("".join(map(chr, range(33))))
+    scheme, _, rest = text.partition(":")
+    scheme = scheme.lower()
+    web = scheme in ("http", "https")
+    rest = rest.translate(_DROPPED)
+    if web:
+        rest = rest.replace("\\", "/")
+    rest, hashmark, fragment = rest.partition("#")
+    rest, qmark, query = rest.partition("?")
+    authority, _, path = rest.removeprefix("//").partition("/")
+    segments: list[str] = []
+    for seg in path.split("/"):
+        low = seg.lower()
+        if web and low in _DOTDOT:
+            if segments:
+                segments.pop()
+        elif not (web and low in _DOT):
+            segments.append(seg)
+    if segments and not segments[-1]:
+        segments.pop()
+    return scheme, authority.lower(), tuple(segments), qmark + query + hashmark + fragment
+
+
+def lies_under(uri: str, prefix: str) -> bool:
+    """Whether `uri`, resolved as it will be requested, names something strictly under
+    `prefix`, compared segment by segment (so `/snaps2` is not under `/snaps`)."""
+    scheme, authority, segments, extra = requested_location(uri)
+    p_scheme, p_authority, p_segments, p_extra = requested_location(prefix)
+    return ((scheme, authority, extra, p_extra) == (p_scheme, p_authority, "", "")
+            and len(segments) > len(p_segments) and segments[:len(p_segments)] == p_segments)
+
+
 def check_log_location(uri: str | os.PathLike[str]) -> None:
     """Refuse a URI that cannot hold an epoch log, naming what can."""
     scheme = urlsplit(str(uri)).scheme.lower()

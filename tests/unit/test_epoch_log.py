@@ -24,6 +24,7 @@ import pytest
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.identity import EMPTY_CHAIN, EpochIdentity
 from morphogen.publication import log as epoch_log_module
+from morphogen.publication.compaction import compacted
 from morphogen.publication.log import (
     EpochLog,
     EpochLogBusy,
@@ -35,6 +36,7 @@ from morphogen.publication.log import (
     rotation_entry,
     updates_entry,
 )
+from morphogen.publication.records import FRAME, MAX_PAYLOAD, frame
 
 T0 = 1_700_000_000_000  # the fake clock's start, unix milliseconds
 Build = Callable[[LogEntry | None, int], tuple[LogEntry, ChangeBatch | None]]
@@ -1186,3 +1188,67 @@ def test_a_read_decodes_only_the_records_appended_since_the_last(plog: EpochLog,
     decoded.clear()
     assert [e.kind for e in log.entries()] == ["history", "rotation", "commit"]
     assert decoded == [0, 1, 2]
+
+
+# ---------------------------------------------------------------- records readers accept
+
+
+def test_a_compacted_history_of_20000_rotations_fits_in_a_record() -> None:
+    """Hourly rotations for two years: 20,000 ids whose requests carry the snapshot path.
+    Written whole they are a history record over the readers' limit, and every replica of the
+    party would refuse the log."""
+    state = LogState()
+    for i in range(20_000):
+        pub = f"r-{i:024x}"
+        request = f"rotation:blake2b-256:{i:064x}:/srv/snapshots/{i:012d}/snapshot-hourly"
+        state.pubs[pub] = Published(pub, 10**9 + i, f"0x{i:032x}", request)
+    plan = compacted(state)
+    history = plan.records[0].pubs
+    assert len(frame(plan.records[0])) - FRAME.size <= MAX_PAYLOAD
+    assert 15_000 < len(history) < 20_000
+    assert [p[0] for p in history] == list(state.pubs)[-len(history):]  # the newest ones
+
+
+def _long_rotations(log: EpochLog, count: int, request_bytes: int) -> list[str]:
+    """`count` committed rotations whose requests are `request_bytes` long (a long snapshot
+    path): a few of them outgrow a history record."""
+    pubs = []
+    for epoch in range(1, count + 1):
+        pub = f"rot-{epoch}"
+        p = log.propose(pub, f"rotation:{epoch}:" + "p" * request_bytes, "W", 60,
+                        rotation(epoch))
+        log.decide(p, "commit")
+        pubs.append(pub)
+    return pubs
+
+
+def test_a_compaction_keeps_the_newest_history_that_readers_accept(plog: EpochLog) -> None:
+    log = plog
+    pubs = _long_rotations(log, 12, 400_000)  # 11 ids of ~400 KB to keep: 4.4 MB
+    assert log.compact() == 24 - 3
+    reader = log if not log.durable else EpochLog(log.directory, create=False)
+    history = reader.entries()[0].pubs  # the old code wrote a history readers refuse here
+    kept = [p[0] for p in history]
+    assert kept == pubs[-1 - len(kept):-1] and 8 <= len(kept) < 11  # the newest that fit
+
+    def never(head: LogEntry | None, seq: int) -> tuple[LogEntry, None]:
+        raise AssertionError("a committed publication was built again")
+
+    assert isinstance(reader.propose(kept[-1], "again", "B", 60, never), Published)
+    assert pubs[0] not in reader.state().pubs  # dropped: too old to fit
+
+
+def test_a_record_over_the_readers_limit_is_refused_before_it_is_written(plog: EpochLog
+                                                                         ) -> None:
+    """A record every reader refuses would stop every replica: the writer refuses it first,
+    saying why, and the log stays as it was."""
+    log = plog
+    Writer(log, np.random.default_rng(5)).rotation(2)
+    before = log.entries()
+    files = _files(log) if log.durable else None
+    with pytest.raises(ValueError, match=r"a rotation record of \d+ bytes: readers refuse "
+                                         r"records over 4194304 bytes"):
+        log.propose("huge", "rotation:" + "p" * MAX_PAYLOAD, "A", 60, rotation(3))
+    assert log.entries() == before and (_files(log) if log.durable else None) == files
+    if log.durable:
+        assert EpochLog(log.directory, create=False).entries() == before

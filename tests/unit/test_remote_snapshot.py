@@ -5,6 +5,7 @@ is refused, naming node, URI and chunk."""
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import obstore
 import pytest
 
 from morphogen.party.admin import resolve_snapshot_path, verify_snapshot
-from morphogen.protocol.codec import WireError
+from morphogen.protocol.codec import ErrorCode, WireError
 from morphogen.snapshot.chunk_cache import ChunkCache, chunk_file
 from morphogen.snapshot.manifest import SnapshotError
 from morphogen.snapshot.open import open_any
@@ -243,3 +244,97 @@ def test_a_web_server_cannot_hold_an_epoch_log(uri: str) -> None:
         PartyConfig(epoch_log_dir=uri)
     with pytest.raises(EpochLogError, match=expected):
         EpochLog(uri)
+
+
+# what an admin may name under admin_snapshot_dir=http://host/snaps, and where the HTTP client
+# (obstore, WHATWG URL parsing) would take it: %2e is a dot, `\` a slash, tabs vanish
+ESCAPES = ["%2e%2e/private/secret", ".%2e/private/secret", "%2E%2E/private/secret",
+           "%2e./private/secret", "..\\private\\secret", "epoch-4\\..\\..\\private\\secret",
+           ".\t./private/secret", "epoch-4/%2e%2e/%2e%2e/private/secret"]
+# left as written by the client, but a server or proxy that decodes once more reads them as
+# another place
+DECODED_LATER = ["%252e%252e/private/secret", "..%2fprivate%2fsecret", "%2e%2e%5cprivate",
+                 "epoch-4%2f..%2f..%2fprivate%2fsecret", "x//y", "x?y"]
+
+
+@contextmanager
+def recording_web_server(root: Path):
+    """`tests.web.server.serving`, recording the path of every request it answers."""
+    from tests.web import server as web
+
+    seen: list[str] = []
+    real = web._handler
+
+    def handler(served: Path):
+        cls = real(served)
+
+        class Recording(cls):  # type: ignore[misc, valid-type]
+            def _answer(self, body: bool) -> None:
+                seen.append(self.path)
+                super()._answer(body)
+
+        return Recording
+
+    web._handler = handler
+    try:
+        with web.serving(root) as base:
+            yield base, seen
+    finally:
+        web._handler = real
+
+
+def test_an_http_snapshot_prefix_is_compared_as_the_client_resolves_it(tmp_path: Path) -> None:
+    """admin_snapshot_dir=http://host/snaps: every spelling of `..` the URL parser resolves
+    is refused before anything is fetched, so a rotation never reaches /private."""
+    www = tmp_path / "www"
+    build_synthetic(www / "snaps" / "epoch-4", 40, seed=3, epoch_id=4, chunk_pages=CHUNK)
+    build_synthetic(www / "private" / "secret", 40, seed=9, epoch_id=9, chunk_pages=CHUNK)
+    with recording_web_server(www) as (base, seen):
+        allowed = f"{base}/snaps"
+        # the escapes are real: the client itself asks for /private
+        for name in ESCAPES:
+            seen.clear()
+            loc = open_location(f"{allowed}/{name}")
+            assert obstore.get(loc.store, loc.key("manifest.json")).bytes()
+            assert seen == ["/private/secret/manifest.json"], name
+        seen.clear()
+        for name in ESCAPES + DECODED_LATER:
+            for requested in (name, f"{allowed}/{name}"):
+                with pytest.raises(WireError) as exc:
+                    resolve_snapshot_path(requested, allowed)
+                assert (exc.value.status, exc.value.code) == (403, ErrorCode.FORBIDDEN), name
+                assert "allowed snapshot prefix" in exc.value.message
+        assert seen == []  # refused before a byte was asked for
+        for bad in (f"{base}/snaps2/epoch-4", f"{base}/private/secret", base):
+            with pytest.raises(WireError) as exc:
+                resolve_snapshot_path(bad, allowed)
+            assert exc.value.status == 403
+        uri = resolve_snapshot_path("epoch-4", allowed)
+        assert uri == f"{allowed}/epoch-4" and resolve_snapshot_path(uri, allowed + "/") == uri
+        assert verify_snapshot(uri).epoch_id == 4
+        assert seen == ["/snaps/epoch-4/manifest.json"]
+
+
+def test_a_rotation_through_the_admin_api_cannot_leave_the_http_prefix(tmp_path: Path) -> None:
+    """The admin API answers 403 naming where the URI leads, and the secret snapshot is never
+    fetched, let alone served."""
+    import asyncio
+
+    from morphogen.party.router import Party
+    from tests.unit._party_world import make_party, make_world
+
+    _, snaps = make_world(tmp_path)
+    www = tmp_path / "www"
+    build_synthetic(www / "private" / "secret", 96, seed=9, epoch_id=9, chunk_pages=CHUNK)
+    (www / "snaps").mkdir()
+    party, links = make_party(snaps, tmp_path / "log")
+    with recording_web_server(www) as (base, seen):
+        cfg = party.cfg.model_copy(update={"admin_snapshot_dir": f"{base}/snaps"})
+        party = Party(cfg, links, party.epoch_log)
+        for name in ("%2e%2e/private/secret", "..\\private\\secret"):
+            with pytest.raises(WireError) as exc:
+                asyncio.run(party.admin.snapshot(name))
+            assert (exc.value.status, exc.value.code) == (403, ErrorCode.FORBIDDEN)
+            assert f"resolves to '{base}/private/secret'" in exc.value.message
+        assert seen == []
+    assert party.epoch_log.head() is None

@@ -34,3 +34,19 @@ def test_unknown_schemes_and_bucketless_uris_are_refused():
         open_location("ftp://host/x")
     with pytest.raises(ValueError, match="no bucket"):
         open_location("s3:///x")
+
+
+def test_a_location_lies_under_a_prefix_as_its_client_requests_it() -> None:
+    from morphogen.storage.location import lies_under, requested_location
+
+    assert requested_location("http://H/snaps/a/%2E%2e/..\\x\t/./y/") == (
+        "http", "h", ("x", "y"), "")
+    assert requested_location("s3://b/snaps/%2e%2e/x") == ("s3", "b", ("snaps", "%2e%2e", "x"),
+                                                           "")  # an object key is literal
+    assert lies_under("http://h/snaps/a", "http://h/snaps/")
+    # the client requests %2F as written (a server decoding it is the admin check's concern)
+    assert lies_under("http://h/snaps/a/..%2F..", "http://h/snaps")
+    for uri in ("http://h/snaps2/a", "http://h/snaps", "http://h/snaps/", "http://h/x/snaps/a",
+                "http://h/snaps/%2e%2e/x", "http://g/snaps/a", "https://h/snaps/a",
+                "http://h/snaps/a?x", "http://u@h/snaps/a"):
+        assert not lies_under(uri, "http://h/snaps"), uri
