@@ -428,7 +428,7 @@ class Publisher:
                 "publication": head.pub},
             "epoch_log_pending": None if pending is None else {
                 "epoch_id": pending.epoch_id, "publication": pending.pub,
-                "lease_left_s": round(log_state.lease_left_s(int(time.time() * 1000)), 3)},
+                "lease_left_s": round(self.log.lease_left_s(log_state), 3)},
             "recent_publications": recent,
             "wanted_identity": None if self.party.want is None else self.party.want.digest,
             "shards": [
