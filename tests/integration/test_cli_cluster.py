@@ -24,7 +24,8 @@ def test_admin_status_is_a_table_and_json_when_asked(serve_instance, tmp_path: P
 
     token = tmp_path / "token"
     token.write_text("cli-status-token-0123456789\n")
-    deploy(serve_instance, "adminview", num_shards=2, admin_token_file=str(token))
+    deploy(serve_instance, "adminview", num_shards=2, admin_token_file=str(token),
+           epoch_log_dir=str(tmp_path / "log"))
     url = serve_instance.app_url("adminview")
     try:
         assert main(["admin", "status", "--server", url, "--token-file", str(token)]) == 0
