@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     with local.running(num_cpus=max(2, cores), disable_auth=True) as cluster:
         for name in ("ra", "rb"):
             t = time.monotonic()
-            serve.run(build_app(dict(cfg_args)), name=name, route_prefix=f"/{name}")
+            serve.run(build_app({**cfg_args, "epoch_log_dir": str(workdir / f"log-{name}")}),
+                      name=name, route_prefix=f"/{name}")
             _log(f"[bench] party {name} deployed in {time.monotonic() - t:.1f}s")
         url_a, url_b = cluster.app_url("/ra"), cluster.app_url("/rb")
         load = _Load(url_a, url_b, args.clients, args.pages, seeds)

@@ -282,12 +282,13 @@ def _serve_parser(sub: Any) -> None:
     adm = srv.add_argument_group("admin (live updates, rotation)")
     adm.add_argument("--admin-token-file", metavar="FILE",
                      help="file holding the admin bearer token: turns the admin routes on "
-                          "(else $MORPHOGEN_ADMIN_TOKEN where set)")
+                          "(else $MORPHOGEN_ADMIN_TOKEN where set); needs --epoch-log")
     adm.add_argument("--admin-snapshot-dir", metavar="DIR",
                      help="rotations load snapshots only from under DIR (unset: no rotation)")
     adm.add_argument("--epoch-log", metavar="DIR",
-                     help="durable epoch log: admin updates and rotations survive shard "
-                          "restarts (with several parties, one subdirectory each)")
+                     help="durable epoch log, required by the admin routes: publications are "
+                          "decided once, survive restarts, and a re-sent one is never applied "
+                          "twice (with several parties, one subdirectory each)")
     net = srv.add_argument_group("cluster and HTTP")
     net.add_argument("--host", help="HTTP host to bind (default 127.0.0.1 on a cluster serve "
                                     "starts; 0.0.0.0, every interface, when it joins one with "

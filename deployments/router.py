@@ -126,9 +126,6 @@ class Router:
             log.warning("admin routes answer 403 on this replica: %s", self._guard.problem)
         if self._guard.enabled and not cfg.admin_supported:
             log.warning("admin token configured, admin routes refused: %s", ADMIN_NEEDS_LOG)
-        if self._guard.enabled and epoch_log is None:
-            log.warning("admin enabled without epoch_log_dir: published updates and rotations "
-                        "are lost when a shard replica restarts")
 
     # ------------------------------------------------------------------ handle API
 

@@ -161,10 +161,9 @@ class PartyConfig(BaseModel):
 
     # -- admin: live page updates and snapshot rotation (POST /admin/updates, /admin/snapshot).
     # Off unless a token is configured: a secret file, else the environment variable named here
-    # (read on the router's node). With more than one replica per shard, admin needs the epoch
-    # log: a replica that missed a publication (started later, or unreachable) catches up from
-    # it, so a token file without one is refused here and the router refuses admin requests in
-    # that case whatever the token source.
+    # (read on the router's node). Admin needs the epoch log: publication ids must outlive the
+    # router that saw them (ADMIN_NEEDS_LOG says why), so a token file without one is refused
+    # here and the routers refuse publications without one whatever the token source.
     admin_token_file: str | None = Field(None, description="file holding the admin token")
     admin_token_env: str | None = Field(
         DEFAULT_ADMIN_TOKEN_ENV, description="variable holding the admin token (no file)"
@@ -184,8 +183,7 @@ class PartyConfig(BaseModel):
         description="this party's durable epoch log: a directory every node sees (a shared "
         "file system whose flock works across nodes), or an object-store prefix (s3://, "
         "gs://) holding one write-once object per record; one per party. Published updates "
-        "and rotations survive a replica restart; None: a restarted shard comes back at the "
-        "configured snapshot",
+        "and rotations survive a replica restart, and admin needs it; None: no publications",
     )
     epoch_log_id: str | None = Field(
         None, description="the log's id (its log.json), set by the application builder: a "
@@ -245,9 +243,9 @@ class PartyConfig(BaseModel):
 
     @property
     def admin_supported(self) -> bool:
-        """Whether every copy of every shard can reach each published epoch: one replica per
-        shard, or an epoch log that replicas catch up from."""
-        return self.max_shard_replicas == 1 or self.epoch_log_dir is not None
+        """Whether publications can be decided once: only a durable epoch log keeps their ids
+        past a router's restart and across router replicas (and lets replicas catch up)."""
+        return self.epoch_log_dir is not None
 
     def admin_body_limit(self) -> int:
         if self.admin_max_body_bytes is not None:
@@ -289,9 +287,12 @@ class PartyConfig(BaseModel):
 
 
 ADMIN_NEEDS_LOG = (
-    "the admin routes with more than one replica per shard need epoch_log_dir: a replica "
-    "that misses a publication (started later, or unreachable meanwhile) catches up from the "
-    "log; set epoch_log_dir (a directory every shard node sees) or drop the admin token"
+    "the admin routes need epoch_log_dir: without it no publication id outlives the router "
+    "replica that saw it, so a publication re-sent after a router restart or to another "
+    "router replica would be applied twice (an XOR diff then cancels itself), and a replica "
+    "that misses a publication could not catch up; set epoch_log_dir (morphogen serve "
+    "--epoch-log DIR: a local directory for a party on one node, one every node sees, or "
+    "s3://...) or drop the admin token"
 )
 
 

@@ -14,9 +14,10 @@ The protocol (docs/publication.md) in the order this module runs it:
    once the decision is written, whatever the stragglers.
 
 A publication runs as a task of its own: a request that is cancelled (the admin client went
-away) does not stop it between two steps. Without a log directory the same records are kept in
-the router's memory (`EpochLog.in_memory`): one publisher and idempotent ids while the router
-lives, nothing durable.
+away) does not stop it between two steps. Without a durable log a party refuses publications
+(403): ids kept in one router's memory would not stop a re-send to a restarted or another
+router replica from applying a publication twice. Its status still reads an empty log kept in
+memory.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from morphogen.config import PartyConfig
+from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.party import admin
 from morphogen.party.combine import ShardFailure
 from morphogen.party.redact import reason
@@ -300,8 +301,15 @@ class Publisher:
 
     # ------------------------------------------------------------------ the admin routes
 
+    def _check_durable(self) -> None:
+        # a re-send arrives precisely after a router died (Serve's 500): ids in its memory are
+        # gone then, and a batch applied twice undoes itself on one party only
+        if not self.log.durable:
+            raise WireError(403, ErrorCode.FORBIDDEN, ADMIN_NEEDS_LOG)
+
     async def updates(self, changes: ChangeBatch, pub: str | None = None) -> dict[str, Any]:
         """Publish `head + 1` = head + `changes` on every shard as one step."""
+        self._check_durable()
         layout = await self.party.layout()
         if changes.max_page() >= layout.num_pages:
             # the cached layout may predate a rotation that grew the matrix
@@ -339,6 +347,7 @@ class Publisher:
     async def snapshot(self, requested: str, pub: str | None = None) -> dict[str, Any]:
         """Rotate every shard to the snapshot at `requested` (inside admin_snapshot_dir), its
         checksum verified before any shard is touched."""
+        self._check_durable()
         path = admin.resolve_snapshot_path(requested, self.party.cfg.admin_snapshot_dir)
         started = time.monotonic()
         manifest = await asyncio.to_thread(admin.verify_snapshot, path)
@@ -428,7 +437,7 @@ class Publisher:
                 "publication": head.pub},
             "epoch_log_pending": None if pending is None else {
                 "epoch_id": pending.epoch_id, "publication": pending.pub,
-                "lease_left_s": round(log_state.lease_left_s(int(time.time() * 1000)), 3)},
+                "lease_left_s": round(self.log.lease_left_s(log_state), 3)},
             "recent_publications": recent,
             "wanted_identity": None if self.party.want is None else self.party.want.digest,
             "shards": [

@@ -42,7 +42,7 @@ from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
-from morphogen.publication.log import EpochLog, now_ms
+from morphogen.publication.log import EpochLog
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +296,7 @@ class ShardReplica:
         pending = state.pending
         if staged is not None and (pending is None or pending.pub != staged[1]
                                    or pending.epoch_id != staged[0].epoch_id
-                                   or state.lease_left_s(now_ms()) <= 0):
+                                   or self.log.lease_left_s(state) <= 0):
             # decided, never logged, or its publisher stopped renewing: an orphan. Should the
             # publisher still commit, this replica reaches the epoch from the log instead.
             log.info("shard %d: dropping staged epoch %d (its publication is decided or its "

@@ -6,6 +6,7 @@
 - `directory`, `objects`, `memory`: where the records live (a shared directory, write-once
   objects in a store, the process);
 - `compaction`: what a compacted log keeps;
+- `lease`: how long an undecided proposal's lease has left, timed on the reader's own clock;
 - `admin_auth`: the admin routes' bearer token.
 
 May use: `morphogen.protocol`, `morphogen.storage` and `morphogen.constants`. The party's

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from morphogen.protocol.changes import ChangeBatch
+from morphogen.publication import lease as _lease
 from morphogen.publication.compaction import Compaction, compacted
 from morphogen.publication.directory import DirectoryLog
 from morphogen.publication.memory import MemoryLog
@@ -120,6 +121,7 @@ class EpochLog:
     def __init__(self, directory: str | os.PathLike[str] | None, *, create: bool = True,
                  log_id: str | None = None) -> None:
         self._scanned: tuple[bytes, LogState] | None = None  # see `_scan`
+        self._leases = _lease.LeaseWatch()  # leases are timed by this reader's clock
         self._objects: LogObjects | None = None
         store: LogStore
         if directory is None:  # in_memory()
@@ -210,6 +212,11 @@ class EpochLog:
         """The last committed proposal."""
         return self.state().head
 
+    def lease_left_s(self, state: LogState) -> float:
+        """Seconds left of the lease of `state`'s undecided proposal, timed by this process
+        since it first saw the proposal's latest renewal (0: ended, or none undecided)."""
+        return self._leases.left_s(state)
+
     def load_batch(self, entry: LogEntry) -> ChangeBatch:
         """The update batch of an `updates` entry, checked against its record."""
         if entry.kind != "updates" or entry.blob is None:
@@ -238,8 +245,11 @@ class EpochLog:
             raise EpochLogConflict(f"{self.path}: {problem}")
         if batch is not None and entry.blob:  # under the lock: `compact` deletes blobs
             self._store.write_file(entry.blob, encode_batch(batch))
+        started = _lease.monotonic()
         append(record)
         apply(state, entry)
+        if entry.lease_for_ms is not None:
+            self._leases.wrote(state, started)
         return entry
 
     @_retrying
@@ -258,18 +268,18 @@ class EpochLog:
                 return done
             pending = state.pending
             if pending is not None:
-                t = now_ms()
-                if state.lease_ms > t and pending.publisher != publisher:
+                left = self._leases.left_s(state)
+                if left > 0 and pending.publisher != publisher:
                     raise EpochLogBusy(
                         f"publication {pending.pub} (epoch {pending.epoch_id}) is in progress",
-                        state.lease_left_s(t))
+                        left)
                 log.warning("aborting publication %s (epoch %d): its publisher's lease ran "
                             "out undecided", pending.pub, pending.epoch_id)
                 self._add(append, state, LogEntry(len(state.entries), "abort",
                                                   pending.epoch_id, of=pending.seq))
             entry, batch = build(state.head, len(state.entries))
             entry = LogEntry(**{**asdict(entry), "pub": pub, "request": request,
-                                "publisher": publisher, "lease_ms": now_ms() + int(lease_s * 1000)})
+                                "publisher": publisher, **_lease_fields(lease_s)})
             return self._add(append, state, entry, batch)
 
     @_retrying
@@ -278,7 +288,7 @@ class EpochLog:
         with self._store.locked(self._scan) as (append, state):
             self._add(append, state, LogEntry(
                 len(state.entries), "renew", proposal.epoch_id, of=proposal.seq,
-                publisher=proposal.publisher, lease_ms=now_ms() + int(lease_s * 1000)))
+                publisher=proposal.publisher, **_lease_fields(lease_s)))
 
     @_retrying
     def decide(self, proposal: LogEntry, outcome: str) -> None:
@@ -308,7 +318,7 @@ class EpochLog:
         """Abort the undecided proposal when its lease has run out; returns it (else None)."""
         with self._store.locked(self._scan) as (append, state):
             pending = state.pending
-            if pending is None or state.lease_ms > now_ms():
+            if pending is None or self._leases.left_s(state) > 0:
                 return None
             self._add(append, state, LogEntry(len(state.entries), "abort", pending.epoch_id,
                                               of=pending.seq))
@@ -338,3 +348,10 @@ class EpochLog:
                 return 0  # nothing to drop
             self._store.rewrite(state, plan)
         return len(state.entries) - len(plan.records)
+
+
+def _lease_fields(lease_s: float) -> dict[str, int]:
+    """A lease's length, which readers time on their own clocks, and its end by this
+    machine's wall clock, which only people read."""
+    length = max(1, int(lease_s * 1000))
+    return {"lease_for_ms": length, "lease_ms": now_ms() + length}

@@ -1,6 +1,7 @@
-"""An epoch log kept in the process (`EpochLog.in_memory()`, a party without a log directory):
-the same records and checks, so one publisher and idempotent publication ids while the router
-lives; nothing durable.
+"""An epoch log kept in the process (`EpochLog.in_memory()`): the same records and checks,
+nothing durable. A party without a log directory reads its (empty) status from one; it never
+publishes through one, since ids that die with the router cannot keep a re-sent publication
+from being applied twice (morphogen.config.ADMIN_NEEDS_LOG).
 """
 
 from __future__ import annotations

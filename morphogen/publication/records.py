@@ -55,7 +55,10 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "abort": ("of",),
     "history": ("pubs",),
 }
-_INTS = ("seq", "epoch_id", "base_epoch", "count", "of", "lease_ms")
+# Fields a record may carry or not: records of an earlier version lack them.
+_OPTIONAL: dict[str, tuple[str, ...]] = {
+    "rotation": ("lease_for_ms",), "updates": ("lease_for_ms",), "renew": ("lease_for_ms",)}
+_INTS = ("seq", "epoch_id", "base_epoch", "count", "of", "lease_ms", "lease_for_ms")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 PUB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 BLOB_NAME = re.compile(r"updates-[0-9]{12,}-[0-9a-f]{16}\.bin")
@@ -95,7 +98,10 @@ class LogEntry:
     pub: str | None = None  # proposals: the publication id (the admin's idempotency key)
     request: str | None = None  # proposals: digest of what was asked (same id, same request)
     publisher: str | None = None  # proposals and renewals: who holds the lease
-    lease_ms: int | None = None  # proposals and renewals: lease end, unix milliseconds
+    # proposals and renewals: the lease's end by the writer's wall clock, for people reading
+    # the log only (another machine's clock decides nothing: morphogen.publication.lease)
+    lease_ms: int | None = None
+    lease_for_ms: int | None = None  # proposals and renewals: the lease's length
     of: int | None = None  # renew and decisions: seq of the proposal they are about
     pubs: list[list[Any]] | None = None  # history: [pub, epoch_id, identity, request] each
 
@@ -126,7 +132,7 @@ class LogState:
     entries: list[LogEntry] = field(default_factory=list)
     committed: list[LogEntry] = field(default_factory=list)  # committed proposals, in order
     pending: LogEntry | None = None  # the undecided proposal
-    lease_ms: int = 0  # its lease end
+    lease_ms: int = 0  # its lease end by its writer's wall clock (shown, never trusted)
     pubs: dict[str, Published] = field(default_factory=dict)  # committed publication ids
     aborted: int = 0
 
@@ -143,9 +149,6 @@ class LogState:
         """An independent copy (entries are immutable; the containers are not)."""
         return replace(self, entries=list(self.entries), committed=list(self.committed),
                        pubs=dict(self.pubs))
-
-    def lease_left_s(self, now_ms: int) -> float:
-        return max(0.0, (self.lease_ms - now_ms) / 1000.0) if self.pending else 0.0
 
 
 def blob_name(epoch_id: int, digest: str) -> str:
@@ -208,7 +211,8 @@ def decode(payload: bytes, where: str) -> LogEntry:
     need = ("seq", "kind", "epoch_id") + _REQUIRED[kind]
     if missing := [f for f in need if data.get(f) is None]:
         raise EpochLogError(f"{where}: {kind} record lacks {', '.join(missing)}")
-    if extra := sorted(f for f in data if f not in need and data[f] is not None):
+    allowed = need + _OPTIONAL.get(kind, ())
+    if extra := sorted(f for f in data if f not in allowed and data[f] is not None):
         raise EpochLogError(f"{where}: {kind} record with fields {extra}")
     for name, value in data.items():
         if name != "kind":

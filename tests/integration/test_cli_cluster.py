@@ -24,7 +24,8 @@ def test_admin_status_is_a_table_and_json_when_asked(serve_instance, tmp_path: P
 
     token = tmp_path / "token"
     token.write_text("cli-status-token-0123456789\n")
-    deploy(serve_instance, "adminview", num_shards=2, admin_token_file=str(token))
+    deploy(serve_instance, "adminview", num_shards=2, admin_token_file=str(token),
+           epoch_log_dir=str(tmp_path / "log"))
     url = serve_instance.app_url("adminview")
     try:
         assert main(["admin", "status", "--server", url, "--token-file", str(token)]) == 0
@@ -32,9 +33,10 @@ def test_admin_status_is_a_table_and_json_when_asked(serve_instance, tmp_path: P
         lines = out.splitlines()
         assert lines[0].startswith(f"{url}: epoch 1 (0x")
         assert f"{NUM_PAGES} pages, domain 10 bits, consistent" in lines[0]
-        assert lines[1].split()[:3] == ["shard", "pages", "epoch"]
-        assert lines[3].split()[:3] == ["0", "0-319", "1"]
-        assert lines[4].split()[:3] == ["1", "320-639", "1"]
+        assert lines[1].split()[:2] == ["epoch", "log"]  # admin needs one
+        assert lines[2].split()[:3] == ["shard", "pages", "epoch"]
+        assert lines[4].split()[:3] == ["0", "0-319", "1"]
+        assert lines[5].split()[:3] == ["1", "320-639", "1"]
         assert len(out) < 800  # was 1.5 kB of JSON on one line
 
         assert main(["admin", "--server", url, "status", "--token-file", str(token),

@@ -106,8 +106,8 @@ def epoch_parties(serve_instance):
         "fold_chunk_pages": 64,
         "retry_backoff_ms": 20.0,
     }
-    deploy(serve_instance, "ea", num_shards=3, **admin)
-    deploy(serve_instance, "eb", num_shards=2, **admin)
+    deploy(serve_instance, "ea", num_shards=3, epoch_log_dir=str(root / "log-ea"), **admin)
+    deploy(serve_instance, "eb", num_shards=2, epoch_log_dir=str(root / "log-eb"), **admin)
     yield serve_instance, snaps
     serve.delete("ea")
     serve.delete("eb")

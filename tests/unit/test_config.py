@@ -78,21 +78,19 @@ def test_admin_settings() -> None:
 
     cfg = PartyConfig()
     assert cfg.admin_token_file is None and cfg.admin_token_env == "MORPHOGEN_ADMIN_TOKEN"
-    assert cfg.admin_snapshot_dir is None and cfg.admin_supported
+    assert cfg.admin_snapshot_dir is None and not cfg.admin_supported
     assert cfg.admin_body_limit() == admin_body_bytes(1024)
     assert PartyConfig(admin_max_body_bytes=4096).admin_body_limit() == 4096
-    # more than one replica per shard: a replica that missed a publication catches up from
-    # the epoch log, so admin needs one
-    with pytest.raises(ValidationError, match="need epoch_log_dir"):
-        PartyConfig(admin_token_file="/run/secrets/t", shard_replicas=2)
-    assert not PartyConfig(shard_replicas=2, admin_token_env=None).admin_supported
-    assert PartyConfig(admin_token_file="/run/secrets/t", shard_replicas=2,
-                       epoch_log_dir="/shared/log-a").admin_supported
-    scaled = {"min_replicas": 1, "max_replicas": 4}
-    with pytest.raises(ValidationError, match="need epoch_log_dir"):
-        PartyConfig(admin_token_file="/run/secrets/t", shard_autoscaling=scaled,
-                    placement="gpu")
-    assert PartyConfig(shard_autoscaling={"max_replicas": 1}, placement="gpu").admin_supported
+    # publication ids must outlive a router replica (and replicas catch up from the log):
+    # admin needs a log, whatever the replica counts (issue 28, hole 1)
+    for more in ({}, {"shard_replicas": 2}, {"router_replicas": 2},
+                 {"shard_autoscaling": {"min_replicas": 1, "max_replicas": 4},
+                  "placement": "gpu"}):
+        with pytest.raises(ValidationError, match="need epoch_log_dir.*applied twice"):
+            PartyConfig(admin_token_file="/run/secrets/t", **more)
+        assert not PartyConfig(admin_token_env=None, **more).admin_supported
+        assert PartyConfig(admin_token_file="/run/secrets/t", epoch_log_dir="/shared/log-a",
+                           **more).admin_supported
 
 
 def test_autoscaling_options() -> None:

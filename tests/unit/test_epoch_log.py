@@ -23,6 +23,7 @@ import pytest
 
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.identity import EMPTY_CHAIN, EpochIdentity
+from morphogen.publication import lease as lease_module
 from morphogen.publication import log as epoch_log_module
 from morphogen.publication.compaction import compacted
 from morphogen.publication.log import (
@@ -111,12 +112,13 @@ class Writer:
 
 
 def _rot(seq: int, epoch: int, pub: str, *, checksum: str = "ck", publisher: str = "P",
-         lease_ms: int = T0 + 60_000) -> LogEntry:
+         lease_ms: int = T0 + 60_000, lease_for_ms: int = 60_000) -> LogEntry:
     """The rotation proposal `rotation(epoch, checksum)` leads to."""
     ident = EpochIdentity.of_snapshot(epoch, checksum)
     return LogEntry(seq, "rotation", epoch, ident.digest, path=f"/snaps/{epoch}",
                     checksum=checksum, snapshot_checksum=checksum, chain=EMPTY_CHAIN, pub=pub,
-                    request=f"req-{pub}", publisher=publisher, lease_ms=lease_ms)
+                    request=f"req-{pub}", publisher=publisher, lease_ms=lease_ms,
+                    lease_for_ms=lease_for_ms)
 
 
 def _files(log: EpochLog) -> tuple[bytes, list[str]] | list[str]:
@@ -153,9 +155,11 @@ def rng() -> np.random.Generator:
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The log's clock, set by the test (unix milliseconds)."""
+    """The log's clocks, set by the test (unix milliseconds): the wall clock its records
+    show and the monotonic one its leases are timed on."""
     now = [T0]
     monkeypatch.setattr(epoch_log_module, "now_ms", lambda: now[0])
+    monkeypatch.setattr(lease_module, "monotonic", lambda: now[0] / 1000)
     return now
 
 
@@ -171,17 +175,21 @@ def test_proposals_renewals_and_decisions_round_trip(plog: EpochLog, rng, clock)
     assert (log.live(), log.head()) == ([], None)  # undecided: never served
     st = log.state()
     assert (st.pending, st.lease_ms, st.committed, st.pubs) == (r2, T0 + 60_000, [], {})
-    assert st.lease_left_s(T0 + 15_000) == 45.0 and st.lease_left_s(T0 + 70_000) == 0.0
-    clock[0] += 1000
+    clock[0] = T0 + 15_000  # the lease is timed from the write, plus its slack
+    assert log.lease_left_s(st) == pytest.approx(60 * 1.02 - 15)
+    clock[0] = T0 + 70_000
+    assert log.lease_left_s(st) == 0.0
+    clock[0] = T0 + 1000
     log.renew(r2, 120)
     assert log.entries()[1] == LogEntry(1, "renew", 2, of=0, publisher="P",
-                                        lease_ms=T0 + 121_000)
+                                        lease_ms=T0 + 121_000, lease_for_ms=120_000)
     log.renew(r2, 1)  # a shorter renewal does not shorten the lease
     assert log.entries()[2].lease_ms == T0 + 2000 and log.state().lease_ms == T0 + 121_000
+    assert log.lease_left_s(log.state()) == pytest.approx(120 * 1.02)
     log.decide(r2, "commit")
     assert log.entries()[3] == LogEntry(3, "commit", 2, of=0)
     assert (log.live(), log.head(), log.state().pending) == ([r2], r2, None)
-    assert log.state().lease_left_s(T0) == 0.0  # nothing undecided
+    assert log.lease_left_s(log.state()) == 0.0  # nothing undecided
     ident2 = EpochIdentity.of_snapshot(2, "ck")
     b3 = _batch(rng, 3)
     u3 = log.propose("u3", "req-u3", "P", 60, updates(b3))
@@ -190,7 +198,7 @@ def test_proposals_renewals_and_decisions_round_trip(plog: EpochLog, rng, clock)
                           blob=f"updates-000000000003-{b3.digest[:16]}.bin",
                           blob_digest=b3.digest, count=3, snapshot_checksum="ck",
                           chain=i3.chain, pub="u3", request="req-u3", publisher="P",
-                          lease_ms=T0 + 61_000)
+                          lease_ms=T0 + 61_000, lease_for_ms=60_000)
     assert u3.epoch_identity() == i3 and log.entries()[0].epoch_identity() == ident2
     assert log.entries()[3].epoch_identity() is None  # a decision leads to no identity
     log.decide(u3, "commit")
@@ -888,22 +896,74 @@ def test_a_running_lease_makes_another_publisher_wait(plog: EpochLog, rng, clock
     for pub in ("B-1", p.pub):  # the same publication re-sent to another router waits too
         with pytest.raises(EpochLogBusy) as busy:
             log.propose(pub, "req", "B", 60, updates(_batch(rng, 1)))
-        assert busy.value.remaining_s == 59.75
+        assert busy.value.remaining_s == pytest.approx(61.2 - 0.25)
         assert str(busy.value) == f"publication {p.pub} (epoch 3) is in progress"
     assert log.abort_expired() is None
     assert log.compact() == 0
-    clock[0] = p.lease_ms - 1
+    end = T0 + 61_200  # the lease and its slack, on this reader's clock
+    clock[0] = end - 1
     with pytest.raises(EpochLogBusy) as busy:
         log.propose("B-1", "req", "B", 60, updates(_batch(rng, 1)))
-    assert busy.value.remaining_s == 0.001
+    assert busy.value.remaining_s == pytest.approx(0.001, abs=1e-6)
     assert log.entries() == before
-    clock[0] = p.lease_ms  # the lease has ended
+    clock[0] = end  # the lease has ended
     assert log.abort_expired() == p
     assert log.entries() == before + [LogEntry(3, "abort", 3, of=2)]
     assert log.state().pending is None and log.abort_expired() is None
     with pytest.raises(EpochLogConflict, match="was decided by another publisher"):
         log.decide(p, "commit")
     assert len(log.entries()) == 4
+
+
+@pytest.fixture(params=["durable", "s3"])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], EpochLog]:
+    """Opens one more reader of a log every router sees (a directory, a loopback S3 prefix)."""
+    if request.param == "s3":
+        where: str | Path = f"s3://{request.getfixturevalue('s3_bucket')}/party-a/log"
+    else:
+        where = tmp_path / "log"
+    return lambda: EpochLog(where)
+
+
+def test_leases_are_timed_on_the_readers_clock_not_the_writers(shared, rng,
+                                                              monkeypatch) -> None:
+    """A writer's wall clock decides nothing (issue 28, hole 6): one running 600 s fast that
+    dies blocks the next publisher for about its lease; a reader whose clock runs 600 s fast
+    does not take a live writer's lease."""
+    skew_ms = [0]
+    real_now = epoch_log_module.now_ms
+    monkeypatch.setattr(epoch_log_module, "now_ms", lambda: real_now() + skew_ms[0])
+    writer, reader = shared(), shared()
+    Writer(writer, rng, "R").rotation(2)
+    skew_ms[0] = 600_000  # the writer's clock runs fast; it proposes and dies
+    dead = writer.propose("pub-a", "req-a", "A", 0.3, updates(_batch(rng, 1)))
+    skew_ms[0] = 0
+    started = time.monotonic()
+    while True:
+        try:
+            b = reader.propose("pub-b", "req-b", "B", 0.3, updates(_batch(rng, 1)))
+            break
+        except EpochLogBusy as busy:
+            assert busy.remaining_s <= 0.3 * 1.02 + 0.001  # never the writer's 600 s
+            assert time.monotonic() - started < 2.0
+            time.sleep(min(0.05, busy.remaining_s + 0.001))
+    took = time.monotonic() - started
+    assert 0.3 <= took < 1.0
+    assert [e.kind for e in reader.entries()[-3:]] == ["updates", "abort", "updates"]
+    assert reader.state().pending == b and dead.seq == b.seq - 2
+    # now B's clock is right and C's runs 600 s fast: B renews, C waits for it
+    skew_ms[0] = 600_000
+    late = shared()
+    for _ in range(4):
+        time.sleep(0.1)
+        skew_ms[0] = 0
+        reader.renew(b, 0.3)
+        skew_ms[0] = 600_000
+        with pytest.raises(EpochLogBusy):
+            late.propose("pub-c", "req-c", "C", 0.3, updates(_batch(rng, 1)))
+        assert late.abort_expired() is None
+    reader.decide(b, "commit")
+    assert reader.head() == b
 
 
 def test_an_expired_proposal_is_aborted_by_the_next_one(plog: EpochLog, rng, caplog) -> None:
@@ -945,7 +1005,7 @@ def test_the_same_pub_re_sent_after_the_lease_ends_is_proposed_anew(plog: EpochL
     a = log.propose("pub", "req", "A", 0.05, updates(batch))
     time.sleep(0.1)
     b = log.propose("pub", "req", "B", 60, updates(batch))
-    assert b == replace(a, seq=4, publisher="B", lease_ms=b.lease_ms)
+    assert b == replace(a, seq=4, publisher="B", lease_ms=b.lease_ms, lease_for_ms=60_000)
     assert log.entries()[3] == LogEntry(3, "abort", 3, of=2)
     with pytest.raises(EpochLogConflict, match="was decided by another publisher"):
         log.decide(a, "commit")
@@ -966,7 +1026,7 @@ def test_renewal_extends_the_owners_lease(plog: EpochLog, rng) -> None:
     time.sleep(0.1)  # past the first lease, well within the renewed one
     with pytest.raises(EpochLogBusy) as busy:
         log.propose("pub-b", "req-b", "B", 60, updates(_batch(rng, 1)))
-    assert 29.0 < busy.value.remaining_s <= 30.0
+    assert 29.0 < busy.value.remaining_s <= 30 * 1.02
     assert log.abort_expired() is None
     with pytest.raises(EpochLogConflict, match=re.escape(
             f"{log.path}: renewal of record 2 by another publisher")):

@@ -273,3 +273,29 @@ def test_a_router_that_did_not_publish_moves_to_what_another_published(world):
     status = asyncio.run(party_a.admin.status())
     assert [len(s["replicas"]) for s in status["shards"]] == [2, 2]
     assert status["wanted_identity"] == out["identity"]
+
+
+def test_a_publication_re_sent_to_another_router_without_a_log_is_never_applied_twice(world):
+    """Without a log a publication id lived in one router replica's memory: re-sent after that
+    router restarted (the admin client re-sends on its 500) or to a second router replica, it
+    was applied again and the XOR diffs cancelled on one party only (issue 28, hole 1). Such
+    a party now refuses publications, naming the setting that makes them safe."""
+    _, snaps = world
+    first, links = make_party(snaps, None)
+    again = Party(cfg_for(snaps, None), links, None)  # restarted, or another replica
+    batch = ChangeBatch.from_changes([PageUpdate(p, bytes([p + 1]) * 4096) for p in (3, 50)])
+    outcomes: list[dict | WireError] = []
+    for router in (first, again):
+        try:
+            outcomes.append(asyncio.run(router.admin.updates(batch, "pub-x")))
+        except WireError as err:
+            outcomes.append(err)
+    applied = [o for o in outcomes if isinstance(o, dict) and not o.get("duplicate")]
+    assert len(applied) <= 1, "one publication id applied twice"
+    model = synthetic_pages(3, 0, NUM_PAGES)
+    if applied:
+        model = apply_batch(model, batch)
+    assert ask(again, model, [3, 50])[1] == [model[3].tobytes(), model[50].tobytes()]
+    for refused in (o for o in outcomes if isinstance(o, WireError)):
+        assert refused.status == 403 and refused.code == "forbidden"
+        assert "need epoch_log_dir" in refused.message and "applied twice" in refused.message

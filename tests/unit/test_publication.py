@@ -24,6 +24,7 @@ from _party_world import (
 
 from morphogen.party.router import Party
 from morphogen.protocol.codec import WireError
+from morphogen.publication import log as epoch_log_module
 from morphogen.publication.log import EpochLog, EpochLogError
 from morphogen.snapshot.synthetic import synthetic_pages
 
@@ -140,6 +141,42 @@ def test_case3b_a_router_dead_after_the_append_and_the_admin_resending(world, lo
     assert took < LEASE_S + 2  # the dead router's proposal is aborted once its lease ends
     kinds = [(e.kind, e.pub) for e in EpochLog(logs("log-a")).entries() if e.kind != "renew"]
     assert kinds == [("updates", "pub-x"), ("abort", None), ("updates", "pub-x"),
+                     ("commit", None)]
+
+
+def test_a_dead_publisher_whose_clock_runs_fast_blocks_only_for_its_lease(world, logs,
+                                                                          monkeypatch):
+    """Router 1's wall clock runs 600 s fast and it dies mid-publication: router 2, on its own
+    clock, aborts the orphan after about the lease, not after the ten minutes router 1's
+    clock promised itself (issue 28, hole 6)."""
+    root, snaps = world
+    skew_ms = [600_000]
+    real_now = epoch_log_module.now_ms
+    monkeypatch.setattr(epoch_log_module, "now_ms", lambda: real_now() + skew_ms[0])
+    r1, links = make_party(snaps, logs("log"), admin_lease_s=LEASE_S)
+    r2 = Party(cfg_for(snaps, logs("log"), admin_lease_s=LEASE_S, admin_timeout_s=20),
+               links, EpochLog(logs("log")))
+    rng = np.random.default_rng(7)
+    x, y = random_batch(rng, 2, NUM_PAGES), random_batch(rng, 3, NUM_PAGES)
+    freeze = Freeze(r1, "prepared")
+
+    async def run():
+        dead = asyncio.ensure_future(r1.admin.updates(x, "pub-x"))
+        await freeze.reached.wait()
+        skew_ms[0] = 0  # router 2's clock is right
+        started = time.monotonic()
+        out = await r2.admin.updates(y, "pub-y")
+        took = time.monotonic() - started
+        model = apply_batch(synthetic_pages(3, 0, NUM_PAGES), y)
+        ident = await _read(r2, model, sorted({*x.pages.tolist(), *y.pages.tolist()}))
+        dead.cancel()
+        return out, took, ident
+
+    out, took, ident = asyncio.run(run())
+    assert out["epoch_id"] == 2 and ident == out["identity"]
+    assert took < LEASE_S + 2
+    kinds = [(e.kind, e.pub) for e in EpochLog(logs("log")).entries() if e.kind != "renew"]
+    assert kinds == [("updates", "pub-x"), ("abort", None), ("updates", "pub-y"),
                      ("commit", None)]
 
 
