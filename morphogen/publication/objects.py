@@ -113,11 +113,16 @@ class ObjectLog:
         # the seal is one more record: a writer that read before it loses its seq and reads
         # again, now from the sealed state
         self.objects.seal(self._generation, len(state.entries), b"".join(plan.frames))
-        dropped = {e.blob for e in state.entries if e.blob and e.blob not in plan.used}
-        # and the batches no record names that were made for an epoch the log has passed (a
-        # publisher died or stalled between upload and record): a writer still in flight
-        # builds on this head, so its batch's epoch is above it
+        # Only batches made for an epoch the log has passed may go, whichever record named
+        # them: this runs after the seal, with no lock, while writers go on in the next
+        # generation. A proposal appended from now on builds on this head or a later one, so
+        # its batch's epoch is above it; a batch of an aborted proposal above the head may be
+        # named again by a re-send of the same changes (same epoch, same digest, same name),
+        # committed and served before this sweep ran, so it stays until a compaction whose
+        # head has passed it. Below the head: batches of dropped records, and those no record
+        # names (a publisher died or stalled between upload and record).
         head = state.head.epoch_id if state.head is not None else -1
+        dropped = set()
         for name in self.objects.names_under(BLOBS):
             blob = name.rpartition("/")[2]
             if (BLOB_NAME.fullmatch(blob) and blob not in plan.used

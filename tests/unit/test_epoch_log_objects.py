@@ -196,3 +196,49 @@ def test_a_writer_lists_only_the_records_it_has_not_seen(s3_bucket) -> None:
     assert listed == [0, 1, 0, 1]  # nothing new before each record, then its own
     fresh = EpochLog(uri, create=False)
     assert fresh.head() == p and len(fresh.entries()) == 64
+
+
+def test_a_stalled_compaction_never_deletes_the_batch_of_an_update_committed_meanwhile(
+        s3_bucket) -> None:
+    """Hole 3 of issue 28: a compaction seals the log, then stalls before its sweep; meanwhile
+    the admin re-sends an update whose first attempt was aborted. The re-send has the same
+    epoch and digest, hence the same batch name, and is committed and acknowledged. The
+    sweep, resumed, must not delete that batch: every replica that restarts replays it."""
+    uri = f"s3://{s3_bucket}/stalled-sweep"
+    rng = np.random.default_rng(5)
+    w = Writer(EpochLog(uri), rng, "A")
+    w.rotation(1)
+    w.updates()
+    w.rotation(3)  # a committed rotation: a compaction has records to drop
+    batch = _batch(rng, 3)
+    first = w.log.propose("U", "req-U", "A", 60, updates(batch))
+    w.log.decide(first, "abort")  # its prepare failed; the admin will re-send it
+    compactor = EpochLog(uri, create=False)
+    assert compactor._objects is not None
+    real_delete = compactor._objects.delete
+    reached, go = threading.Event(), threading.Event()
+
+    def delete(names: list[str]) -> None:
+        if not reached.is_set():
+            reached.set()  # sealed: stall before the sweep
+            assert go.wait(60)
+        real_delete(names)
+
+    compactor._objects.delete = delete  # type: ignore[method-assign]
+    done: dict = {}
+    thread = threading.Thread(target=lambda: done.update(n=compactor.compact()))
+    thread.start()
+    assert reached.wait(60)
+    again = w.log.propose("U", "req-U", "A", 60, updates(batch))  # the re-send
+    assert isinstance(again, LogEntry) and again.blob == first.blob
+    w.log.decide(again, "commit")  # acknowledged
+    go.set()
+    thread.join(60)
+    assert done["n"] > 0
+    fresh = EpochLog(uri, create=False)  # a replica that restarts
+    assert [e.pub for e in fresh.live()] == ["A-3", "U"]
+    assert fresh.load_batch(fresh.head()).digest == batch.digest
+    # once the head has passed that epoch, the next compaction may sweep the batches below it
+    w.rotation(7)
+    assert fresh.compact() > 0
+    assert f"blobs/{first.blob}" not in _keys(uri)
