@@ -193,7 +193,7 @@ class PartyConfig(BaseModel):
         "a publication whose publisher died is aborted by the next one after this")
     admin_failpoint_file: str | None = Field(
         None, description="testing only: a file naming a publication step (proposed, "
-        "prepared, decided) at which the next publisher stops for good (morphogen.party.publisher."
+        "prepared, decided) at which the next publisher stops for good (morphogen.party.failpoint."
         "FileFailpoint)")
     catch_up_wait_s: float = Field(
         10.0, ge=0, description="a scan waits this long for its replica to catch up, then 503"

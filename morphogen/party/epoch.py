@@ -174,6 +174,7 @@ class ShardState:
         base_epoch: int | None = None,
         op: str | None = None,
         force: bool = False,
+        identity: EpochIdentity | None = None,
     ) -> int:
         """Stage `epoch_id` = current + these changes; returns how many touch this shard.
 
@@ -181,6 +182,8 @@ class ShardState:
         against it (a shard that restarted from an older snapshot must not take them).
         `force`: replace whatever another operation staged (the party's log decides who
         publishes, so a staged version of another operation is an orphan).
+        `identity`: the identity the changes lead to, when they stand for many publications
+        (an epoch log's fold) rather than one batch of the update chain.
         """
         with self._lock:
             base = self._check_next(epoch_id, op, force)
@@ -213,7 +216,7 @@ class ShardState:
                     pending.append(c)
             self._replace_staged(
                 Version(
-                    identity=base.identity.after_updates(epoch_id, changes.digest),
+                    identity=identity or base.identity.after_updates(epoch_id, changes.digest),
                     snapshot=base.snapshot,
                     first_page=base.first_page,
                     stop_page=base.stop_page,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +33,7 @@ from typing import Any, Protocol, TypeVar
 from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.party import admin
 from morphogen.party.combine import ShardFailure
+from morphogen.party.failpoint import FileFailpoint, Pause
 from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
 from morphogen.protocol.changes import ChangeBatch
@@ -73,36 +73,6 @@ class Publishing(Protocol):
     async def layout(self) -> Layout: ...
     def set_layout(self, infos: list[dict[str, Any]]) -> Layout | None: ...
     def advance_want(self, identities: frozenset[Any] | set[Any]) -> None: ...
-
-
-# Fault injection for the crash tests: awaited at each step boundary with the step's name.
-Pause = Callable[[str], Awaitable[None]]
-
-
-class FileFailpoint:
-    """A one-shot failpoint armed by a file (the crash tests on a real Serve): when `path`
-    holds a step name, the publisher that reaches that step deletes the file, writes its pid
-    to `path + ".fired"` and stops there for good, as a router killed at that step would."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    async def __call__(self, step: str) -> None:
-        try:
-            with open(self.path) as fh:
-                armed = fh.read().strip()
-        except OSError:
-            return
-        if armed != step:
-            return
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            return  # another publisher took it
-        with open(self.path + ".fired", "w") as fh:
-            fh.write(str(os.getpid()))
-        log.warning("failpoint: publisher stopped at step %s", step)
-        await asyncio.Event().wait()
 
 
 def identity_of(info: dict[str, Any]) -> EpochIdentity:
@@ -145,6 +115,7 @@ class Publisher:
                                     if party.cfg.admin_failpoint_file else None)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewers: set[asyncio.Task[None]] = set()
+        self._compacting: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ shards
 
@@ -340,6 +311,8 @@ class Publisher:
                "applied": len(changes)}
         if isinstance(done, Published):
             out.update(applied=0, duplicate=True)
+        elif self.log.worth_compacting(read=False):
+            self._compact_later()
         if behind:
             out["replicas_catching_up"] = behind
         return out
@@ -403,6 +376,12 @@ class Publisher:
             out["replicas_catching_up"] = behind
         return out
 
+    def _compact_later(self) -> None:
+        # a log of updates that never rotates would grow without bound, and every router and
+        # replica that starts reads it: compact in the background, one at a time here
+        if self._compacting is None or self._compacting.done():
+            self._compacting = asyncio.ensure_future(self._compact())
+
     async def _compact(self) -> None:
         """A committed rotation makes every earlier entry dead weight for replay: drop it
         (inline: a rewrite of a small file, next to a rotation's load)."""
@@ -423,7 +402,7 @@ class Publisher:
         log_state = await self._in_log(self.log.state)
         head = log_state.head
         pending = log_state.pending
-        recent = [e.pub for e in log_state.committed[-8:]]
+        recent = [e.pub for e in log_state.committed[-8:] if e.pub is not None]  # no folds
         return {
             **state.as_dict(),
             "consistent": state.consistent,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -135,9 +135,10 @@ class ShardCore:
         base_epoch: int | None = None,
         op: str | None = None,
         force: bool = False,
+        identity: EpochIdentity | None = None,
     ) -> int:
         return self.state.prepare_updates(epoch_id, changes, base_epoch=base_epoch, op=op,
-                                          force=force)
+                                          force=force, identity=identity)
 
     def prepare_snapshot(
         self,
@@ -194,22 +195,34 @@ class ShardCore:
         entries = epoch_log.live()
         start = self._log_position(entries, epoch_log)
         op = "log-replay"
-        for entry in entries[start:]:
-            if entry.kind == "rotation":
-                assert entry.path is not None
-                self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
-                                      force=True)
-            else:
-                batch = epoch_log.load_batch(entry)
-                self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
-                                     force=True)
-            self.commit(entry.epoch_id, op=op)
-            if self.identity.digest != entry.identity:
-                raise EpochLogError(
-                    f"{epoch_log.directory}: entry {entry.seq} (epoch {entry.epoch_id}) names "
-                    f"{entry.identity}, this shard derived {self.identity.digest}"
-                )
-        return len(entries) - start
+        todo = entries[start:]
+        # read ahead: from an object store each batch is a round trip
+        batches = epoch_log.load_batches([e for e in todo if e.kind != "rotation"])
+        try:
+            for entry in todo:
+                self._replay(entry, batches, op)
+                if self.identity.digest != entry.identity:
+                    raise EpochLogError(
+                        f"{epoch_log.directory}: entry {entry.seq} (epoch {entry.epoch_id}) "
+                        f"names {entry.identity}, this shard derived {self.identity.digest}"
+                    )
+        finally:
+            batches.close()
+        return len(todo)
+
+    def _replay(self, entry: LogEntry, batches: Iterator[ChangeBatch], op: str) -> None:
+        if entry.kind == "rotation":
+            assert entry.path is not None
+            self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
+                                  force=True)
+        else:
+            # a fold stands for many publications: its identity is the log's, not one link
+            # of the update chain (its batch was checked against the fold's digest on read)
+            self.prepare_updates(entry.epoch_id, next(batches), base_epoch=entry.base_epoch,
+                                 op=op, force=True,
+                                 identity=entry.epoch_identity() if entry.kind == "fold"
+                                 else None)
+        self.commit(entry.epoch_id, op=op)
 
     def _log_position(self, entries: list[LogEntry], epoch_log: EpochLog) -> int:
         """Index of the first entry this shard has not applied."""
@@ -217,6 +230,14 @@ class ShardCore:
         for i in range(len(entries) - 1, -1, -1):
             if entries[i].identity == mine.digest:
                 return i + 1
+        fold = next((e for e in entries if e.kind == "fold"), None)
+        if fold is not None and int(fold.base_epoch or 0) < mine.epoch_id <= fold.epoch_id:
+            raise EpochLogError(
+                f"{epoch_log.directory}: this shard's epoch {mine.epoch_id} is among those a "
+                f"compaction folded into one batch (epochs {int(fold.base_epoch or 0) + 1}.."
+                f"{fold.epoch_id}): it fell too far behind to catch up record by record; a "
+                "restart replays the log from the snapshot"
+            )
         if not entries or entries[0].kind == "rotation":
             return 0
         if entries[0].base_epoch == mine.epoch_id:

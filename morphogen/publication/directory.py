@@ -159,4 +159,6 @@ class DirectoryLog:
             stale = p.name.startswith(_TMP_PREFIX)  # left by a writer that died
             if stale or (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used):
                 p.unlink(missing_ok=True)
+        for name, parts in plan.blobs.items():  # a fold's batch, before a record names it
+            self.write_file(name, parts)
         self.write_file(LOG_FILE, tuple(plan.frames))

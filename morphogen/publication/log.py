@@ -23,7 +23,9 @@ import functools
 import hashlib
 import logging
 import os
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
@@ -31,7 +33,7 @@ from typing import Any, Protocol
 
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.publication import lease as _lease
-from morphogen.publication.compaction import Compaction, compacted
+from morphogen.publication.compaction import Compaction, compacted, worth_compacting
 from morphogen.publication.directory import DirectoryLog
 from morphogen.publication.memory import MemoryLog
 from morphogen.publication.objects import ObjectLog
@@ -73,6 +75,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RACE_RETRIES = 50
+# Update batches read at once in a replay or a fold: an object store answers each GET after a
+# round trip, so a replay of many batches is as long as the longest of these waves, not the sum.
+BATCH_READS = 16
 
 Append = Callable[[bytes], None]
 
@@ -217,9 +222,36 @@ class EpochLog:
         since it first saw the proposal's latest renewal (0: ended, or none undecided)."""
         return self._leases.left_s(state)
 
+    def worth_compacting(self, read: bool = True) -> bool:
+        """Whether enough records piled up since the last compaction to start one; `read`:
+        False judges by the state this process last read (no request to the store)."""
+        seen = self._scanned
+        return worth_compacting(self.state() if read or seen is None else seen[1])
+
+    def load_batches(self, entries: list[LogEntry]) -> Iterator[ChangeBatch]:
+        """The batches of `entries`, in order, `BATCH_READS` read at a time ahead of the
+        caller (a replay holds at most that many batches it has not applied yet)."""
+        if len(entries) <= 1:
+            yield from (self.load_batch(e) for e in entries)
+            return
+        with ThreadPoolExecutor(min(BATCH_READS, len(entries)),
+                                thread_name_prefix="log-batches") as pool:
+            ahead: deque[Future[ChangeBatch]] = deque()
+            rest = iter(entries)
+            for e in rest:
+                ahead.append(pool.submit(self.load_batch, e))
+                if len(ahead) >= BATCH_READS:
+                    break
+            while ahead:
+                batch = ahead.popleft().result()
+                for e in rest:
+                    ahead.append(pool.submit(self.load_batch, e))
+                    break
+                yield batch
+
     def load_batch(self, entry: LogEntry) -> ChangeBatch:
-        """The update batch of an `updates` entry, checked against its record."""
-        if entry.kind != "updates" or entry.blob is None:
+        """The update batch of an `updates` or `fold` entry, checked against its record."""
+        if entry.kind not in ("updates", "fold") or entry.blob is None:
             raise EpochLogError(f"{self.path}: record {entry.seq} is not an update batch")
         path = self._store.blob_path(entry.blob)
         try:
@@ -337,13 +369,14 @@ class EpochLog:
     def compact(self) -> int:
         """Rewrite the log to hold a history record (the committed publication ids, the newest
         `HISTORY_MAX` that fit in one record) and the committed entries from the last
-        rotation on, renumbered, and delete the blobs no kept entry names; returns how many
-        records were dropped. Does nothing while a proposal is undecided (the next compaction
+        rotation on, renumbered, all but the newest `FOLD_KEEP` updates folded into one
+        batch, and delete the blobs no kept entry names; returns how many records were
+        dropped. Does nothing while a proposal is undecided (the next compaction
         does it)."""
         with self._store.locked(self._scan) as (_append, state):
             if state.pending is not None:
                 return 0
-            plan = compacted(state)
+            plan = compacted(state, lambda es: list(self.load_batches(es)))
             if len(plan.records) >= len(state.entries):
                 return 0  # nothing to drop
             self._store.rewrite(state, plan)

@@ -110,23 +110,29 @@ class ObjectLog:
             yield create, state
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
+        for name, parts in plan.blobs.items():  # a fold's batch, before the seal names it
+            self.objects.put(f"{BLOBS}/{name}", b"".join(parts))
         # the seal is one more record: a writer that read before it loses its seq and reads
         # again, now from the sealed state
         self.objects.seal(self._generation, len(state.entries), b"".join(plan.frames))
-        # Only batches made for an epoch the log has passed may go, whichever record named
-        # them: this runs after the seal, with no lock, while writers go on in the next
-        # generation. A proposal appended from now on builds on this head or a later one, so
-        # its batch's epoch is above it; a batch of an aborted proposal above the head may be
-        # named again by a re-send of the same changes (same epoch, same digest, same name),
-        # committed and served before this sweep ran, so it stays until a compaction whose
-        # head has passed it. Below the head: batches of dropped records, and those no record
-        # names (a publisher died or stalled between upload and record).
+        # What may go is decided by epoch, whichever record named a batch: this sweep runs
+        # after the seal, with no lock, while writers go on in the next generation.
+        # - An update batch only below the head. A proposal appended from now on builds on
+        #   this head or a later one, so its batch's epoch is above it; a batch of an aborted
+        #   proposal above the head may be named again by a re-send of the same changes (same
+        #   epoch, same digest, same name), committed and served before this sweep ran, so it
+        #   stays until a compaction whose head has passed it. Below the head: batches of
+        #   dropped records, and those no record names (a publisher died or stalled between
+        #   upload and record).
+        # - A fold batch only at or below the plan's floor (see Compaction.fold_floor).
         head = state.head.epoch_id if state.head is not None else -1
         dropped = set()
         for name in self.objects.names_under(BLOBS):
             blob = name.rpartition("/")[2]
-            if (BLOB_NAME.fullmatch(blob) and blob not in plan.used
-                    and int(blob.split("-")[1]) <= head):
+            if not BLOB_NAME.fullmatch(blob) or blob in plan.used:
+                continue
+            kind, epoch = blob.split("-")[0], int(blob.split("-")[1])
+            if epoch <= (plan.fold_floor if kind == "fold" else head):
                 dropped.add(blob)
         self.objects.delete([f"{BLOBS}/{b}" for b in sorted(dropped)])
         self.objects.drop_generations_before(self._generation)

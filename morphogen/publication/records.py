@@ -43,6 +43,9 @@ _BLOB = struct.Struct("<4sIQ")
 MAX_PAYLOAD = 4 << 20
 
 PROPOSALS = ("rotation", "updates")
+# What replay applies: the proposals, and a compaction's `fold` of many committed updates into
+# one batch (written by compaction only, committed as it stands: it decides nothing new).
+SERVED = PROPOSALS + ("fold",)
 DECISIONS = ("commit", "abort")
 
 _IDENTITY = ("identity", "snapshot_checksum", "chain")
@@ -50,6 +53,7 @@ _PROPOSAL = ("pub", "request", "publisher", "lease_ms")
 _REQUIRED: dict[str, tuple[str, ...]] = {
     "rotation": _IDENTITY + _PROPOSAL + ("path", "checksum"),
     "updates": _IDENTITY + _PROPOSAL + ("base_epoch", "blob", "blob_digest", "count"),
+    "fold": _IDENTITY + ("base_epoch", "blob", "blob_digest", "count"),
     "renew": ("of", "publisher", "lease_ms"),
     "commit": ("of",),
     "abort": ("of",),
@@ -61,7 +65,7 @@ _OPTIONAL: dict[str, tuple[str, ...]] = {
 _INTS = ("seq", "epoch_id", "base_epoch", "count", "of", "lease_ms", "lease_for_ms")
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 PUB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
-BLOB_NAME = re.compile(r"updates-[0-9]{12,}-[0-9a-f]{16}\.bin")
+BLOB_NAME = re.compile(r"(?:updates|fold)-[0-9]{12,}-[0-9a-f]{16}\.bin")
 
 
 class EpochLogError(RuntimeError):
@@ -83,13 +87,13 @@ class EpochLogBusy(EpochLogConflict):
 @dataclass(frozen=True)
 class LogEntry:
     seq: int  # 0, 1, 2 ... in file order (renumbered by `compact`)
-    kind: str  # a proposal ("rotation" | "updates"), "renew", a decision, or "history"
+    kind: str  # a proposal ("rotation" | "updates"), "renew", a decision, "history", "fold"
     epoch_id: int
     identity: str | None = None  # proposals: EpochIdentity.digest after this entry
     path: str | None = None  # rotation: snapshot directory
     checksum: str | None = None  # rotation: manifest checksum
-    base_epoch: int | None = None  # updates: the epoch the batch applies to
-    blob: str | None = None  # updates: blob file name, relative to the log directory
+    base_epoch: int | None = None  # updates, fold: the epoch the batch applies to
+    blob: str | None = None  # updates, fold: blob file name, relative to the log directory
     blob_digest: str | None = None  # updates: identity.batch_digest of the batch
     count: int | None = None  # updates: number of changes
     # the whole identity, so that a reader can check that each entry's chain follows the last
@@ -106,8 +110,8 @@ class LogEntry:
     pubs: list[list[Any]] | None = None  # history: [pub, epoch_id, identity, request] each
 
     def epoch_identity(self) -> EpochIdentity | None:
-        """The identity a proposal leads to (None for other records)."""
-        if self.kind not in PROPOSALS or self.snapshot_checksum is None or self.chain is None:
+        """The identity a proposal or a fold leads to (None for other records)."""
+        if self.kind not in SERVED or self.snapshot_checksum is None or self.chain is None:
             return None
         return EpochIdentity(self.epoch_id, self.snapshot_checksum, self.chain)
 
@@ -151,8 +155,9 @@ class LogState:
                        pubs=dict(self.pubs))
 
 
-def blob_name(epoch_id: int, digest: str) -> str:
-    return f"updates-{int(epoch_id):012d}-{digest[:16]}.bin"
+def blob_name(epoch_id: int, digest: str, kind: str = "updates") -> str:
+    """An update batch's name: its epoch first, which a compaction's sweep reads."""
+    return f"{kind}-{int(epoch_id):012d}-{digest[:16]}.bin"
 
 
 def now_ms() -> int:
@@ -218,11 +223,12 @@ def decode(payload: bytes, where: str) -> LogEntry:
         if name != "kind":
             _check_value(name, value, where)
     entry = LogEntry(**data)
-    if kind not in PROPOSALS:
+    if kind not in SERVED:
         return entry
-    assert entry.pub is not None and entry.request is not None
-    if not PUB_ID.fullmatch(entry.pub):
-        raise EpochLogError(f"{where}: bad publication id {entry.pub[:80]!r}")
+    if kind in PROPOSALS:
+        assert entry.pub is not None and entry.request is not None
+        if not PUB_ID.fullmatch(entry.pub):
+            raise EpochLogError(f"{where}: bad publication id {entry.pub[:80]!r}")
     try:
         good = getattr(entry.epoch_identity(), "digest", None) == entry.identity
     except (ValueError, OverflowError):  # a chain that is not hex, an epoch past 64 bits
@@ -230,14 +236,14 @@ def decode(payload: bytes, where: str) -> LogEntry:
     if not good:
         raise EpochLogError(f"{where}: identity {entry.identity} is not the digest of its "
                             "epoch, snapshot checksum and chain")
-    if kind == "updates":
+    if kind in ("updates", "fold"):
         assert entry.base_epoch is not None and entry.blob_digest is not None
         if entry.base_epoch >= entry.epoch_id:
-            raise EpochLogError(f"{where}: updates of epoch {entry.epoch_id} made for the "
+            raise EpochLogError(f"{where}: {kind} of epoch {entry.epoch_id} made for the "
                                 f"later epoch {entry.base_epoch}")
         if not _HEX64.fullmatch(entry.blob_digest):
             raise EpochLogError(f"{where}: bad batch digest {entry.blob_digest!r}")
-        if entry.blob != blob_name(entry.epoch_id, entry.blob_digest):
+        if entry.blob != blob_name(entry.epoch_id, entry.blob_digest, kind):
             raise EpochLogError(f"{where}: blob name {entry.blob!r} does not match the record")
     return entry
 
@@ -247,6 +253,15 @@ def misfit(state: LogState, e: LogEntry) -> str | None:
     pending = state.pending
     if e.kind == "history":
         return None if e.seq == 0 else "a history record other than the first"
+    if e.kind == "fold":
+        # its identity is the last folded entry's, checked along the chain when those records
+        # were read; what follows it is checked against it as against any head
+        head = state.head
+        if pending is not None:
+            return f"a fold while epoch {pending.epoch_id} (record {pending.seq}) is undecided"
+        if head is not None and e.base_epoch != head.epoch_id:
+            return f"a fold of the epochs after {e.base_epoch} after the head {head.epoch_id}"
+        return None
     if e.kind in PROPOSALS:
         if pending is not None:
             return (f"proposal of epoch {e.epoch_id} while epoch {pending.epoch_id} "
@@ -287,6 +302,8 @@ def apply(state: LogState, e: LogEntry) -> None:
         state.lease_ms = int(e.lease_ms or 0)
     elif e.kind == "renew":
         state.lease_ms = max(state.lease_ms, int(e.lease_ms or 0))
+    elif e.kind == "fold":
+        state.committed.append(e)
     elif e.kind == "commit":
         p = state.pending
         assert p is not None and p.pub is not None and p.identity and p.request

@@ -23,6 +23,7 @@ reads again. Records are immutable, so what was read is kept and only new keys a
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from morphogen.storage.location import Location, open_location
@@ -39,6 +40,9 @@ class Vanished(Exception):
 
 
 RECORDS = "records"
+# Records fetched at once by a reader that has not seen them (a router or replica starting):
+# each GET is a round trip, so a generation of a few hundred records costs a few of them.
+PARALLEL_GETS = 32
 
 
 def _record_key(gen: int, seq: int) -> str:
@@ -71,6 +75,7 @@ class LogObjects:
         # start-after), whatever the log's length
         self._known: list[tuple[int, int, str]] = []
         self._mutex = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
 
     def _key(self, name: str) -> str:
         return self.location.key(name)
@@ -131,6 +136,9 @@ class LogObjects:
                 # never read (see `_read_once`)
                 last = merged[-1][0]
                 merged = [n for n in merged if n[0] >= last - 1]
+                gone = {n for n in self._known if n[0] < last - 1}
+                for _, _, name in gone:  # the cache would otherwise grow with the log's age
+                    self._cache.pop(name, None)
             self._known = merged
             return list(merged)
 
@@ -146,6 +154,27 @@ class LogObjects:
         with self._mutex:
             self._cache[name] = data
         return data
+
+    def _prefetch(self, names: list[str]) -> None:
+        """Fetch into the cache, at once, those of `names` not read yet (one that vanished
+        meanwhile is left for `_read` to report)."""
+        with self._mutex:
+            missing = [n for n in names if n not in self._cache]
+            if len(missing) > 1 and self._pool is None:
+                self._pool = ThreadPoolExecutor(PARALLEL_GETS, thread_name_prefix="log-get")
+            pool = self._pool
+        if len(missing) <= 1 or pool is None:
+            return
+
+        def fetch(name: str) -> None:
+            try:
+                data = self.get(name)
+            except FileNotFoundError:
+                return
+            with self._mutex:
+                self._cache[name] = data
+
+        list(pool.map(fetch, missing))
 
     def read(self) -> tuple[bytes, int]:
         """(the frames of the live generation, base records first; that generation), where
@@ -166,6 +195,8 @@ class LogObjects:
         tail = self._read(own[-1][1])
         if tail.startswith(SEAL_MAGIC):  # sealed: the seal holds the whole state
             return tail[len(SEAL_MAGIC):], last + 1
+        prior = [n for g, _, n in names if g == last - 1][-1:]
+        self._prefetch(prior + [n for _, n in own])
         parts: list[bytes] = []
         if last > 0:
             prior = [(s, n) for g, s, n in names if g == last - 1]

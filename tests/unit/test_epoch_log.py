@@ -633,7 +633,7 @@ def test_complete_records_that_do_not_hold_together_are_refused(log: EpochLog, r
         ([b"\xff\xfe"], 0, "undecodable record"),
         ([b"[1, 2]"], 0, "a record is a JSON object"),
         ([j(r2, extra=1)], 0, "unknown record fields ['extra']"),
-        ([j(r2, kind="fold")], 0, "record of unknown kind 'fold'"),
+        ([j(r2, kind="merge")], 0, "record of unknown kind 'merge'"),
         ([j(r2, kind="append")], 0, "record of unknown kind 'append'"),
         ([j(r2, path=None, checksum=None)], 0, "rotation record lacks path, checksum"),
         ([j(r2, pub=None, lease_ms=None)], 0, "rotation record lacks pub, lease_ms"),
@@ -847,6 +847,12 @@ def test_compaction_waits_for_the_undecided_proposal(plog: EpochLog, rng) -> Non
     assert [(e.seq, e.kind) for e in log.entries()] == [
         (0, "history"), (1, "rotation"), (2, "commit")]
     assert log.head() == replace(r4, seq=1) and log.state().pending is None
+    if log._objects is not None:
+        # an object store's sweep runs unlocked: a batch above the head may be named again by
+        # a re-send (same epoch, same name), so it stays until the head has passed its epoch
+        assert log.load_batch(pending).digest == pending.blob_digest
+        w.rotation(6)
+        log.compact()
     with pytest.raises(EpochLogError, match="update batch of epoch 5 is unreadable"):
         log.load_batch(pending)  # the aborted proposal's blob is gone
     if log.durable and isinstance(log.directory, Path):
