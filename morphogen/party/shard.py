@@ -183,8 +183,9 @@ class ShardCore:
     def catch_up(self, epoch_log: EpochLog) -> int:
         """Apply the log's committed entries this shard lacks, in order, checking after each
         one that this shard derived the identity the log recorded; returns how many were
-        applied. Undecided and aborted entries are never applied; whatever is staged is
-        replaced (the log decides, a staged version is at most an orphan).
+        applied. Undecided and aborted entries are never applied. A staged version that is
+        exactly the next entry (its publisher logged the commit, then died before it told the
+        replicas) is committed as it is; anything else staged is replaced (the log decides).
 
         A shard that starts from the configured snapshot replays the log to its head before
         it serves, so it comes back at the party's epoch, not the configuration's. Raises
@@ -193,23 +194,34 @@ class ShardCore:
         """
         entries = epoch_log.live()
         start = self._log_position(entries, epoch_log)
-        op = "log-replay"
         for entry in entries[start:]:
-            if entry.kind == "rotation":
-                assert entry.path is not None
-                self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
-                                      force=True)
+            if entry.identity is not None and self.state.commit_staged(entry.epoch_id,
+                                                                      entry.identity):
+                # Staging it again would load the same bytes (minutes at tens of GiB, or from
+                # object storage) while every scan that wants this epoch is refused.
+                log.info("shard %d: committed its staged epoch %d, decided in the epoch log",
+                         self.index, entry.epoch_id)
             else:
-                batch = epoch_log.load_batch(entry)
-                self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
-                                     force=True)
-            self.commit(entry.epoch_id, op=op)
+                self._apply(entry, epoch_log)
             if self.identity.digest != entry.identity:
                 raise EpochLogError(
                     f"{epoch_log.directory}: entry {entry.seq} (epoch {entry.epoch_id}) names "
                     f"{entry.identity}, this shard derived {self.identity.digest}"
                 )
         return len(entries) - start
+
+    def _apply(self, entry: LogEntry, epoch_log: EpochLog) -> None:
+        """Stage `entry` from the log, replacing whatever is staged, and commit it."""
+        op = "log-replay"
+        if entry.kind == "rotation":
+            assert entry.path is not None
+            self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
+                                  force=True)
+        else:
+            batch = epoch_log.load_batch(entry)
+            self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
+                                 force=True)
+        self.commit(entry.epoch_id, op=op)
 
     def _log_position(self, entries: list[LogEntry], epoch_log: EpochLog) -> int:
         """Index of the first entry this shard has not applied."""
