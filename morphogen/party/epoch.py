@@ -266,6 +266,18 @@ class ShardState:
             self._staged_op = None
             self._leases.retire(old.segments, keep=staged.segments)
 
+    def commit_staged(self, epoch_id: int, digest: str) -> bool:
+        """Commit the staged version if it is epoch `epoch_id` of identity `digest`, whichever
+        operation staged it; False, changing nothing, otherwise. The identity names the data
+        (the snapshot's chunk hashes, the chain of update batches), so a version staged under
+        it holds exactly what staging it again would load."""
+        with self._lock:
+            staged = self._staged
+            if staged is None or staged.epoch_id != epoch_id or staged.identity.digest != digest:
+                return False
+            self.commit(staged.epoch_id, op=self._staged_op)
+            return True
+
     @property
     def staged(self) -> tuple[Version, str | None] | None:
         """The staged version and the operation that staged it."""

@@ -14,9 +14,11 @@ because the party's epoch log is the truth and every replica can catch up from i
 * a commit comes only after the log decided it (morphogen.party.publisher): a replica that has
   not staged that very version (it missed the prepare, or a stale prepare replaced it)
   reaches it from the log instead of failing;
-* the health check drops a staged version whose proposal is no longer undecided (its
-  publisher died), catches up to the log's committed head, and reports the replica unhealthy
-  when it cannot read the log or stays behind it (Serve replaces it).
+* the health check drops a staged version whose proposal was aborted or whose publisher
+  stopped renewing its lease (it died before the decision), catches up to the log's committed
+  head (committing a staged version the log committed: its publisher died after the decision),
+  and reports the replica unhealthy when it cannot read the log or stays behind it (Serve
+  replaces it).
 
 A replica ahead of what the router wants answers from what it has, under its own identity: the
 router combines only equal identities, so at worst it retries.
@@ -42,7 +44,7 @@ from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
-from morphogen.publication.log import EpochLog
+from morphogen.publication.log import EpochLog, LogState
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,13 @@ MAX_CONSECUTIVE_FAILURES = 3
 # The health check's look at the log waits at most this long for the admin thread (a
 # rotation's load may hold it): a busy replica is not an unhealthy one.
 _LOG_CHECK_WAIT_S = 2.0
+
+
+def _committed(state: LogState, identity: EpochIdentity) -> bool:
+    """Whether the log committed `identity`: staged, it is no orphan but the epoch the catch-up
+    below commits as it is (its publisher died between the decision and the replicas)."""
+    return any(e.epoch_id == identity.epoch_id and e.identity == identity.digest
+               for e in reversed(state.committed))
 
 
 class ShardReplica:
@@ -294,13 +303,13 @@ class ShardReplica:
         state = self.log.state()  # unreadable: unhealthy, Serve replaces this replica
         staged = self.core.state.staged
         pending = state.pending
-        if staged is not None and (pending is None or pending.pub != staged[1]
-                                   or pending.epoch_id != staged[0].epoch_id
-                                   or self.log.lease_left_s(state) <= 0):
-            # decided, never logged, or its publisher stopped renewing: an orphan. Should the
+        if staged is not None and not _committed(state, staged[0].identity) and (
+                pending is None or pending.pub != staged[1]
+                or pending.epoch_id != staged[0].epoch_id or self.log.lease_left_s(state) <= 0):
+            # aborted, never logged, or its publisher stopped renewing: an orphan. Should the
             # publisher still commit, this replica reaches the epoch from the log instead.
-            log.info("shard %d: dropping staged epoch %d (its publication is decided or its "
-                     "publisher gone)", self.core.index, staged[0].epoch_id)
+            log.info("shard %d: dropping staged epoch %d (its publication was aborted or its "
+                     "publisher is gone)", self.core.index, staged[0].epoch_id)
             self.core.abort(staged[0].epoch_id, op=staged[1])
         head = state.head
         if head is None or self.core.epoch_id >= head.epoch_id:

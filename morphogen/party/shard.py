@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -184,8 +184,9 @@ class ShardCore:
     def catch_up(self, epoch_log: EpochLog) -> int:
         """Apply the log's committed entries this shard lacks, in order, checking after each
         one that this shard derived the identity the log recorded; returns how many were
-        applied. Undecided and aborted entries are never applied; whatever is staged is
-        replaced (the log decides, a staged version is at most an orphan).
+        applied. Undecided and aborted entries are never applied. A staged version that is
+        exactly the next entry (its publisher logged the commit, then died before it told the
+        replicas) is committed as it is; anything else staged is replaced (the log decides).
 
         A shard that starts from the configured snapshot replays the log to its head before
         it serves, so it comes back at the party's epoch, not the configuration's. Raises
@@ -200,7 +201,15 @@ class ShardCore:
         batches = epoch_log.load_batches([e for e in todo if e.kind != "rotation"])
         try:
             for entry in todo:
-                self._replay(entry, batches, op)
+                batch = None if entry.kind == "rotation" else next(batches)
+                if entry.identity is not None and self.state.commit_staged(entry.epoch_id,
+                                                                          entry.identity):
+                    # Staging it again would load the same bytes (minutes at tens of GiB, or
+                    # from object storage) while every scan that wants this epoch is refused.
+                    log.info("shard %d: committed its staged epoch %d, decided in the epoch "
+                             "log", self.index, entry.epoch_id)
+                else:
+                    self._apply(entry, batch, op)
                 if self.identity.digest != entry.identity:
                     raise EpochLogError(
                         f"{epoch_log.directory}: entry {entry.seq} (epoch {entry.epoch_id}) "
@@ -210,7 +219,9 @@ class ShardCore:
             batches.close()
         return len(todo)
 
-    def _replay(self, entry: LogEntry, batches: Iterator[ChangeBatch], op: str) -> None:
+    def _apply(self, entry: LogEntry, batch: ChangeBatch | None, op: str) -> None:
+        """Stage `entry` from the log (`batch`: its batch, read ahead), replacing whatever is
+        staged, and commit it."""
         if entry.kind == "rotation":
             assert entry.path is not None
             self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
@@ -218,10 +229,10 @@ class ShardCore:
         else:
             # a fold stands for many publications: its identity is the log's, not one link
             # of the update chain (its batch was checked against the fold's digest on read)
-            self.prepare_updates(entry.epoch_id, next(batches), base_epoch=entry.base_epoch,
-                                 op=op, force=True,
-                                 identity=entry.epoch_identity() if entry.kind == "fold"
-                                 else None)
+            assert batch is not None
+            self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
+                                 force=True, identity=entry.epoch_identity()
+                                 if entry.kind == "fold" else None)
         self.commit(entry.epoch_id, op=op)
 
     def _log_position(self, entries: list[LogEntry], epoch_log: EpochLog) -> int:

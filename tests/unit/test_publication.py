@@ -16,6 +16,7 @@ from _party_world import (
     apply_batch,
     ask_async,
     cfg_for,
+    commit_in_log,
     make_party,
     make_world,
     random_batch,
@@ -23,9 +24,14 @@ from _party_world import (
 )
 
 from morphogen.party.router import Party
+from morphogen.party.shard import ShardCore
 from morphogen.protocol.codec import WireError
+from morphogen.protocol.dpf import KeyBatch, generate_keys
+from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication import log as epoch_log_module
-from morphogen.publication.log import EpochLog, EpochLogError
+from morphogen.publication.log import EpochLog, EpochLogError, rotation_entry
+from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import synthetic_pages
 
 NUM_PAGES = 96
@@ -348,3 +354,96 @@ def test_a_committed_rotation_compacts_the_log_and_ids_stay_answered(world):
     assert served(links) == {rot["identity"]}
     # a replica started now replays one entry
     assert start_replica(snaps / "base", 1, EpochLog(root / "log")).replayed == 1
+
+
+def _count_loads(core: ShardCore) -> dict[str, int]:
+    """How often `core` stages a version and opens a snapshot from here on."""
+    counts = {"prepare": 0, "open": 0}
+
+    def counted(what: str, fn):
+        def call(*args, **kwargs):
+            counts[what] += 1
+            return fn(*args, **kwargs)
+        return call
+
+    core.state.prepare_updates = counted("prepare", core.state.prepare_updates)
+    core.state.prepare_snapshot = counted("prepare", core.state.prepare_snapshot)
+    core.opener = counted("open", core.opener)
+    return counts
+
+
+@pytest.mark.parametrize("trigger", ["health", "read", "resend"])
+@pytest.mark.parametrize("op", ["rotation", "updates"])
+def test_a_publication_decided_with_its_router_dead_commits_what_is_staged(world, op, trigger):
+    """Router 1 dies right after it logged `commit`, every replica holding it staged: the health
+    check, a scan that wants the log's head or the admin's re-send commits what is staged, never
+    loading it a second time from the log (issue 28, hole 4)."""
+    root, snaps = world
+    r1, links = make_party(snaps, root / "log", replicas=2, admin_lease_s=LEASE_S)
+    r2 = second_router(snaps, root / "log", links)
+    members = [m for link in links for m in link.members]
+    loads = [_count_loads(m.core) for m in members]
+    x = random_batch(np.random.default_rng(11), 3, NUM_PAGES)
+    if op == "rotation":
+        model, pages = synthetic_pages(4, 0, 70), [3, 60]
+    else:
+        model, pages = apply_batch(synthetic_pages(3, 0, NUM_PAGES), x), x.pages.tolist()
+    keys = KeyBatch.from_keys([generate_keys(domain_bits_for(model.shape[0]), 0)[0]])
+    freeze = Freeze(r1, "decided")
+
+    def publish(router: Party):
+        return (router.admin.snapshot("next", "pub-1") if op == "rotation"
+                else router.admin.updates(x, "pub-1"))
+
+    async def run():
+        dead = asyncio.ensure_future(publish(r1))
+        await freeze.reached.wait()
+        head = EpochLog(root / "log").head()
+        assert head is not None and head.pub == "pub-1"
+        assert all(m.core.state.staged[0].identity == head.epoch_identity() for m in members)
+        if trigger == "health":
+            for m in members:
+                await m.check_health()
+        elif trigger == "read":
+            await _read(r2, model, pages)  # one replica of each shard, through a router
+            for m in members:  # and a scan that wants the head on each replica
+                assert (await m.scan(keys, head.epoch_identity()))[0] == head.epoch_identity()
+        else:
+            out = await publish(r2)
+            assert out["duplicate"] and out["identity"] == head.identity
+        assert served(links) == {head.identity}  # the trigger alone brought every replica
+        idents = {await _read(r2, model, pages) for _ in range(4)}
+        dead.cancel()
+        return head, idents
+
+    head, idents = asyncio.run(run())
+    assert idents == {head.identity} and all(m.core.state.staged is None for m in members)
+    assert loads == [{"prepare": 1, "open": 1 if op == "rotation" else 0}] * 4
+
+
+@pytest.mark.parametrize("op", ["rotation", "updates"])
+def test_a_staged_version_that_is_not_the_committed_entry_is_replaced(world, op):
+    """Same epoch id, other data (another batch, another snapshot): catching up loads the
+    committed entry from the log and never commits what is staged."""
+    root, snaps = world
+    epoch_log = EpochLog(root / "log")
+    core = ShardCore.open(Snapshot.open(snaps / "base"), 0, 2, "cpu")
+    base, rng = core.identity, np.random.default_rng(12)
+    if op == "rotation":
+        checksum = Snapshot.open(snaps / "next").manifest.checksum
+        target = EpochIdentity.of_snapshot(base.epoch_id + 1, checksum)
+        epoch_log.append_committed("pub-1", lambda head, seq: (rotation_entry(
+            target.epoch_id, str(snaps / "next"), checksum, target, seq), None))
+        # the configured snapshot staged again under the committed epoch's id: other data
+        core.prepare_snapshot(target.epoch_id, snaps / "base", op="pub-1")
+    else:
+        x, y = random_batch(rng, 3, NUM_PAGES), random_batch(rng, 3, NUM_PAGES)
+        target = commit_in_log(epoch_log, base, x, pub="pub-1")
+        core.prepare_updates(target.epoch_id, y, base_epoch=base.epoch_id, op="pub-1")
+    staged = core.state.staged[0]
+    assert staged.epoch_id == target.epoch_id and staged.identity != target
+    loads = _count_loads(core)
+    assert core.catch_up(epoch_log) == 1
+    assert core.identity == target and core.state.staged is None
+    assert loads == {"prepare": 1, "open": 1 if op == "rotation" else 0}
+    assert core.stop_page == (35 if op == "rotation" else 48)  # the committed entry's range
