@@ -39,6 +39,7 @@ from morphogen.party.shards import Layout, ShardLink
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.publication.lease import BusyWait
 from morphogen.publication.log import (
     EpochLog,
     EpochLogBusy,
@@ -163,7 +164,7 @@ class Publisher:
     async def _propose(self, pub: str, request: str,
                        build: Callable[[LogEntry | None, int], Any]) -> Published | LogEntry:
         """Step 1, waiting for another publisher's lease (at most `admin_timeout_s`)."""
-        publisher = new_publisher_id()
+        publisher, wait = new_publisher_id(), BusyWait()
         deadline = time.monotonic() + self.party.cfg.admin_timeout_s
         while True:
             try:
@@ -172,7 +173,7 @@ class Publisher:
             except EpochLogBusy as busy:
                 if time.monotonic() + busy.remaining_s > deadline:
                     raise self.party.unavailable(f"{busy}; retry") from None
-                await asyncio.sleep(min(0.25, busy.remaining_s + 0.01))
+                await wait.sleep(busy)  # short: see BusyWait
             except EpochLogConflict as exc:  # the head moved between two reads: build again
                 log.info("proposal of %s retried (%s)", pub, reason(exc))
                 await asyncio.sleep(0.01)

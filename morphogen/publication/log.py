@@ -304,7 +304,7 @@ class EpochLog:
                 if left > 0 and pending.publisher != publisher:
                     raise EpochLogBusy(
                         f"publication {pending.pub} (epoch {pending.epoch_id}) is in progress",
-                        left)
+                        left, (pending.seq, pending.pub, pending.publisher))
                 log.warning("aborting publication %s (epoch %d): its publisher's lease ran "
                             "out undecided", pending.pub, pending.epoch_id)
                 self._add(append, state, LogEntry(len(state.entries), "abort",

@@ -79,9 +79,11 @@ class EpochLogConflict(EpochLogError):
 class EpochLogBusy(EpochLogConflict):
     """Another publisher holds the log (an undecided proposal whose lease runs)."""
 
-    def __init__(self, message: str, remaining_s: float) -> None:
+    def __init__(self, message: str, remaining_s: float,
+                 holder: tuple[int, str | None, str | None] | None = None) -> None:
         super().__init__(message)
         self.remaining_s = remaining_s
+        self.holder = holder  # the undecided proposal's (seq, pub, publisher)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -47,10 +48,31 @@ class S3Server:
         return name
 
 
+def _atomic_creates() -> None:
+    """S3 decides a create-only PUT (``If-None-Match: *``) atomically. moto checks that the key
+    is absent, then writes, in whichever of its server threads: two concurrent creates of one
+    key both succeed now and then, the second overwriting the first. The epoch log's lock is
+    that create, so its writers would each believe they won. PUTs are serialized here."""
+    from moto.s3.responses import S3Response
+
+    real = S3Response.put_object
+    if getattr(real, "serialized", False):
+        return
+    lock = threading.Lock()
+
+    def put_object(self):  # type: ignore[no-untyped-def]
+        with lock:
+            return real(self)
+
+    put_object.serialized = True  # type: ignore[attr-defined]
+    S3Response.put_object = put_object  # type: ignore[method-assign]
+
+
 @contextmanager
 def running_s3_server() -> Iterator[S3Server]:
     from moto.server import ThreadedMotoServer
 
+    _atomic_creates()
     # one line per request otherwise, in every log a test captures
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
 
