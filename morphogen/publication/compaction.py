@@ -46,7 +46,7 @@ HISTORY_BYTES = MAX_PAYLOAD - (64 << 10)
 FOLD_KEEP = 64
 # Records a compaction would drop before a publication of updates starts one: bounds what a
 # new reader of the log reads (about this many records, plus the compacted ones).
-COMPACT_AFTER = 256
+COMPACT_AFTER = 128
 
 Load = Callable[[list[LogEntry]], list[ChangeBatch]]
 

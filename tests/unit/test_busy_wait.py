@@ -43,7 +43,9 @@ def _waits(log: _HeldLog, monkeypatch: pytest.MonkeyPatch, read_s: float = 0.0
         slept.append(seconds)
         await real_sleep(0)
 
-    monkeypatch.setattr(publisher_module.asyncio, "sleep", sleep)
+    # the wait's own module only: patching asyncio.sleep itself would also catch (and speed
+    # up) the sleeps of any event loop another test left running in a thread
+    monkeypatch.setattr(lease_module, "asyncio", SimpleNamespace(sleep=sleep))
     party = SimpleNamespace(cfg=SimpleNamespace(admin_timeout_s=60.0, admin_failpoint_file=None),
                             epoch_log=log, unavailable=RuntimeError)
     pub = publisher_module.Publisher(party)  # type: ignore[arg-type]
