@@ -48,7 +48,10 @@ def cmd_metrics_url(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     from morphogen.snapshot.manifest import SnapshotError
+    from morphogen.storage.location import is_remote
 
+    if is_remote(args.out):  # the writers would make a local directory named "s3:" of it
+        raise UsageError(f"--out {args.out}: build writes a local directory; copy it after")
     if args.records:
         return records.build_records(args)
     from morphogen.snapshot.synthetic import build_synthetic

@@ -62,6 +62,11 @@ CASES = [
     (["build", "--synthetic", "0", "--out", "x"], ["--synthetic", "0 is not >= 1"]),
     (["build", "--raw", "missing.bin", "--out", "x"], ["--raw missing.bin",
                                                        "raw page file not found"]),
+    # a URI is not written as a local directory named "s3:" (issue 29)
+    (["build", "--synthetic", "4", "--out", "s3://bucket/snap"],
+     ["--out s3://bucket/snap", "writes a local directory"]),
+    (["build", "--records", "list.json", "--out", "gs://bucket/kw"],
+     ["--out gs://bucket/kw", "writes a local directory"]),
     (["admin", "--server", "http://127.0.0.1:1", "--token-file", "absent", "status"],
      ["--token-file absent: no such file"]),
     (["admin", "--token-file", "token", "updates", "list.json", "--server", "http://x:1"],
@@ -84,6 +89,7 @@ CASES = [
 def test_bad_input_is_one_line_and_exit_2(files: Path, argv: list[str],
                                           expected: list[str]) -> None:
     _refused(argv, files, *expected)
+    assert not [p for p in files.iterdir() if p.name in ("s3:", "gs:")]
 
 
 def test_a_url_without_scheme_is_not_retried(files: Path) -> None:
