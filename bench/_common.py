@@ -55,3 +55,18 @@ def plot(path: Path, draw: Callable[[object], None]) -> None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     print(f"wrote {path}")
+
+
+def build_updates(batch):
+    """What a router hands `EpochLog.propose` for `batch`: the updates entry on top of the
+    committed head (on an empty log, epoch 1 of a snapshot named "ck")."""
+    from morphogen.protocol.identity import EpochIdentity
+    from morphogen.publication.log import updates_entry
+
+    def build(head, seq):
+        base = head.epoch_identity() if head is not None else EpochIdentity.of_snapshot(1, "ck")
+        epoch = base.epoch_id + 1
+        return updates_entry(epoch, base.epoch_id, batch,
+                             base.after_updates(epoch, batch.digest), seq), batch
+
+    return build

@@ -45,7 +45,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import RESULTS, machine_label, write_csv  # noqa: E402
+from bench._common import RESULTS, build_updates, machine_label, write_csv  # noqa: E402
 
 LEASE_S = 5.0  # the routers' default admin_lease_s
 
@@ -56,19 +56,6 @@ def _batches(count: int, seed: int) -> list:
     rng = np.random.default_rng(seed)
     return [ChangeBatch(rng.integers(0, 1 << 20, 1, dtype=np.int64), np.array([True]),
                         rng.integers(0, 256, 4096, np.uint8).tobytes()) for _ in range(count)]
-
-
-def _build(batch):
-    from morphogen.protocol.identity import EpochIdentity
-    from morphogen.publication.log import updates_entry
-
-    def build(head, seq):
-        base = head.epoch_identity() if head is not None else EpochIdentity.of_snapshot(1, "ck")
-        epoch = base.epoch_id + 1
-        return updates_entry(epoch, base.epoch_id, batch,
-                             base.after_updates(epoch, batch.digest), seq), batch
-
-    return build
 
 
 class _Party:
@@ -126,7 +113,8 @@ def writer(uri: str, count: int, tag: str, seed: int, barrier, hold_s: float, ga
         out = []
         for i, batch in enumerate(batches):
             t, before = time.perf_counter(), counts.copy()
-            proposal = await publisher._propose(f"{tag}-{i}", f"req-{tag}-{i}", _build(batch))
+            proposal = await publisher._propose(f"{tag}-{i}", f"req-{tag}-{i}",
+                                                build_updates(batch))
             if hold_s:
                 await asyncio.sleep(hold_s)
             await publisher._in_log(log.decide, proposal, "commit")
@@ -154,7 +142,7 @@ def template(work: Path, length: int) -> Path:
     path = work / f"template-{length}"
     log = EpochLog(path)
     for i, batch in enumerate(_batches(length // 2, length)):
-        p = log.propose(f"fill-{i}", f"req-fill-{i}", "fill", 60.0, _build(batch))
+        p = log.propose(f"fill-{i}", f"req-fill-{i}", "fill", 60.0, build_updates(batch))
         log.decide(p, "commit")
     assert len(log.entries()) == length
     return path

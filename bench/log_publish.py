@@ -34,21 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 
-def _build(batch):
-    from morphogen.protocol.identity import EpochIdentity
-    from morphogen.publication.log import updates_entry
-
-    def build(head, seq):
-        base = head.epoch_identity() if head is not None else EpochIdentity.of_snapshot(1, "ck")
-        epoch = base.epoch_id + 1
-        return updates_entry(epoch, base.epoch_id, batch,
-                             base.after_updates(epoch, batch.digest), seq), batch
-
-    return build
-
-
 def publish_rate(log, count: int, rng: np.random.Generator, tag: str) -> float:
     """Publications per second of `count` one-page batches through `log`."""
+    from bench._common import build_updates
     from morphogen.protocol.changes import ChangeBatch
 
     batches = [ChangeBatch(rng.integers(0, 1 << 20, 1, dtype=np.int64), np.array([True]),
@@ -56,7 +44,7 @@ def publish_rate(log, count: int, rng: np.random.Generator, tag: str) -> float:
                for _ in range(count)]
     t = time.perf_counter()
     for i, batch in enumerate(batches):
-        p = log.propose(f"{tag}-{i}", f"req-{tag}-{i}", "bench", 60.0, _build(batch))
+        p = log.propose(f"{tag}-{i}", f"req-{tag}-{i}", "bench", 60.0, build_updates(batch))
         log.decide(p, "commit")
     return count / (time.perf_counter() - t)
 
