@@ -89,7 +89,8 @@ def size_after(state: LogState) -> int:
     """How many records `compacted(state)` would hold (nothing read, nothing framed)."""
     live, fold = _kept(state)
     kept = len(live) - len(fold) + (1 if fold else 0)
-    folds = sum(1 for e in live[len(fold):] if e.kind == "fold") + (1 if fold else 0)
+    # a fold is only ever the first of the changes, so a new one absorbs the old
+    folds = 1 if fold else sum(1 for e in live if e.kind == "fold")
     return 1 + 2 * kept - folds  # history, each kept entry with its commit (a fold has none)
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import logging
 import os
 from collections import deque
@@ -236,17 +237,13 @@ class EpochLog:
             return
         with ThreadPoolExecutor(min(BATCH_READS, len(entries)),
                                 thread_name_prefix="log-batches") as pool:
-            ahead: deque[Future[ChangeBatch]] = deque()
             rest = iter(entries)
-            for e in rest:
-                ahead.append(pool.submit(self.load_batch, e))
-                if len(ahead) >= BATCH_READS:
-                    break
+            ahead: deque[Future[ChangeBatch]] = deque(
+                pool.submit(self.load_batch, e) for e in itertools.islice(rest, BATCH_READS))
             while ahead:
                 batch = ahead.popleft().result()
-                for e in rest:
+                if (e := next(rest, None)) is not None:
                     ahead.append(pool.submit(self.load_batch, e))
-                    break
                 yield batch
 
     def load_batch(self, entry: LogEntry) -> ChangeBatch:
