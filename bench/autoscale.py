@@ -39,6 +39,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import RESULTS, machine_label, plot, write_csv  # noqa: E402
+from bench._node_caches import node_chunks  # noqa: E402
 from cluster import fake_cluster, local  # noqa: E402
 from morphogen.client import PirClient, PirError  # noqa: E402
 from morphogen.client.admin import AdminClient  # noqa: E402
@@ -342,6 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             # every node fetched its shards' chunks into a cache of its own
             "node_caches": sorted(p.name for p in (work / "node-cache").iterdir()
                                   if any(p.glob("*/chunk-*"))),
+            "node_chunks": node_chunks(work / "node-cache", {"a": 2, "b": 2}),
         }
         serve.delete("a")
         serve.delete("b")

@@ -45,6 +45,8 @@ def status_lines(url: str, doc: dict[str, Any]) -> list[str]:
         head = doc.get("epoch_log_head") or {}
         lines.append(f"  epoch log {doc['epoch_log']}: head epoch {_val(head, 'epoch_id')} "
                      f"({_val(head, 'kind')})")
+    for start in doc.get("replica_starts") or []:
+        lines.append(f"  replica {start.get('line', '-')}")
     return lines
 
 

@@ -10,13 +10,16 @@ cluster, and whether the replicas fit its free CPUs and GPUs. The stop is bounde
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
 from cluster import local, processes, ray_access, resources, serve_plan
+from cluster.deploy_watch import DeployWatch, run_watched
 from cluster.errors import CommandFailed, UsageError, one_line, report
 from cluster.report import eprint
 from cluster.shutdown import STOP_BOUND_S, Stopper, StopRequested, exit_now
+from deployments import start_board
 from deployments.naming import INDEX_APP_NAME
 
 
@@ -24,7 +27,10 @@ def _snapshot_summary(party: serve_plan.PartyPlan, matrix_flag: str | None) -> s
     from morphogen.snapshot.layout import shard_ranges
     from morphogen.snapshot.manifest import SnapshotError
     from morphogen.snapshot.source import open_snapshot
+    from morphogen.storage.location import is_remote
+    from morphogen.storage.settings import configure
 
+    configure(party.config.store_settings())
     path = str(party.config.snapshot)
     what = f"--matrix {matrix_flag}" if matrix_flag else f"party {party.name}'s snapshot {path}"
     try:
@@ -34,6 +40,8 @@ def _snapshot_summary(party: serve_plan.PartyPlan, matrix_flag: str | None) -> s
                     f"epoch {snap.epoch_id}")
     except SnapshotError as exc:
         problem = str(exc).removeprefix(f"{path}: ")
+        if is_remote(path):  # the store's own hint says what to check (credentials, URI, ...)
+            raise UsageError(f"{what}: {problem}") from None
         raise UsageError(f"{what}: {problem}; build one with `morphogen build --raw FILE --out "
                          "DIR` (or --synthetic PAGES)") from None
     except ValueError as exc:  # more shards than pages
@@ -101,10 +109,16 @@ def _deploy(plan: serve_plan.ServePlan, summaries: list[str], deployed: list[str
         except ValueError as exc:
             raise UsageError(f"party {party.name}: {exc}") from None
         deployed.append(party.name)  # before: a stop during the deployment deletes it
+        start_board.clear(party.name)
+        watch = DeployWatch(party.name)
         try:
-            serve.run(app, name=party.name, route_prefix=party.route_prefix, blocking=False)
+            run_watched(functools.partial(serve.run, app, name=party.name,
+                                          route_prefix=party.route_prefix, blocking=False),
+                        watch)
         except RuntimeError as exc:
-            raise CommandFailed(f"party {party.name} failed to deploy: {one_line(exc)[:600]}"
+            reasons = watch.failures()
+            why = "; ".join(reasons) if reasons else one_line(exc)[:600]
+            raise CommandFailed(f"party {party.name} failed to deploy: {why}"
                                 " (--verbose shows Ray's logs)") from None
     if owns and all(p.route_prefix != "/" for p in plan.parties):
         deployed.append(INDEX_APP_NAME)

@@ -32,7 +32,9 @@ from morphogen.publication.log import EpochLog
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.source import open_snapshot
+from morphogen.storage.failures import ride_out
 from morphogen.storage.location import is_remote
+from morphogen.storage.settings import configure
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +60,13 @@ def build_app(args: PartyConfig) -> Application:
     cfg = args if isinstance(args, PartyConfig) else PartyConfig.model_validate(args or {})
     if not cfg.admin_supported and cfg.admin_token_env and os.environ.get(cfg.admin_token_env):
         raise ValueError(f"{cfg.admin_token_env} is set: {ADMIN_NEEDS_LOG}")
+    configure(cfg.store_settings())
     if cfg.epoch_log_dir and cfg.epoch_log_id is None:
         # made here, once, and named: every router and shard replica checks that its node
-        # sees this very log, not an empty directory of the same path
-        log_id = EpochLog(cfg.epoch_log_dir, create=True).log_id
+        # sees this very log, not an empty directory of the same path (a first deploy waits
+        # out a store that is down for a while)
+        log_id = ride_out(lambda: EpochLog(cfg.epoch_log_dir, create=True).log_id,
+                          f"the epoch log {cfg.epoch_log_dir}")
         cfg = cfg.model_copy(update={"epoch_log_id": log_id})
     gpus = _cluster_gpus()
     placed_on_gpu = cfg.wants_gpu(gpus)

@@ -8,6 +8,8 @@ numbers and scan phases, a fixed small set: no key, page or page number ever bec
 
 from __future__ import annotations
 
+from typing import Any
+
 from ray.serve import metrics
 
 _LATENCY_S = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
@@ -53,13 +55,23 @@ class ServeMetrics:
         self.fetch_left = metrics.Gauge(
             "morphogen_snapshot_fetch_remaining_bytes",
             description="bytes a replica's snapshot fetch still has to go")
+        self.fetch_rate = metrics.Gauge(
+            "morphogen_snapshot_fetch_bytes_per_second",
+            description="rate of a replica's snapshot fetch so far")
+        self.fetch_eta = metrics.Gauge(
+            "morphogen_snapshot_fetch_seconds_left",
+            description="time a replica's snapshot fetch still needs at its rate (-1: unknown)")
         self.replay_s = metrics.Histogram(
             "morphogen_catch_up_seconds", description="time of a shard's epoch-log replay",
             boundaries=_LATENCY_S, tag_keys=("shard",))
 
-    def snapshot_fetch(self, nbytes: int, left: int) -> None:
-        self.fetched.inc(nbytes)
-        self.fetch_left.set(left)
+    def snapshot_fetch(self, progress: Any) -> None:
+        """A `morphogen.snapshot.chunk_cache.FetchProgress` after a chunk landed."""
+        self.fetched.inc(progress.last)
+        self.fetch_left.set(progress.total - progress.done)
+        self.fetch_rate.set(progress.rate)
+        left = progress.seconds_left
+        self.fetch_eta.set(left if left is not None else -1)
 
     def request(self, route: str, status: int, seconds: float, queries: int) -> None:
         tags = {"route": route}

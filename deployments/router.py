@@ -8,6 +8,7 @@ coalescing, combining under one epoch identity, `/epoch` and admin publication a
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -19,6 +20,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from deployments import start_board
 from deployments.metrics import ServeMetrics
 from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.constants import MAX_PAGES
@@ -44,6 +46,7 @@ from morphogen.protocol.codec import (
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication.admin_auth import AdminAccess, WatchedAdminGuard
 from morphogen.publication.log import EpochLog
+from morphogen.storage.settings import configure
 
 log = logging.getLogger("ray.serve")
 
@@ -116,8 +119,10 @@ class Router:
     def __init__(self, cfg: PartyConfig, *shards: DeploymentHandle) -> None:
         self._cfg = cfg
         # the builder made the log and named it (epoch_log_id); a bare deployment makes it here
+        configure(cfg.store_settings())
         epoch_log = (EpochLog(cfg.epoch_log_dir, create=cfg.epoch_log_id is None,
-                              log_id=cfg.epoch_log_id) if cfg.epoch_log_dir else None)
+                              log_id=cfg.epoch_log_id, marker_later=True)
+                     if cfg.epoch_log_dir else None)
         self._metrics = ServeMetrics()
         self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log, self._metrics)
         # Admin: the token is read once, here; it never reaches a log line or an error.
@@ -166,7 +171,16 @@ class Router:
         return await self._party.admin.snapshot(requested, publication)
 
     async def admin_status(self) -> dict[str, Any]:
-        return await self._party.admin.status()
+        doc = await self._party.admin.status()
+        # replicas that are fetching or failed to start (the router's own app's), each in a
+        # line: what an operator on a cluster started elsewhere cannot see otherwise
+        try:
+            app = serve.get_replica_context().app_name
+        except Exception:  # noqa: BLE001 - outside Serve: no board
+            return doc
+        board = await asyncio.to_thread(start_board.unsettled, app)
+        doc["replica_starts"] = [{**d, "line": start_board.describe(d)} for d in board]
+        return doc
 
     async def stats(self) -> dict[str, Any]:
         """Coalescing counters of this replica, its pid and the queries it holds now
@@ -194,7 +208,7 @@ class Router:
     async def _http_admin(self, path: str, request: Request) -> Response:
         self._authorize(request)  # before reading anything of the body
         if path == ADMIN_STATUS_PATH:
-            return _json_response(await self._party.admin.status())
+            return _json_response(await self.admin_status())
         content_type = request.headers.get("content-type")
         wire.request_encoding(content_type)  # 415 before reading
         pub = admin_wire.publication_id(request.headers.get(PUBLICATION_HEADER))

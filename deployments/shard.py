@@ -22,6 +22,7 @@ import ray
 from ray import serve
 
 from deployments.metrics import ServeMetrics
+from deployments.start_board import ReplicaStart
 from morphogen.config import PartyConfig
 from morphogen.party.replica import ShardReplica
 from morphogen.party.shard import ShardCore
@@ -32,6 +33,7 @@ from morphogen.publication.log import EpochLog
 from morphogen.snapshot.chunk_cache import observe_fetches
 from morphogen.snapshot.open import open_any
 from morphogen.snapshot.source import open_snapshot
+from morphogen.storage.settings import configure
 
 log = logging.getLogger("ray.serve")
 
@@ -39,9 +41,21 @@ log = logging.getLogger("ray.serve")
 @serve.deployment
 class Shard:
     def __init__(self, cfg: PartyConfig, index: int, engine_name: str) -> None:
+        start = ReplicaStart(f"shard_{index}")
+        try:
+            self._start(cfg, index, engine_name, start)
+        except BaseException as exc:
+            start.failed(exc)  # Serve's own message names only the deployment
+            raise
+        start.ready()
+
+    def _start(self, cfg: PartyConfig, index: int, engine_name: str,
+               start: ReplicaStart) -> None:
         started = time.monotonic()
+        configure(cfg.store_settings())
         observer = ServeMetrics()
         observe_fetches(observer.snapshot_fetch)  # a remote snapshot's chunks, as they land
+        observe_fetches(start.fetching)
         snapshot = open_snapshot(cfg, verify=cfg.verify_snapshot)
         core = ShardCore.open(
             snapshot, index, cfg.num_shards, engine_name, cfg.engine_options,
@@ -51,7 +65,8 @@ class Shard:
         core.self_test()  # fail the constructor (not the first query) on a broken engine
         self._replica = ShardReplica.start(
             core,
-            (EpochLog(cfg.epoch_log_dir, create=False, log_id=cfg.epoch_log_id)
+            (EpochLog(cfg.epoch_log_dir, create=False, log_id=cfg.epoch_log_id,
+                      marker_later=True)
              if cfg.epoch_log_dir else None),
             threads=cfg.shard_threads,
             catch_up_wait_s=cfg.catch_up_wait_s,

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
 from morphogen.protocol.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
 from morphogen.storage.location import check_log_location
+from morphogen.storage.settings import StoreSettings
 
 DEFAULT_ADMIN_TOKEN_ENV = "MORPHOGEN_ADMIN_TOKEN"
 
@@ -34,7 +35,8 @@ def node_label() -> str:
         import ray
 
         if ray.is_initialized():
-            return str(ray.get_runtime_context().get_node_id())[:16]
+            # whole: the nodes of one machine (Ray's fake multi-node cluster) share a prefix
+            return str(ray.get_runtime_context().get_node_id())
     except Exception:  # noqa: BLE001 - no Ray, or no node: the host names the node
         pass
     return socket.gethostname()
@@ -102,6 +104,18 @@ class PartyConfig(BaseModel):
         None, description="node-local directory for chunks of remote snapshots (default: "
         "<cache_dir>/snapshots); every replica on a node shares it, one download per chunk. "
         "{node} in it stands for the Ray node id (nodes that share a disk, one cache each)")
+
+    # -- object stores (snapshots and logs in s3://, gs://, https://)
+    store_timeout_s: float = Field(
+        20.0, gt=0, le=3600, description="one request to the store, connect to last byte; a "
+        "hung store fails after two such tries")
+    store_retry_s: float = Field(
+        30.0, ge=0, le=3600, description="a failed request is retried for this long")
+    store_outage_s: float = Field(
+        90.0, ge=0, le=86400, description="starting a party (snapshot, chunks, epoch log) "
+        "waits this long for a store that cannot be reached")
+    store_concurrency: int = Field(8, ge=1, le=256, description="ranged GETs in flight per "
+                                   "chunk fetch")
 
     # -- shards
     num_shards: int = Field(2, ge=1, le=4096)
@@ -269,6 +283,11 @@ class PartyConfig(BaseModel):
 
     def cache_path(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_cache_dir()
+
+    def store_settings(self) -> StoreSettings:
+        return StoreSettings.from_env(StoreSettings(
+            timeout_s=self.store_timeout_s, retry_s=self.store_retry_s,
+            outage_s=self.store_outage_s, concurrency=self.store_concurrency))
 
     def snapshot_cache_path(self) -> Path:
         if self.snapshot_cache_dir:

@@ -45,6 +45,8 @@ from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication.log import EpochLog, LogState
+from morphogen.publication.records import EpochLogUnreachable
+from morphogen.storage.failures import ride_out
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +104,7 @@ class ShardReplica:
         self._replay_s: float | None = None
         self._behind_unhealthy_s = float(behind_unhealthy_s)
         self._behind_since: float | None = None
+        self._log_unread = False  # started while the log's store was down
 
     @classmethod
     def start(cls, core: ShardCore, epoch_log: EpochLog | None = None,
@@ -110,7 +113,18 @@ class ShardReplica:
         replica added later, starts from the configured snapshot)."""
         replica = cls(core, epoch_log, **kwargs)
         if epoch_log is not None:
-            replica._catch_up_now()
+            try:
+                ride_out(replica._catch_up_now, f"shard {core.index}: the epoch log")
+            except EpochLogUnreachable as exc:
+                if not exc.transient:
+                    raise
+                # the store is down (a node restarting from its cache during an outage):
+                # start, but answer only for an epoch a router names (one it read from the
+                # log before), never on this replica's own word that its epoch is the party's
+                replica._log_unread = True
+                log.warning("shard %d: starting at epoch %s without the epoch log (%s); it "
+                            "answers only scans for that epoch until the log is readable",
+                            core.index, core.epoch_id, exc)
         return replica
 
     @property
@@ -127,6 +141,8 @@ class ShardReplica:
         self._start_folder()
         if want is not None and self._behind(want):
             await self._reach(want)
+        elif want is None and self._log_unread:
+            await self._reach(None)
         loop = asyncio.get_running_loop()
         try:
             identity, acc, phases = await loop.run_in_executor(
@@ -146,10 +162,12 @@ class ShardReplica:
                            self.core.stop_page - self.core.first_page, phases)
         return identity, np.ascontiguousarray(acc).tobytes()
 
-    def _behind(self, want: EpochIdentity) -> bool:
+    def _behind(self, want: EpochIdentity | None) -> bool:
+        if want is None:
+            return self._log_unread
         return self.core.identity.epoch_id < want.epoch_id
 
-    async def _reach(self, want: EpochIdentity) -> None:
+    async def _reach(self, want: EpochIdentity | None) -> None:
         """Catch up from the log towards `want`: one catch-up at a time for all the scans that
         wait, each waiting at most `catch_up_wait_s` (a rotation's load goes on behind)."""
         if self.log is not None:
@@ -159,7 +177,12 @@ class ShardReplica:
                     self._admin(self._catch_up_quietly))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), self._wait_s)
-        if self._behind(want):
+        if want is None and self._behind(want):
+            raise unavailable(
+                f"shard {self.core.index} replica started while its epoch log was unreadable: "
+                f"it cannot tell whether its epoch {self.core.epoch_id} is the party's",
+                self._retry_after)
+        if want is not None and self._behind(want):
             raise unavailable(
                 f"shard {self.core.index} replica is at epoch {self.core.epoch_id}, catching up "
                 f"to {want.epoch_id}", self._retry_after)
@@ -170,6 +193,7 @@ class ShardReplica:
         started = time.monotonic()
         assert self.log is not None
         applied = self.core.catch_up(self.log)
+        self._log_unread = False
         self.replayed, self._replay_s = applied, time.monotonic() - started
         if applied:
             log.info("shard %d replayed %d epoch-log entries: now %s", self.core.index,
@@ -300,7 +324,16 @@ class ShardReplica:
 
     def _check_log_now(self) -> None:
         assert self.log is not None
-        state = self.log.state()  # unreadable: unhealthy, Serve replaces this replica
+        try:
+            state = self.log.state()  # unreadable: unhealthy, Serve replaces this replica...
+        except EpochLogUnreachable as exc:
+            if not exc.transient:
+                raise
+            # ...but not for a store that is down: a replacement could not read it either,
+            # and while it is down nothing can be published, so what this replica read last
+            # is still the head (scans for a newer epoch wait or answer 503 as ever)
+            log.warning("shard %d: %s", self.core.index, exc)
+            return
         staged = self.core.state.staged
         pending = state.pending
         if staged is not None and not _committed(state, staged[0].identity) and (

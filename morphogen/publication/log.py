@@ -48,6 +48,7 @@ from morphogen.publication.records import (
     EpochLogBusy,
     EpochLogConflict,
     EpochLogError,
+    EpochLogUnreachable,
     LogEntry,
     LogState,
     Published,
@@ -125,7 +126,7 @@ class EpochLog:
     """
 
     def __init__(self, directory: str | os.PathLike[str] | None, *, create: bool = True,
-                 log_id: str | None = None) -> None:
+                 log_id: str | None = None, marker_later: bool = False) -> None:
         self._scanned: tuple[bytes, LogState] | None = None  # see `_scan`
         self._leases = _lease.LeaseWatch()  # leases are timed by this reader's clock
         self._objects: LogObjects | None = None
@@ -147,7 +148,17 @@ class EpochLog:
         self.path = store.path
         if create:
             store.write_marker()
-        self.log_id = store.read_marker(log_id)
+        self._marker_unread = False
+        try:
+            self.log_id = store.read_marker(log_id)
+        except EpochLogUnreachable as exc:
+            # `marker_later` (a replica, told the log's id by its application): a store that
+            # is down now is no reason not to start; the marker is checked before the first
+            # read of the records instead
+            if not (marker_later and exc.transient and log_id is not None and not create):
+                raise
+            self.log_id = log_id
+            self._marker_unread = True
 
     @classmethod
     def in_memory(cls) -> EpochLog:
@@ -203,7 +214,18 @@ class EpochLog:
             self._scanned = (bytes(raw[:pos]), state.copy())
         return state, pos
 
+    def _check_marker(self) -> None:
+        if self._marker_unread:
+            self._store.read_marker(self.log_id)
+            self._marker_unread = False
+
+    def _locked(self) -> Any:
+        """The store's write lock (`LogStore.locked`), the marker checked first."""
+        self._check_marker()
+        return self._store.locked(self._scan)
+
     def state(self) -> LogState:
+        self._check_marker()
         return self._scan(self._store.raw())[0]
 
     def entries(self) -> list[LogEntry]:
@@ -291,7 +313,7 @@ class EpochLog:
         run out is aborted first; one whose lease runs raises EpochLogBusy."""
         if not PUB_ID.fullmatch(pub):
             raise ValueError("a publication id is 1..80 characters of A-Z a-z 0-9 _ . : -")
-        with self._store.locked(self._scan) as (append, state):
+        with self._locked() as (append, state):
             done = state.pubs.get(pub)
             if done is not None:
                 return done
@@ -314,7 +336,7 @@ class EpochLog:
     @_retrying
     def renew(self, proposal: LogEntry, lease_s: float) -> None:
         """Extend the lease of `proposal` (raises EpochLogConflict when it was decided)."""
-        with self._store.locked(self._scan) as (append, state):
+        with self._locked() as (append, state):
             self._add(append, state, LogEntry(
                 len(state.entries), "renew", proposal.epoch_id, of=proposal.seq,
                 publisher=proposal.publisher, **_lease_fields(lease_s)))
@@ -325,7 +347,7 @@ class EpochLog:
         already (another publisher aborted it after its lease ran out)."""
         if outcome not in DECISIONS:
             raise ValueError(f"a decision is one of {DECISIONS}")
-        with self._store.locked(self._scan) as (append, state):
+        with self._locked() as (append, state):
             pending = state.pending
             done = state.pubs.get(proposal.pub or "")
             if (outcome == "commit" and pending is None and done is not None
@@ -345,7 +367,7 @@ class EpochLog:
     @_retrying
     def abort_expired(self) -> LogEntry | None:
         """Abort the undecided proposal when its lease has run out; returns it (else None)."""
-        with self._store.locked(self._scan) as (append, state):
+        with self._locked() as (append, state):
             pending = state.pending
             if pending is None or self._leases.left_s(state) > 0:
                 return None
@@ -370,7 +392,7 @@ class EpochLog:
         batch, and delete the blobs no kept entry names; returns how many records were
         dropped. Does nothing while a proposal is undecided (the next compaction
         does it)."""
-        with self._store.locked(self._scan) as (_append, state):
+        with self._locked() as (_append, state):
             if state.pending is not None:
                 return 0
             plan = compacted(state, lambda es: list(self.load_batches(es)))

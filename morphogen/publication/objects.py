@@ -14,12 +14,14 @@ from morphogen.publication.records import (
     BLOB_NAME,
     MARKER_FILE,
     EpochLogError,
+    EpochLogUnreachable,
     LogState,
     check_marker,
     marker_id,
     new_marker,
     on_node,
 )
+from morphogen.storage.failures import failure
 from morphogen.storage.log_objects import LogObjects
 
 BLOBS = "blobs"  # the update batches' prefix
@@ -39,6 +41,10 @@ class ObjectLog:
 
     def _where(self) -> str:
         return on_node(self.directory)
+
+    def _unreachable(self, exc: BaseException) -> EpochLogUnreachable:
+        err = failure(f"{self._where()}: cannot read the epoch log", exc)
+        return EpochLogUnreachable(str(err), err.kind, err.transient)
 
     # -- the marker
     def write_marker(self) -> None:
@@ -64,8 +70,7 @@ class ObjectLog:
             raise EpochLogError(f"{self._where()}: unreadable {MARKER_FILE} ({exc})") \
                 from None
         except Exception as exc:  # noqa: BLE001 - the store's errors, with the URI
-            raise EpochLogError(f"{self._where()}: cannot read the epoch log ({exc})") \
-                from None
+            raise self._unreachable(exc) from None
         return check_marker(self._where(), log_id, fmt, expect)
 
     # -- reading
@@ -75,8 +80,7 @@ class ObjectLog:
         except (ValueError, RuntimeError) as exc:
             raise EpochLogError(f"{self._where()}: {exc}") from None
         except Exception as exc:  # noqa: BLE001 - the store's errors, with the URI
-            raise EpochLogError(f"{self._where()}: cannot read the epoch log ({exc})") \
-                from None
+            raise self._unreachable(exc) from None
 
     def blob_path(self, name: str) -> str:
         return f"{self.directory}/{BLOBS}/{name}"

@@ -72,6 +72,16 @@ class EpochLogError(RuntimeError):
     """The log is corrupt, absent or not this party's (the message names file and place)."""
 
 
+class EpochLogUnreachable(EpochLogError):
+    """The log's store did not answer as it should (`kind` as in `morphogen.storage.failures`);
+    `transient` where trying again later may succeed."""
+
+    def __init__(self, message: str, kind: str, transient: bool) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.transient = transient
+
+
 class EpochLogConflict(EpochLogError):
     """A write that does not fit the log's state (another publisher moved it)."""
 

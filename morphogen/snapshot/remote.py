@@ -25,6 +25,7 @@ from morphogen.snapshot.chunk_cache import ChunkCache, chunk_file, node_name
 from morphogen.snapshot.hashes import chunk_count, chunk_pages_range
 from morphogen.snapshot.manifest import MANIFEST_FILE, Manifest, SnapshotError
 from morphogen.snapshot.opened import OpenedSnapshot
+from morphogen.storage.failures import OTHER, TIMEOUT, UNREACHABLE, failure, ride_out
 from morphogen.storage.location import StorageError, open_location
 
 log = logging.getLogger(__name__)
@@ -53,22 +54,45 @@ class RemoteSnapshot(OpenedSnapshot):
 
     @classmethod
     def open(cls, uri: str, cache_dir: str, *, verify: bool = False) -> RemoteSnapshot:
+        """The snapshot at `uri`. Its manifest is read from the store, waiting out an
+        unreachable one (`store_outage_s`); where this node's cache already holds the manifest
+        fetched from `uri` before, a store that does not answer is not waited for: the cached
+        copy is used, and its chunks are checked against it as they are read."""
         base, name = _split(uri)
+        where = f"{base}/{name}"
         location = open_location(base)
+        cache = ChunkCache(cache_dir)
+        cached = cache.manifest_for(uri)
+
+        def get() -> bytes:
+            return bytes(obstore.get(location.store, location.key(name)).bytes())
+
         try:
-            raw = bytes(obstore.get(location.store, location.key(name)).bytes())
+            raw = get() if cached is not None else ride_out(get, where)
         except FileNotFoundError:
-            raise SnapshotError(f"{uri}: no snapshot manifest at {base}/{name}") from None
-        except Exception as exc:  # noqa: BLE001 - store errors name the URI
-            raise SnapshotError(f"{uri}: cannot read the manifest ({exc})") from None
-        try:
-            manifest = Manifest.from_dict(json.loads(raw), where=f"{base}/{name}")
-        except ValueError as exc:
-            raise SnapshotError(f"{uri}: {exc}") from None
+            raise SnapshotError(f"{uri}: no snapshot manifest at {where} (push one there "
+                                "with `morphogen snapshot push DIR URI`)") from None
+        except Exception as exc:  # noqa: BLE001 - every store error is one line naming the URI
+            err = failure(where, exc)
+            if cached is None or err.kind not in (TIMEOUT, UNREACHABLE, OTHER):
+                raise SnapshotError(f"{uri}: cannot read the manifest: {err}") from None
+            log.warning("%s; starting from this node's cached copy of its manifest (%s)",
+                        err, cached.root)
+            raw = None
+        if raw is None:
+            assert cached is not None
+            manifest = cached
+        else:
+            try:
+                manifest = Manifest.from_dict(json.loads(raw), where=where)
+            except ValueError as exc:
+                raise SnapshotError(f"{uri}: {exc}") from None
         if manifest.chunk_hashes is None or manifest.checksum is None:
             raise SnapshotError(f"{uri}: a remote snapshot needs a manifest with chunk hashes "
                                 "and a checksum (write it with `morphogen build`)")
-        snap = cls(uri, manifest, location, ChunkCache(cache_dir))
+        snap = cls(uri, manifest, location, cache)
+        if raw is not None:
+            cache.remember(uri, manifest)
         # held from here on; what no process on this node holds any more (the snapshots of
         # rotations since replaced everywhere here) goes, so a node keeps what it serves
         snap._cache.evict_unused(keep=[manifest.root])
@@ -80,9 +104,10 @@ class RemoteSnapshot(OpenedSnapshot):
         return f"RemoteSnapshot({self.path!r}, epoch_id={self.epoch_id}, pages={self.num_pages})"
 
     def _read_range(self, start: int, end: int) -> bytes:
-        return obstore.get_range(self._location.store,
-                                 self._location.key(self.manifest.data_file),
-                                 start=start, end=end)
+        key = self._location.key(self.manifest.data_file)
+        return ride_out(lambda: obstore.get_range(self._location.store, key,
+                                                  start=start, end=end),
+                        f"{self._location.uri}/{self.manifest.data_file}")
 
     def chunks_of(self, start: int, stop: int) -> list[int]:
         cp = self.manifest.chunk_pages

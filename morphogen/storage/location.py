@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from morphogen.storage.settings import current
+
 REMOTE_SCHEMES = ("s3", "gs", "http", "https")
 # where write-once objects can be created (a web server serves snapshots, but has no
 # conditional create for an epoch log's records)
@@ -119,6 +121,13 @@ class Location:
         return Location(f"{self.uri}/{name}", self.store, self.key(name))
 
 
+def _client(**extra: Any) -> dict[str, Any]:
+    """The timeouts and retries of `morphogen.storage.settings`, for a store's constructor."""
+    settings = current()
+    return {"client_options": {**settings.client_options(), **extra},
+            "retry_config": settings.retry_config()}
+
+
 def _s3_store(bucket: str) -> Any:
     from obstore.store import S3Store
 
@@ -134,13 +143,13 @@ def _s3_store(bucket: str) -> Any:
         config["region"] = region
     # the constructor also reads AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, web
     # identity tokens (EKS IRSA) and the instance metadata service, in the usual order
-    return S3Store(bucket, config=config or None, client_options=client_options or None)
+    return S3Store(bucket, config=config or None, **_client(**client_options))
 
 
 def _gcs_store(bucket: str) -> Any:
     from obstore.store import GCSStore
 
-    return GCSStore(bucket)  # GOOGLE_* variables, or the node's service account
+    return GCSStore(bucket, **_client())  # GOOGLE_* variables, or the node's service account
 
 
 def _http_store(base: str) -> Any:
@@ -148,7 +157,7 @@ def _http_store(base: str) -> Any:
 
     # plain http only where a URI says so (a cluster-internal server); https stays the default
     plain = urlsplit(base).scheme.lower() == "http"
-    return HTTPStore.from_url(base, client_options={"allow_http": True} if plain else None)
+    return HTTPStore.from_url(base, **_client(**({"allow_http": True} if plain else {})))
 
 
 def open_location(uri: str | os.PathLike[str]) -> Location:

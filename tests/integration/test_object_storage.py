@@ -115,3 +115,29 @@ def test_a_snapshot_that_cannot_be_fetched_fails_the_deployment_loudly(serve_ins
         serve.run(build_app(party_args(serve_instance.cache_dir,
                                        snapshot=f"s3://{bucket}/none")),
                   name="s3missing", route_prefix="/s3missing")
+
+
+def test_every_replica_reports_its_start_and_admin_status_shows_what_is_unsettled(
+        party) -> None:
+    """Each shard replica posts its start to the board the operator reads (`serve` while it
+    deploys, `/admin/status` afterwards): its node and time to ready; a replica that fails
+    later is shown by the status with its reason, in one line."""
+    from deployments import start_board
+    from morphogen.client.admin import AdminClient
+
+    board = start_board.read("s3a")
+    ready = [d for d in board if d["state"] == "ready"]
+    assert sorted(d["deployment"] for d in ready) == ["shard_0"] * 2 + ["shard_1"] * 2
+    assert all(len(d["node"]) >= 16 and d["seconds"] > 0 for d in ready)
+    admin = AdminClient(party["urls"][0], TOKEN)
+    try:
+        assert admin.status()["replica_starts"] == []
+        start_board.post("s3a", "shard_1", "later-replica", {
+            "state": "failed", "node": "n" * 56,
+            "reason": f"node x: s3://{party['bucket']}/snapshots/base chunk 3: no space left"})
+        starts = admin.status()["replica_starts"]
+    finally:
+        admin.close()
+    assert [s["replica"] for s in starts] == ["later-replica"]
+    assert starts[0]["line"] == (f"shard_1 on node {'n' * 16}: failed to start: node x: "
+                                 f"s3://{party['bucket']}/snapshots/base chunk 3: no space left")

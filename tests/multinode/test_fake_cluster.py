@@ -50,8 +50,22 @@ def test_load_adds_nodes_and_replicas_that_land_on_them(scenario) -> None:
     assert s["seconds_to_new_shard_replica"] is not None
     assert s["replicas_on_head_node"] == 0  # the head has no GPU: shards only on workers
     assert s["replica_nodes"]
-    # every node a shard replica served from fetched its own chunks (nothing shared on disk)
-    assert {n[:16] for n in s["replica_nodes"]} <= set(s["node_caches"]), s
+    # every node a shard replica served from fetched into a cache of its own (nothing
+    # shared on disk), and exactly the chunks of the shards that ran there
+    assert set(s["replica_nodes"]) <= set(s["node_caches"]), s
+    assert len(s["node_caches"]) >= 2  # a worker added by the autoscaler has its own
+    per_node = s["node_chunks"]
+    assert set(s["node_caches"]) <= set(per_node)
+    for node, roots in per_node.items():
+        for root, chunks in roots.items():
+            # a chunk no replica of the node needed would be another node's fetch
+            assert set(chunks["has"]) <= set(chunks["expected"]), (node, root, chunks)
+        # the snapshot every replica starts from (the first one fetched on the node): whole
+        # where it is still cached (a rotation may have evicted it since)
+        fulls = [c for c in roots.values() if c["has"] == c["expected"] and c["has"]]
+        assert fulls, (node, roots)
+    # the nodes did not all fetch the same chunks: each its own range
+    assert len({json.dumps(r, sort_keys=True) for r in per_node.values()}) >= 2, per_node
 
 
 def test_publications_during_the_load_reach_every_replica_and_no_page_is_wrong(scenario) -> None:
