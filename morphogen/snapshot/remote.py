@@ -26,6 +26,7 @@ from morphogen.snapshot.hashes import chunk_count, chunk_pages_range
 from morphogen.snapshot.manifest import MANIFEST_FILE, Manifest, SnapshotError
 from morphogen.snapshot.opened import OpenedSnapshot
 from morphogen.storage.location import StorageError, open_location
+from morphogen.storage.store_errors import short_reason
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,16 @@ def _split(uri: str) -> tuple[str, str]:
         base, _, name = uri.rpartition("/")
         return base, name
     return uri, MANIFEST_FILE
+
+
+def remote_manifest(raw: bytes, where: str) -> Manifest:
+    """`raw` read as a manifest a remote snapshot can have (one with chunk hashes and a
+    checksum), or a ValueError saying why not."""
+    manifest = Manifest.from_dict(json.loads(raw), where=where)
+    if manifest.chunk_hashes is None or manifest.checksum is None:
+        raise SnapshotError("a remote snapshot needs a manifest with chunk hashes and a "
+                            "checksum (write it with `morphogen build`)")
+    return manifest
 
 
 class RemoteSnapshot(OpenedSnapshot):
@@ -60,14 +71,12 @@ class RemoteSnapshot(OpenedSnapshot):
         except FileNotFoundError:
             raise SnapshotError(f"{uri}: no snapshot manifest at {base}/{name}") from None
         except Exception as exc:  # noqa: BLE001 - store errors name the URI
-            raise SnapshotError(f"{uri}: cannot read the manifest ({exc})") from None
+            raise SnapshotError(f"{uri}: cannot read the manifest ({short_reason(exc)})"
+                                ) from None
         try:
-            manifest = Manifest.from_dict(json.loads(raw), where=f"{base}/{name}")
+            manifest = remote_manifest(raw, f"{base}/{name}")
         except ValueError as exc:
             raise SnapshotError(f"{uri}: {exc}") from None
-        if manifest.chunk_hashes is None or manifest.checksum is None:
-            raise SnapshotError(f"{uri}: a remote snapshot needs a manifest with chunk hashes "
-                                "and a checksum (write it with `morphogen build`)")
         snap = cls(uri, manifest, location, ChunkCache(cache_dir))
         # held from here on; what no process on this node holds any more (the snapshots of
         # rotations since replaced everywhere here) goes, so a node keeps what it serves

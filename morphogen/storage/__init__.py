@@ -2,7 +2,8 @@
 
 - `location`: a path or URI opened as one `Location` (read, list, write, conditional create);
 - `log_objects`: write-once objects in sequence, the lock of an object-store epoch log;
-- `durable`: files that are there whole or not at all after a crash.
+- `durable`: files that are there whole or not at all after a crash;
+- `store_errors`: an object store's failure as one line naming the URI.
 
 May use: `morphogen.constants` and the object-store and file-system libraries; nothing else
 of morphogen (snapshots, the epoch log and keyword tables are built on it).
