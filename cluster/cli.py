@@ -1,4 +1,5 @@
-"""The `morphogen` command line: demo, serve, metrics-url, build, get, admin, lookup, records.
+"""The `morphogen` command line: demo, serve, metrics-url, build, get, admin, lookup, records,
+snapshot.
 
 This module only parses: each command is a thin function over a `cluster` module. Errors are
 one line naming the input and the fix (`cluster.errors`), exit status 2 for bad input."""
@@ -9,10 +10,9 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from cluster import admin_view, inputs, records
+from cluster import admin_view, inputs, records, snapshots
 from cluster.errors import CommandFailed, UsageError, report
 from cluster.report import eprint
 from cluster.shutdown import StopRequested
@@ -47,34 +47,9 @@ def cmd_metrics_url(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from morphogen.snapshot.manifest import SnapshotError
-    from morphogen.storage.location import is_remote
-
-    if is_remote(args.out):  # the writers would make a local directory named "s3:" of it
-        raise UsageError(f"--out {args.out}: build writes a local directory; copy it after")
     if args.records:
         return records.build_records(args)
-    from morphogen.snapshot.synthetic import build_synthetic
-    from morphogen.snapshot.writer import import_raw
-
-    if args.raw:
-        inputs.whole_pages(f"--raw {args.raw}", Path(args.raw), args.pad_last_page)
-    try:
-        if args.raw:
-            m = import_raw(args.raw, args.out, epoch_id=args.epoch, progress=True,
-                           overwrite=args.force)
-        else:
-            m = build_synthetic(args.out, args.synthetic, seed=args.seed, epoch_id=args.epoch,
-                                progress=True, overwrite=args.force)
-    except SnapshotError as exc:
-        if "already holds a snapshot" in str(exc):
-            raise UsageError(f"--out {exc} (--force overwrites)") from None
-        raise UsageError(f"--raw {exc}" if args.raw else str(exc)) from None
-    except OSError as exc:
-        raise UsageError(f"--out {args.out}: cannot write the snapshot ({exc})") from None
-    print(f"snapshot {args.out}: {m.num_pages} pages, domain {m.domain_bits} bits, "
-          f"epoch {m.epoch_id}, {m.checksum}")
-    return 0
+    return snapshots.build(args)
 
 
 def cmd_get(args: argparse.Namespace) -> int:
@@ -216,6 +191,7 @@ BUILD_EXAMPLES = """\
 examples:
   morphogen build --synthetic 65536 --out /data/snap      # 256 MiB of pseudo-random pages
   morphogen build --raw pages.bin --out /data/snap --epoch 7
+  morphogen build --raw pages.bin --out s3://bucket/snapshots/epoch-7 --epoch 7
   morphogen build --records accounts.jsonl --value-size 32 --signing-key owner.key --out /data/kw"""
 
 
@@ -383,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="raw page file (4096-byte pages back to back, the reference's format)")
     src.add_argument("--synthetic", type=inputs.positive_int, metavar="PAGES",
                      help="this many pseudo-random pages (from --seed)")
-    bld.add_argument("--out", required=True, metavar="DIR",
-                     help="snapshot directory to write (pages.bin + manifest.json)")
+    bld.add_argument("--out", required=True, metavar="DIR|URI",
+                     help="snapshot directory to write (pages.bin + manifest.json), or an "
+                          "s3:// or gs:// prefix to upload it to (`snapshot push`)")
     bld.add_argument("--epoch", type=int, default=1,
                      help="epoch id the manifest names (default 1); each new snapshot of the "
                           "same data set takes a higher one")
@@ -396,6 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="overwrite a snapshot already in --out (servers mapping it keep the "
                           "old data; a restarted one maps the new)")
     records.add_build_options(bld, src)
+    snapshots.add_build_options(bld)
     bld.set_defaults(func=cmd_build)
 
     get = sub.add_parser("get", help="fetch pages privately from two servers",
@@ -418,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     _admin_parser(sub)
     keyword_parsers = records.add_parsers(sub)
-    for p in (demo, mu, bld, get, *keyword_parsers,
+    for p in (demo, mu, bld, get, *keyword_parsers, *snapshots.add_parsers(sub),
               *(sub.choices[n] for n in ("serve", "admin"))):
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of an unexpected error")

@@ -32,7 +32,12 @@ def build_records(args: argparse.Namespace) -> int:
     from morphogen.keyword import RecordError, TableFullError, build_table, read_records
     from morphogen.keyword.owner import create_owner_dir
     from morphogen.keyword.signing import load_signing_key
+    from morphogen.storage.location import is_remote
 
+    if is_remote(args.out):  # the owner's versions and keys are its local state
+        raise UsageError(f"--out {args.out}: a keyword table is built into a local owner "
+                         "directory; push its snapshot after (morphogen snapshot push "
+                         "DIR/v000001/snapshot URI)")
     if not args.signing_key:
         raise UsageError("--records needs --signing-key (make one: morphogen records keygen "
                          "--out owner.key)")

@@ -31,6 +31,8 @@ The modules, each imported directly (this package re-exports nothing):
 - `remote`: a snapshot in an object store, read chunk by chunk (`RemoteSnapshot`);
 - `chunk_cache`: the node-local cache of remote chunks, one download per node;
 - `open`: one way to open a snapshot, local path or object-store URI (`open_any`);
+- `upload`: a local snapshot pushed to object storage, verified, manifest last
+  (`push_snapshot`);
 - `source`: where a party's snapshot comes from: a configured path, or a synthetic one built
   once.
 

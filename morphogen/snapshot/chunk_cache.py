@@ -43,8 +43,8 @@ from morphogen.constants import PAGE_SIZE
 from morphogen.snapshot.hashes import chunk_pages_range
 from morphogen.snapshot.manifest import Manifest, SnapshotError
 from morphogen.storage.durable import write_atomic
-from morphogen.storage.failures import one_line
 from morphogen.storage.settings import current as current_settings
+from morphogen.storage.store_errors import short_reason
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +291,7 @@ class ChunkCache:
         except Exception as exc:  # noqa: BLE001 - every store error becomes one named failure
             for f in parts:
                 f.cancel()
-            raise ChunkFetchError(f"{where}: fetch failed: {one_line(exc)}") from None
+            raise ChunkFetchError(f"{where}: fetch failed: {short_reason(exc)}") from None
         if at != end - start:
             raise ChunkFetchError(f"{where}: got {at} bytes, expected {end - start} "
                                   "(the object is shorter than its manifest says)")

@@ -40,6 +40,16 @@ def _split(uri: str) -> tuple[str, str]:
     return uri, MANIFEST_FILE
 
 
+def remote_manifest(raw: bytes, where: str) -> Manifest:
+    """`raw` read as a manifest a remote snapshot can have (one with chunk hashes and a
+    checksum), or a ValueError saying why not."""
+    manifest = Manifest.from_dict(json.loads(raw), where=where)
+    if manifest.chunk_hashes is None or manifest.checksum is None:
+        raise SnapshotError("a remote snapshot needs a manifest with chunk hashes and a "
+                            "checksum (write it with `morphogen build`)")
+    return manifest
+
+
 class RemoteSnapshot(OpenedSnapshot):
     """A snapshot whose bytes come from object storage through the node's chunk cache."""
 
@@ -84,12 +94,9 @@ class RemoteSnapshot(OpenedSnapshot):
             manifest = cached
         else:
             try:
-                manifest = Manifest.from_dict(json.loads(raw), where=where)
+                manifest = remote_manifest(raw, where)
             except ValueError as exc:
                 raise SnapshotError(f"{uri}: {exc}") from None
-        if manifest.chunk_hashes is None or manifest.checksum is None:
-            raise SnapshotError(f"{uri}: a remote snapshot needs a manifest with chunk hashes "
-                                "and a checksum (write it with `morphogen build`)")
         snap = cls(uri, manifest, location, cache)
         if raw is not None:
             cache.remember(uri, manifest)

@@ -2,7 +2,11 @@
 
 - `location`: a path or URI opened as one `Location` (read, list, write, conditional create);
 - `log_objects`: write-once objects in sequence, the lock of an object-store epoch log;
-- `durable`: files that are there whole or not at all after a crash.
+- `durable`: files that are there whole or not at all after a crash;
+- `store_errors`: an object store's failure as one line naming the URI;
+- `failures`: what kind of failure it was (missing, refused, hung, unreachable), its hint, and
+  waiting out an unreachable store at start;
+- `settings`: this process's timeouts, retries and concurrency for every store it opens.
 
 May use: `morphogen.constants` and the object-store and file-system libraries; nothing else
 of morphogen (snapshots, the epoch log and keyword tables are built on it).

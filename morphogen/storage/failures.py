@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from morphogen.storage.location import StorageError
 from morphogen.storage.settings import current
+from morphogen.storage.store_errors import short_reason
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -49,10 +50,6 @@ class StoreFailure(StorageError):
         return self.kind in (UNREACHABLE, OTHER)
 
 
-_DEBUG = re.compile(r"\n\s*\n\s*Debug source:.*", re.S)
-_SPACES = re.compile(r"\s+")
-
-
 def kind_of(exc: BaseException) -> str:
     """How a store request failed, from its exception (type first, then the library's
     debug text, which names the transport error)."""
@@ -74,20 +71,13 @@ def kind_of(exc: BaseException) -> str:
     return OTHER
 
 
-def one_line(exc: BaseException, limit: int = 300) -> str:
-    """The exception's message without the library's debug dump, on one line."""
-    text = _DEBUG.sub("", str(exc))
-    text = _SPACES.sub(" ", text).strip() or type(exc).__name__
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
 def failure(what: str, exc: BaseException) -> StoreFailure:
     """`exc`, raised by a request for `what` (a URI), as one line naming it, with a hint."""
     if isinstance(exc, StoreFailure):
         return exc
     kind = kind_of(exc)
     hint = HINTS[kind]
-    return StoreFailure(f"{what}: {one_line(exc)}" + (f" ({hint})" if hint else ""), kind)
+    return StoreFailure(f"{what}: {short_reason(exc)}" + (f" ({hint})" if hint else ""), kind)
 
 
 def retryable(what: str, exc: BaseException) -> tuple[BaseException, bool]:

@@ -16,6 +16,7 @@ import pytest
 
 from cluster.cli import main
 from cluster.local import free_port
+from morphogen.snapshot.open import open_any
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,11 +63,16 @@ CASES = [
     (["build", "--synthetic", "0", "--out", "x"], ["--synthetic", "0 is not >= 1"]),
     (["build", "--raw", "missing.bin", "--out", "x"], ["--raw missing.bin",
                                                        "raw page file not found"]),
-    # a URI is not written as a local directory named "s3:" (issue 29)
-    (["build", "--synthetic", "4", "--out", "s3://bucket/snap"],
-     ["--out s3://bucket/snap", "writes a local directory"]),
+    # a URI is never written as a local directory named "s3:" (issue 29): a web server's
+    # cannot be written at all, and a keyword table is the owner's local directory
+    (["build", "--synthetic", "4", "--out", "https://host/snap"],
+     ["--out https://host/snap", "cannot be written", "s3://"]),
     (["build", "--records", "list.json", "--out", "gs://bucket/kw"],
-     ["--out gs://bucket/kw", "writes a local directory"]),
+     ["--out gs://bucket/kw", "local owner directory", "morphogen snapshot push"]),
+    (["snapshot", "push", "snap", "https://host/snap"], ["https://host/snap",
+                                                         "cannot be written"]),
+    (["snapshot", "push", "snap", "elsewhere"], ["elsewhere: not an object store"]),
+    (["snapshot", "push", "absent", "s3://bucket/snap"], ["absent: no such snapshot"]),
     (["admin", "--server", "http://127.0.0.1:1", "--token-file", "absent", "status"],
      ["--token-file absent: no such file"]),
     (["admin", "--token-file", "token", "updates", "list.json", "--server", "http://x:1"],
@@ -90,6 +96,18 @@ def test_bad_input_is_one_line_and_exit_2(files: Path, argv: list[str],
                                           expected: list[str]) -> None:
     _refused(argv, files, *expected)
     assert not [p for p in files.iterdir() if p.name in ("s3:", "gs:")]
+
+
+def test_build_uploads_to_an_object_store_uri(files: Path, s3_bucket: str, monkeypatch,
+                                             capsys) -> None:
+    monkeypatch.chdir(files)
+    uri = f"s3://{s3_bucket}/snap"
+    assert main(["build", "--synthetic", "4", "--out", uri, "--work-dir", "work"]) == 0
+    assert capsys.readouterr().out.startswith(f"snapshot {uri}: 4 pages")
+    assert not [p for p in files.iterdir() if p.name in ("s3:", "gs:")]
+    assert list((files / "work").iterdir()) == []
+    with open_any(uri, cache_dir=files / "cache") as snap:
+        assert snap.num_pages == 4
 
 
 def test_a_url_without_scheme_is_not_retried(files: Path) -> None:

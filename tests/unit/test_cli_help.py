@@ -36,7 +36,7 @@ def test_every_option_and_argument_is_described() -> None:
 
 
 def test_help_shows_examples_and_the_updates_format(capsys) -> None:
-    for command in (["serve"], ["get"], ["build"], ["admin"]):
+    for command in (["serve"], ["get"], ["build"], ["admin"], ["snapshot", "push"]):
         with pytest.raises(SystemExit):
             main([*command, "--help"])
         assert "examples:\n  morphogen " + command[0] in capsys.readouterr().out
