@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,7 @@ class ReplicaStart:
         self.started = time.monotonic()
         self._last_post = 0.0
         self._done = False
+        self._chunks: dict[str, list[int]] = {}  # snapshot root -> chunks fetched
         try:
             from ray import serve
 
@@ -128,6 +130,8 @@ class ReplicaStart:
 
     def fetching(self, progress: Any) -> None:
         """A `morphogen.snapshot.chunk_cache.FetchProgress` after a chunk landed."""
+        if not self._done and progress.fetched:  # which chunks this replica's start fetched
+            self._chunks.setdefault(Path(progress.path).name, []).append(progress.chunk)
         now = time.monotonic()
         if self._done or (now - self._last_post < POST_EVERY_S
                           and progress.done < progress.total):
@@ -143,7 +147,8 @@ class ReplicaStart:
 
     def ready(self) -> None:
         self._done = True
-        self._post({"state": "ready", "seconds": time.monotonic() - self.started})
+        self._post({"state": "ready", "seconds": time.monotonic() - self.started,
+                    "fetched_chunks": self._chunks})
 
 
 def reason_line(exc: BaseException, limit: int = 600) -> str:

@@ -71,6 +71,8 @@ class FetchProgress:
     done: int = 0
     started: float = field(default_factory=time.monotonic)
     last: int = 0  # bytes of the chunk that just landed
+    chunk: int = -1  # its index
+    fetched: bool = False  # whether this process downloaded it (else another one on the node)
 
     @property
     def rate(self) -> float:
@@ -210,7 +212,7 @@ class ChunkCache:
                             continue
                         if chunk_file(root_dir, c).is_file():  # fetched while we waited
                             lock.release()
-                            self._landed(manifest, c, progress)
+                            self._landed(manifest, c, progress, fetched=False)
                             continue
                         for stale in root_dir.glob(f".chunk-{c:06d}.tmp-*"):  # one killed
                             stale.unlink(missing_ok=True)
@@ -224,7 +226,7 @@ class ChunkCache:
                         lock.release()
                     if sink is not None:
                         sink(c, data)
-                    self._landed(manifest, c, progress)
+                    self._landed(manifest, c, progress, fetched=True)
             except BaseException:
                 for _, parts, lock in pending:
                     for f in parts:
@@ -233,11 +235,13 @@ class ChunkCache:
                 raise
         return busy
 
-    def _landed(self, manifest: Manifest, index: int, progress: FetchProgress) -> None:
+    def _landed(self, manifest: Manifest, index: int, progress: FetchProgress, *,
+                fetched: bool) -> None:
         size = self._chunk_bytes(manifest, index)
         before = progress.done
         progress.done += size
         progress.last = size
+        progress.chunk, progress.fetched = index, fetched
         if self.on_progress is not None:
             self.on_progress(progress.done, progress.total)
         for fn in _observers:

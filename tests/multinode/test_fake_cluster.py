@@ -60,12 +60,12 @@ def test_load_adds_nodes_and_replicas_that_land_on_them(scenario) -> None:
         for root, chunks in roots.items():
             # a chunk no replica of the node needed would be another node's fetch
             assert set(chunks["has"]) <= set(chunks["expected"]), (node, root, chunks)
-        # the snapshot every replica starts from (the first one fetched on the node): whole
-        # where it is still cached (a rotation may have evicted it since)
-        fulls = [c for c in roots.values() if c["has"] == c["expected"] and c["has"]]
-        assert fulls, (node, roots)
-    # the nodes did not all fetch the same chunks: each its own range
-    assert len({json.dumps(r, sort_keys=True) for r in per_node.values()}) >= 2, per_node
+            # what the node's replicas fetched as they started is in its own cache, once
+            assert set(chunks["fetched"]) <= set(chunks["has"]), (node, root, chunks)
+        # and every node that ran a shard replica fetched for itself: with one directory
+        # for all nodes, a node added later would find every chunk there and fetch none
+        if node in s["replica_nodes"]:
+            assert any(c["fetched"] for c in roots.values()), (node, roots)
 
 
 def test_publications_during_the_load_reach_every_replica_and_no_page_is_wrong(scenario) -> None:

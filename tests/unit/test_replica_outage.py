@@ -38,17 +38,21 @@ def test_a_replica_started_while_its_log_is_down_answers_only_a_named_epoch(
     _, snaps = make_world(tmp_path)
     log = EpochLog(tmp_path / "log")
     monkeypatch.setattr(log._store, "raw", _down(True))
-    replica = start_replica(snaps / "base", 0, log, catch_up_wait_s=0)
+    replica = start_replica(snaps / "base", 0, log, catch_up_wait_s=5)
     batch = dpf.KeyBatch.from_keys([dpf.generate_keys(7, 3)[0]])
-    with pytest.raises(WireError) as err:
-        asyncio.run(replica.scan(batch, None))
-    assert err.value.status == 503 and "cannot tell" in err.value.message
-    identity, _ = asyncio.run(replica.scan(batch, replica.core.identity))
-    assert identity == replica.core.identity  # a router that read the log names it
-    asyncio.run(replica.check_health())  # healthy: a replacement could do no better
-    monkeypatch.undo()  # the store is back
-    identity, _ = asyncio.run(replica.scan(batch, None))
-    assert identity == replica.core.identity
+
+    async def scenario() -> None:  # one event loop, as in a replica
+        with pytest.raises(WireError) as err:
+            await replica.scan(batch, None)
+        assert err.value.status == 503 and "cannot tell" in err.value.message
+        identity, _ = await replica.scan(batch, replica.core.identity)
+        assert identity == replica.core.identity  # a router that read the log names it
+        await replica.check_health()  # healthy: a replacement could do no better
+        monkeypatch.undo()  # the store is back
+        identity, _ = await replica.scan(batch, None)
+        assert identity == replica.core.identity
+
+    asyncio.run(scenario())
 
 
 def test_a_log_that_refuses_the_replica_still_stops_its_start(tmp_path, monkeypatch,
