@@ -87,7 +87,7 @@ class FetchProgress:
     def line(self) -> str:
         left = self.seconds_left
         return (f"{self.done / 2**20:.1f} of {self.total / 2**20:.1f} MiB of {self.uri} "
-                f"({self.chunks} chunk(s)) on node {self.node}, {self.rate / 2**20:.1f} MiB/s"
+                f"({self.chunks} chunk(s)), {self.rate / 2**20:.1f} MiB/s"
                 + (f", {left:.0f} s left" if left is not None else ""))
 
 

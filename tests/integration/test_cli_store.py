@@ -80,3 +80,45 @@ def test_an_unreachable_store_is_one_line_with_the_hint_that_fits(tmp_path: Path
     assert "s3://nowhere/snapshots/epoch-1/manifest.json" in line
     assert "could not be reached" in line and "AWS_ENDPOINT_URL" in line
     assert "Debug source" not in err and "morphogen build" not in line
+
+
+def test_a_first_deploy_rides_out_a_store_outage(tmp_path: Path, s3_env) -> None:
+    import signal
+    import threading
+
+    from tests.s3.gate import DOWN, OPEN, gate_to
+
+    bucket = s3_env.new_bucket("outage")
+    build_synthetic(tmp_path / "snap", PAGES, seed=9, progress=False, chunk_pages=CHUNK)
+    uri = f"s3://{bucket}/snapshots/epoch-1"
+    _upload(tmp_path / "snap", uri)
+    ray_tmp = short_tmp()
+    with gate_to(s3_env.endpoint, DOWN) as gate:
+        env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp,
+                      **{**s3_env.env(), "AWS_ENDPOINT_URL": gate.endpoint,
+                         "MORPHOGEN_STORE_RETRY_S": "2"})
+        port = free_port()
+        proc = CliProcess(["serve", "--matrix", uri, "--shards", "2", "--num-cpus", "2",
+                           "--port", str(port), "--config", SERVE_TEST_CONFIG], env,
+                          tmp_path / "serve.log")
+        back = threading.Timer(10.0, gate.set, args=(OPEN,))
+        back.start()
+        try:
+            proc.wait_for(r"^ready;", timeout=240)
+            assert proc.proc.poll() is None
+            assert time_since(proc) >= 10  # it waited for the store, and did not give up
+            import httpx
+
+            assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+            rc = proc.wait_exit(proc.signal(signal.SIGTERM), 60)
+            assert rc == 0, proc.output[-3000:]
+        finally:
+            back.cancel()
+            proc.finish()
+            remove(ray_tmp)
+
+
+def time_since(proc: CliProcess) -> float:
+    import time
+
+    return time.monotonic() - proc.started

@@ -95,3 +95,19 @@ def test_fields_a_server_does_not_send_are_dashes(capsys) -> None:
     assert "pages, domain - bits" in out and out.splitlines()[3].split()[:3] == ["0", "-", "-"]
     show("updates", "http://b", {"epoch_id": 4, "applied": 2}, as_json=False)
     assert capsys.readouterr().out == "http://b: updates done: epoch_id 4, applied 2\n"
+
+
+def test_status_shows_replicas_that_fetch_or_failed_to_start(capsys) -> None:
+    from cluster.admin_view import show
+
+    doc = {**STATUS, "replica_starts": [
+        {"line": "shard_1 on node 0123456789abcdef: failed to start: node n: s3://b/s chunk "
+                 "4 (pages [64, 80)): 7 chunk(s) need 0.4 MiB in /c, which has 0.2 MiB free"},
+        {"line": "shard_0 on node fedcba9876543210: fetching 12.0 of 48.0 MiB of s3://b/s "
+                 "(3 chunk(s)) on node n, 6.0 MiB/s, 6 s left"}]}
+    show("status", "http://a:8000/a", doc, as_json=False)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == ("  replica shard_1 on node 0123456789abcdef: failed to start: node n: "
+                        "s3://b/s chunk 4 (pages [64, 80)): 7 chunk(s) need 0.4 MiB in /c, "
+                        "which has 0.2 MiB free")
+    assert lines[3].startswith("  replica shard_0 on node fedcba9876543210: fetching 12.0 of")
