@@ -141,3 +141,54 @@ def test_every_replica_reports_its_start_and_admin_status_shows_what_is_unsettle
     assert [s["replica"] for s in starts] == ["later-replica"]
     assert starts[0]["line"] == (f"shard_1 on node {'n' * 16}: failed to start: node x: "
                                  f"s3://{party['bucket']}/snapshots/base chunk 3: no space left")
+
+
+def test_a_replica_killed_while_the_store_is_down_restarts_from_the_node_cache(
+        serve_instance, s3_server, tmp_path_factory) -> None:
+    """The shards reach the store through a gate that then goes down; a shard replica SIGKILLed
+    meanwhile is restarted by Serve from the node's verified cache (the manifest that URI named
+    and the chunks it held), without its epoch log, and the party answers right throughout."""
+    import os
+    import signal
+    import time
+
+    from ray import serve
+
+    from deployments import start_board
+    from morphogen.client import PirClient
+    from tests.s3.gate import DOWN, OPEN, gate_to
+
+    root = tmp_path_factory.mktemp("s3gate")
+    bucket = s3_server.new_bucket("gate")
+    build_synthetic(root / "base", PAGES, seed=23, epoch_id=1, progress=False, chunk_pages=32)
+    upload(root / "base", f"s3://{bucket}/snapshots/base")
+    model = synthetic_pages(23, 0, PAGES)
+    with gate_to(s3_server.endpoint, OPEN) as gate:
+        deploy(serve_instance, "s3gate", snapshot=f"s3://{bucket}/snapshots/base",
+               num_shards=1, shard_replicas=2, epoch_log_dir=f"s3://{bucket}/logs/g",
+               snapshot_cache_dir=str(root / "node-cache"), scan_attempts=4,
+               shard_runtime_env={"env_vars": {"AWS_ENDPOINT_URL": gate.endpoint,
+                                               "MORPHOGEN_STORE_RETRY_S": "1",
+                                               "MORPHOGEN_STORE_OUTAGE_S": "2"}})
+        url = serve_instance.app_url("s3gate")
+        try:
+            with PirClient(url, url, encoding="msgpack") as c:
+                assert c.get([0, 150, 299]) == [model[p].tobytes() for p in (0, 150, 299)]
+            gate.set(DOWN)
+            shard = serve.get_deployment_handle("shard_0", app_name="s3gate")
+            killed_at = time.time()
+            os.kill(shard.info.remote().result(timeout_s=30)["pid"], signal.SIGKILL)
+
+            def restarted() -> bool:
+                return any(d["state"] == "ready" and d["at"] > killed_at
+                           for d in start_board.read("s3gate"))
+
+            assert wait_until(restarted, 90), start_board.read("s3gate")
+            assert not [d for d in start_board.read("s3gate", killed_at)
+                        if d["state"] == "failed"]
+            for _ in range(6):  # either replica may answer; never a wrong page
+                with PirClient(url, url, encoding="msgpack") as c:
+                    assert c.get([1, 100, 298]) == [model[p].tobytes() for p in (1, 100, 298)]
+        finally:
+            gate.set(OPEN)
+            serve.delete("s3gate")
