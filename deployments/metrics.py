@@ -61,6 +61,10 @@ class ServeMetrics:
         self.fetch_eta = metrics.Gauge(
             "morphogen_snapshot_fetch_seconds_left",
             description="time a replica's snapshot fetch still needs at its rate (-1: unknown)")
+        self.starts = metrics.Gauge(
+            "morphogen_replica_starts",
+            description="shard replicas now fetching or that failed to start, by state (the "
+            "reasons: admin status)", tag_keys=("shard", "state"))
         self.replay_s = metrics.Histogram(
             "morphogen_catch_up_seconds", description="time of a shard's epoch-log replay",
             boundaries=_LATENCY_S, tag_keys=("shard",))
@@ -72,6 +76,11 @@ class ServeMetrics:
         self.fetch_rate.set(progress.rate)
         left = progress.seconds_left
         self.fetch_eta.set(left if left is not None else -1)
+
+    def replica_starts(self, counts: dict[tuple[str, str], int]) -> None:
+        """Counts by (shard number, state) of the start board's unsettled entries."""
+        for (shard, state), n in counts.items():
+            self.starts.set(n, tags={"shard": shard, "state": state})
 
     def request(self, route: str, status: int, seconds: float, queries: int) -> None:
         tags = {"route": route}

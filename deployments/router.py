@@ -170,6 +170,21 @@ class Router:
                              ) -> dict[str, Any]:
         return await self._party.admin.snapshot(requested, publication)
 
+    async def check_health(self) -> None:
+        """Serve's periodic health check, used to refresh the start gauges: how many shard
+        replicas are fetching or failed to start. It never fails the router."""
+        try:
+            app = serve.get_replica_context().app_name
+            board = await asyncio.to_thread(start_board.unsettled, app)
+        except Exception:  # noqa: BLE001 - see above
+            return
+        counts = {(str(i), state): 0 for i in range(self._cfg.num_shards)
+                  for state in ("fetching", "failed")}
+        for doc in board:
+            key = (str(doc.get("deployment")).removeprefix("shard_"), str(doc.get("state")))
+            counts[key] = counts.get(key, 0) + 1
+        self._metrics.replica_starts(counts)
+
     async def admin_status(self) -> dict[str, Any]:
         doc = await self._party.admin.status()
         # replicas that are fetching or failed to start (the router's own app's), each in a

@@ -15,6 +15,7 @@ EXPECTED = (
     "morphogen_queries", "morphogen_keys", "morphogen_errors", "morphogen_request_seconds",
     "morphogen_coalesced_keys", "morphogen_scan_seconds", "morphogen_scanned_bytes",
     "morphogen_epoch", "morphogen_pending_updates", "morphogen_catch_up_entries",
+    "morphogen_replica_starts",
 )
 
 
@@ -53,3 +54,23 @@ def test_party_metrics_are_exported_without_request_data(parties, pages) -> None
     for line in ours:
         labels = line.split("{", 1)[1].rsplit("}", 1)[0]
         assert "0x" not in labels and len(labels) < 2000, line
+
+
+def test_replicas_that_failed_to_start_are_counted(parties) -> None:
+    from deployments import start_board
+
+    start_board.post("b", "shard_1", "gone-replica", {"state": "failed", "reason": "x"})
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            lines = [ln for ln in _scrape().splitlines()
+                     if ln.startswith("ray_morphogen_replica_starts")
+                     and 'application="b"' in ln and 'state="failed"' in ln
+                     and 'shard="1"' in ln]
+            if any(ln.rsplit(" ", 1)[1] == "1.0" for ln in lines) or \
+                    time.monotonic() > deadline:
+                break
+            time.sleep(1)
+        assert any(ln.rsplit(" ", 1)[1] == "1.0" for ln in lines), lines
+    finally:  # Serve started a replica since: the failure is history
+        start_board.post("b", "shard_1", "next-replica", {"state": "ready", "seconds": 1.0})
