@@ -40,6 +40,7 @@ from morphogen.storage.location import (
     StorageError,
     open_location,
 )
+from morphogen.storage.settings import current as current_settings
 from morphogen.storage.store_errors import store_failure
 
 # Bytes read, hashed and handed to the uploader at a time: small next to a part, so reading
@@ -49,8 +50,6 @@ PIECE_BYTES = 8 << 20
 # so that 64 GiB goes in 4,096 parts of 16 MiB and the largest snapshot still fits.
 MIN_PART_BYTES = 16 << 20
 MAX_PARTS = 9_000
-# Parts uploaded at once: memory in flight is this many parts.
-UPLOAD_CONCURRENCY = 8
 
 
 @dataclass(frozen=True)
@@ -218,7 +217,8 @@ def _upload_data(loc: Location, data_path: Path, manifest: Manifest,
         obstore.put(loc.store, loc.key(manifest.data_file),
                     _verified_pieces(data_path, manifest, meter),
                     chunk_size=part_bytes(manifest.data_bytes),
-                    max_concurrency=UPLOAD_CONCURRENCY)
+                    # parts in flight (memory: this many parts): the store concurrency setting
+                    max_concurrency=current_settings().concurrency)
     except SnapshotError:
         raise
     except Exception as exc:  # noqa: BLE001 - a store failure is one line naming the URI
