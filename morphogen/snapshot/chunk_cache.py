@@ -194,7 +194,9 @@ class ChunkCache:
         # `concurrency` requests outstanding, whatever the chunk size), and a chunk is
         # hashed and written while the parts of the next ones download
         per_chunk = max(1, manifest.chunk_pages * PAGE_SIZE // PART_BYTES)
-        window = max(2, -(-threads // per_chunk) + 1)
+        # waiting, one chunk at a time: a process blocked on a lock then holds no other, so
+        # two of them can never wait on each other (the first pass never blocks)
+        window = 1 if wait else max(2, -(-threads // per_chunk) + 1)
         with ExitStack() as held, ThreadPoolExecutor(
                 threads, thread_name_prefix="chunk-fetch") as pool:
             pending: list[tuple[int, list[Future], FileLock]] = []
