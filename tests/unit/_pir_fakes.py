@@ -29,8 +29,8 @@ class World:
     server, which publishes none) and key domain."""
 
     def __init__(self, seed: int, num_pages: int, epoch: int, *, identity: bool = True,
-                 domain_bits: int | None = None) -> None:
-        self.pages = synthetic_pages(seed, 0, num_pages)
+                 domain_bits: int | None = None, pages: np.ndarray | None = None) -> None:
+        self.pages = synthetic_pages(seed, 0, num_pages) if pages is None else pages
         self.num_pages, self.epoch = num_pages, epoch
         self.domain_bits = domain_bits or domain_bits_for(num_pages)
         name = f"seed {seed} epoch {epoch}".encode()
