@@ -149,7 +149,14 @@ class _Core:
                 if checked_again:
                     raise
                 checked_again = True
-                fresh, _ = yield from self._read_descriptor(bound)
+                try:
+                    fresh, _ = yield from self._read_descriptor(bound)
+                except StaleTableError:
+                    raise
+                except KeywordIntegrityError:
+                    # a server that lies about the lookup may lie about the descriptor too:
+                    # the caller still gets the lookup's one error
+                    raise exc from None
                 if fresh == desc:
                     raise exc from None
         raise TableChangingError(f"the servers moved to other data at each of {MOVES} tries "

@@ -57,7 +57,7 @@ class PagePir:
     def __init__(self, pages: np.ndarray, max_batch: int = 32, epoch: int = 1) -> None:
         self.pages, self.max_batch, self.epoch = pages, max_batch, epoch
         self.requests: list[int] = []
-        self.corrupt_last = False
+        self.corrupt_last = self.corrupt_all = False
 
     def info(self, refresh: bool = False) -> ServerInfo:
         n = len(self.pages)
@@ -68,7 +68,7 @@ class PagePir:
         assert len(pages) <= 3 * self.max_batch
         self.requests.append(-(-len(pages) // 3))
         got = [self.pages[p].tobytes() for p in pages]
-        if self.corrupt_last and len(pages) > 3:  # lookups, not the descriptor's read
+        if self.corrupt_all or (self.corrupt_last and len(pages) > 3):
             got[-1] = got[-1][:-1] + bytes([got[-1][-1] ^ 1])
         return Answer(self.epoch, None, got)
 
@@ -111,6 +111,19 @@ def test_padding_answers_are_dropped_even_when_they_hold_records(monkeypatch) ->
     keys = [present[0], b"absent-key", present[1]]
     assert kc.get_many(keys) == [recs[present[0]], None, recs[present[1]]]
     assert pir.requests[-1] == 4
+
+
+def test_a_server_lying_about_the_descriptor_too_gives_the_one_error() -> None:
+    recs = records(400, seed=4)
+    pir = PagePir(table(recs).pages)
+    kc = KeywordClient(pir, PUB)
+    kc.descriptor()
+    pir.corrupt_all = True
+    for key in (sorted(recs)[0], b"absent"):
+        with pytest.raises(KeywordIntegrityError) as exc:
+            kc.get(key)
+        assert str(exc.value) == ANSWER_FAILED
+    assert pir.requests == [1, 1, 1, 1, 1]
 
 
 def test_a_bad_padding_page_fails_like_any_other_page() -> None:
