@@ -237,15 +237,20 @@ class ClientCore:
         got = yield from self._fetch(wanted)
         return got.epoch_id, got.pages
 
-    def get_pinned(self, pages: Sequence[int]) -> Machine[Answer]:
+    def get_pinned(self, pages: Sequence[int],
+                   num_pages: int | None = None) -> Machine[Answer]:
         """One request's pages with the epoch and identity they are from, only from data that
         /epoch named when the keys were planned: when the servers moved to other data, /epoch
         is read again and `DataMoved` raised, nothing re-sent. For callers whose page numbers
         mean something only in one table (a keyword table's candidates): re-sending them to
-        other data would succeed or fail depending on which pages they are."""
+        other data would succeed or fail depending on which pages they are. `num_pages`, the
+        size the caller planned for, raises `DataMoved` before anything is sent when the
+        cached /epoch names another (refused pages would depend on the pages)."""
         if len(pages) == 0:
             raise ValueError("no pages asked")
         info = yield from self.read_info()
+        if num_pages is not None and info.num_pages != num_pages:
+            raise DataMoved(f"the servers serve {info.num_pages} pages, not {num_pages}")
         wanted = check_pages(pages, info.num_pages)
         cap = self.pages_per_request(info)
         if len(wanted) > cap:

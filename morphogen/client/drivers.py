@@ -158,10 +158,10 @@ class _Blocking(_Base):
         hold them in the epoch named."""
         return drive(self._core.get_with_epoch(pages), self._perform)
 
-    def get_pinned(self, pages: Sequence[int]) -> Answer:
+    def get_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
         """`Answer(epoch_id, identity, pages)` of one request, only from data /epoch named
         when the keys were planned; `DataMoved` otherwise (`ClientCore.get_pinned`)."""
-        return drive(self._core.get_pinned(pages), self._perform)
+        return drive(self._core.get_pinned(pages, num_pages), self._perform)
 
     def get_page(self, page: int) -> bytes:
         return self.get([page])[0]
@@ -302,9 +302,9 @@ class AsyncPirClient(_Base):
         """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
         return await adrive(self._core.get_with_epoch(pages), self._perform)
 
-    async def get_pinned(self, pages: Sequence[int]) -> Answer:
+    async def get_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
         """As `PirClient.get_pinned`."""
-        return await adrive(self._core.get_pinned(pages), self._perform)
+        return await adrive(self._core.get_pinned(pages, num_pages), self._perform)
 
     async def get_page(self, page: int) -> bytes:
         return (await self.get([page]))[0]
@@ -400,8 +400,8 @@ class HandlePirClient(_Blocking):
     async def aget_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
         return await adrive(self._core.get_with_epoch(pages), self._aperform)
 
-    async def aget_pinned(self, pages: Sequence[int]) -> Answer:
-        return await adrive(self._core.get_pinned(pages), self._aperform)
+    async def aget_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
+        return await adrive(self._core.get_pinned(pages, num_pages), self._aperform)
 
 
 async def _awaited(response: Any) -> Any:

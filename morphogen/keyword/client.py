@@ -68,9 +68,10 @@ class _Info:
 
 @dataclass(frozen=True)
 class _Get:
-    """Wanted: `get_pinned(pages)`, or the `LookupError` it raised thrown back in."""
+    """Wanted: `get_pinned(pages, num_pages)`, or the `LookupError` it raised thrown back in."""
 
     pages: list[int]
+    num_pages: int
 
 
 _BOUND = object()  # wanted: the caller's trusted version (`trusted_version()`)
@@ -131,7 +132,7 @@ class _Core:
             desc, view = yield from self._current(bound)
             pages, buckets = plan(desc, asked)
             try:
-                answer = yield _Get(pages)
+                answer = yield _Get(pages, desc.geometry.num_pages)
             except LookupError:  # the page client saw the servers move (DataMoved)
                 self._state = None
                 continue
@@ -178,7 +179,7 @@ class _Core:
         for _ in range(MOVES):
             info = yield _Info(True)
             try:
-                answer = yield _Get([info.num_pages - 1])
+                answer = yield _Get([info.num_pages - 1], info.num_pages)
             except LookupError:
                 continue
             desc = descriptor_of(answer.pages[0], self.trusted, info.num_pages)
@@ -239,7 +240,7 @@ class KeywordClient(_Core):
                     if isinstance(action, _Info):
                         reply = self.pir.info(refresh=action.refresh)
                     elif isinstance(action, _Get):
-                        reply = self.pir.get_pinned(action.pages)
+                        reply = self.pir.get_pinned(action.pages, action.num_pages)
                     else:
                         reply = self.trusted_version()  # type: ignore[misc]
                 except LookupError as exc:
@@ -286,7 +287,7 @@ class AsyncKeywordClient(_Core):
             return await fn(refresh=action.refresh)
         if isinstance(action, _Get):
             fn = getattr(self.pir, "aget_pinned", None) or self.pir.get_pinned
-            return await fn(action.pages)
+            return await fn(action.pages, action.num_pages)
         told = self.trusted_version()  # type: ignore[misc]
         return await told if inspect.isawaitable(told) else told
 

@@ -179,8 +179,8 @@ class Client:
     def get_with_epoch(self, pages: list[int]) -> tuple[int, list[bytes]]:
         return self._call("get_with_epoch", pages)
 
-    def get_pinned(self, pages: list[int]) -> Any:
-        return self._call("get_pinned", pages)
+    def get_pinned(self, pages: list[int], num_pages: int | None = None) -> Any:
+        return self._call("get_pinned", pages, num_pages)
 
     def info(self, refresh: bool = False) -> Any:
         return self._call("info", refresh)

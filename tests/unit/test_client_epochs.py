@@ -216,3 +216,7 @@ def test_a_pinned_read_keeps_only_answers_from_the_data_it_planned_for(kind: str
     with pytest.raises(DataMoved):  # /epoch named only 2 when the keys were planned
         c.get_pinned([7])
     assert c.get_pinned([7, 8]) == (2, new.digest, [new.page(7), new.page(8)])
+    sent = len(a.sent)
+    with pytest.raises(DataMoved, match="37 pages, not 40"):  # planned for another size
+        c.get_pinned([7], 40)
+    assert len(a.sent) == sent

@@ -63,7 +63,8 @@ class PagePir:
         n = len(self.pages)
         return ServerInfo(n, max(1, (n - 1).bit_length()), self.epoch, self.max_batch)
 
-    def get_pinned(self, pages: list[int]) -> Answer:
+    def get_pinned(self, pages: list[int], num_pages: int) -> Answer:
+        assert num_pages == len(self.pages)
         # as the page clients do: pages go three to a query, the last query padded
         assert len(pages) <= 3 * self.max_batch
         self.requests.append(-(-len(pages) // 3))
