@@ -11,10 +11,14 @@ client's verification time.
    request, sequential and batched, for a small table (where the scan is nearly free and the
    client's signature checks show) and a 1 M-record one. Target: lookups/s >= 0.9 of
    page-query reads/s.
-4. Client verification per lookup: `verify.check` on three pages (signatures and slot scan).
+   Requests are padded to a bucket of lookups (docs/keyword.md); `--per-request` sizes that
+   are buckets measure no padding.
+4. Client check time per lookup: `verify.check` on the pages of 1 and of 32 lookups at once
+   (signatures on every core, and the slot scan), per lookup.
 
     python bench/keyword_lookup.py          # 1 M records, 20 s per HTTP measurement
     python bench/keyword_lookup.py --quick  # 100 k records, short measurements
+    python bench/keyword_lookup.py --parts verify http --http-records 50000 --seconds 12
 Results: bench/results/keyword.json
 """
 
@@ -31,6 +35,7 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+PARTS = {"build": "build", "load": "max_load", "verify": "verification", "http": "http"}
 
 
 def _log(msg: str) -> None:
@@ -89,7 +94,7 @@ def max_load(n: int) -> dict:
     return out
 
 
-def verify_time(runs: int) -> dict:
+def verify_time(runs: int, per_request: list[int]) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from morphogen.keyword import build_table
@@ -99,18 +104,22 @@ def verify_time(runs: int) -> dict:
     key = Ed25519PrivateKey.generate()
     accounts = synthetic_accounts(20000, seed=3)
     table = build_table(accounts, value_size=32, signing_key=key)
-    keys = [k for k, _ in accounts[:runs]]
-    plans = [plan(table.descriptor, [k]) for k in keys]
-    answers = [[table.pages[p].tobytes() for p in pages] for pages, _ in plans]
     pub = key.public_key()
-    times = []
-    for k, (_, buckets), got in zip(keys, plans, answers, strict=True):
-        t = time.perf_counter()
-        check(table.descriptor, pub, [k], buckets, got)
-        times.append(time.perf_counter() - t)
-    med = statistics.median(times)
-    _log(f"[bench] client verification: {med * 1e6:.0f} us per lookup (3 signatures)")
-    return {"us_per_lookup_median": round(med * 1e6, 1)}
+    out = {}
+    for q in per_request:
+        batches = [[k for k, _ in accounts[i:i + q]] for i in range(0, runs * q, q)][:runs]
+        plans = [plan(table.descriptor, b) for b in batches]
+        answers = [[table.pages[p].tobytes() for p in pages] for pages, _ in plans]
+        times = []
+        for b, (_, buckets), got in zip(batches, plans, answers, strict=True):
+            t = time.perf_counter()
+            check(table.descriptor, pub, b, buckets, got)
+            times.append((time.perf_counter() - t) / q)
+        med = statistics.median(times)
+        _log(f"[bench] client check, {q} lookups at once: {med * 1e6:.0f} us per lookup "
+             f"({3 * q} signatures)")
+        out[f"lookups_{q}"] = {"us_per_lookup_median": round(med * 1e6, 1)}
+    return out
 
 
 def _rate(fn, seconds: float) -> tuple[float, int]:
@@ -121,7 +130,7 @@ def _rate(fn, seconds: float) -> tuple[float, int]:
     return done / (time.perf_counter() - t0), done
 
 
-def http_rates(sizes: list[int], seconds: float, batch: int) -> dict:
+def http_rates(sizes: list[int], seconds: float, per_request: list[int]) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from ray import serve
 
@@ -150,14 +159,14 @@ def http_rates(sizes: list[int], seconds: float, batch: int) -> dict:
                                   graceful_shutdown_timeout_s=1.0)
                 serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
             out[f"records_{n}"] = _http_pair(cluster, key, accounts, keys, num_pages, rng,
-                                             seconds, batch)
+                                             seconds, per_request)
             for name in ("a", "b"):
                 serve.delete(name)
     return out
 
 
 def _http_pair(cluster, key, accounts: dict, keys: list, num_pages: int, rng: random.Random,
-               seconds: float, batch: int) -> dict:
+               seconds: float, per_request: list[int]) -> dict:
     from morphogen.client import PirClient
     from morphogen.keyword import KeywordClient
 
@@ -165,12 +174,12 @@ def _http_pair(cluster, key, accounts: dict, keys: list, num_pages: int, rng: ra
     with PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack") as pir:
         kc = KeywordClient(pir, key.public_key())
         kc.descriptor()
-        for per_request in (1, batch):
-            def pages_fn(q=per_request) -> int:
+        for q_req in per_request:
+            def pages_fn(q=q_req) -> int:
                 pir.get([rng.randrange(num_pages) for _ in range(3 * q)])
                 return q
 
-            def lookups_fn(q=per_request) -> int:
+            def lookups_fn(q=q_req) -> int:
                 wanted = rng.sample(keys, q)
                 got = kc.get_many(wanted)
                 assert got == [accounts[k] for k in wanted]
@@ -182,10 +191,10 @@ def _http_pair(cluster, key, accounts: dict, keys: list, num_pages: int, rng: ra
                 page_rates.append(_rate(pages_fn, seconds / 6)[0])
                 lookup_rates.append(_rate(lookups_fn, seconds / 6)[0])
             pr, lr = statistics.median(page_rates), statistics.median(lookup_rates)
-            out[f"queries_per_request_{per_request}"] = {
+            out[f"queries_per_request_{q_req}"] = {
                 "page_queries_per_s": round(pr, 1), "lookups_per_s": round(lr, 1),
                 "ratio": round(lr / pr, 3)}
-            _log(f"[bench] {num_pages} pages, {per_request} per request: {lr:.1f} "
+            _log(f"[bench] {num_pages} pages, {q_req} per request: {lr:.1f} "
                  f"lookups/s against {pr:.1f} page queries/s: {lr / pr:.2f}")
     return out
 
@@ -198,7 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--http-records", type=int, nargs="+", default=[50_000, 1_000_000],
                     help="table sizes served in turn for the HTTP comparison")
     ap.add_argument("--seconds", type=float, default=20.0, help="per HTTP measurement")
-    ap.add_argument("--batch", type=int, default=32, help="lookups per batched request")
+    ap.add_argument("--per-request", type=int, nargs="+", default=[1, 32],
+                    help="lookups (and three-page queries) per request, measured in turn")
+    ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
+                    help="what to measure (all by default)")
     ap.add_argument("--runs", type=int, default=3, help="builds per layout (median)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "keyword.json"))
@@ -206,13 +218,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.records, args.load_records, args.http_records, args.seconds, args.runs = (
             100_000, 20_000, [5_000], 6.0, 1)
-    result = {
-        "machine": f"{os.cpu_count()} cpus",
-        "build": build_rates(args.records, args.runs),
-        "max_load": max_load(args.load_records),
-        "verification": verify_time(2000),
-        "http": http_rates(args.http_records, args.seconds, args.batch),
+    parts = {
+        "build": lambda: build_rates(args.records, args.runs),
+        "max_load": lambda: max_load(args.load_records),
+        "verification": lambda: verify_time(300, args.per_request),
+        "http": lambda: http_rates(args.http_records, args.seconds, args.per_request),
     }
+    result: dict = {"machine": f"{os.cpu_count()} cpus"}
+    for part in args.parts:
+        result[PARTS[part]] = parts[PARTS[part]]()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))

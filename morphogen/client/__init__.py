@@ -16,6 +16,7 @@ from morphogen.client.drivers import AsyncPirClient, HandlePirClient, PirClient,
 from morphogen.client.wire import (
     RETRY_STATUSES,
     Answer,
+    DataMoved,
     EpochMismatchError,
     PageOutOfRange,
     PirError,
@@ -30,8 +31,9 @@ from morphogen.client.wire import (
 )
 
 __all__ = [
-    "RETRY_STATUSES", "Answer", "AsyncPirClient", "EpochMismatchError", "HandlePirClient",
-    "PageOutOfRange", "PirClient", "PirError", "PirUnavailable", "RetryPolicy", "ServerInfo",
+    "RETRY_STATUSES", "Answer", "AsyncPirClient", "DataMoved", "EpochMismatchError",
+    "HandlePirClient", "PageOutOfRange", "PirClient", "PirError", "PirUnavailable",
+    "RetryPolicy", "ServerInfo",
     "check_server_url", "decode_answer", "encode_request", "encode_updates", "make_keys",
     "plan_targets", "xor_pages",
 ]

@@ -17,6 +17,8 @@ answer from other data makes the client re-read /epoch: it is kept when both par
 advertise exactly that data in the planned domain and it still holds every wanted page; a
 wanted page past the new end raises `PageOutOfRange`; otherwise the pages are asked again with
 fresh keys. Servers without identities (the reference) are checked by epoch id alone.
+`get_pinned` follows no move: other data in an answer, or a domain refusal after a change of
+shape, raises `DataMoved` once /epoch is read again, whichever pages were wanted.
 
 Every reason to retry (a 5xx or 429, a dropped connection, A and B on different epochs or
 identities, parties mid-rotation, a domain refusal, data that moved again) spends from one
@@ -34,6 +36,7 @@ from typing import Any, TypeVar
 
 from morphogen.client.wire import (
     Answer,
+    DataMoved,
     EpochMismatchError,
     PirError,
     PirUnavailable,
@@ -234,6 +237,26 @@ class ClientCore:
         got = yield from self._fetch(wanted)
         return got.epoch_id, got.pages
 
+    def get_pinned(self, pages: Sequence[int],
+                   num_pages: int | None = None) -> Machine[Answer]:
+        """One request's pages with the epoch and identity they are from, only from data that
+        /epoch named when the keys were planned: when the servers moved to other data, /epoch
+        is read again and `DataMoved` raised, nothing re-sent. For callers whose page numbers
+        mean something only in one table (a keyword table's candidates): re-sending them to
+        other data would succeed or fail depending on which pages they are. `num_pages`, the
+        size the caller planned for, raises `DataMoved` before anything is sent when the
+        cached /epoch names another (refused pages would depend on the pages)."""
+        if len(pages) == 0:
+            raise ValueError("no pages asked")
+        info = yield from self.read_info()
+        if num_pages is not None and info.num_pages != num_pages:
+            raise DataMoved(f"the servers serve {info.num_pages} pages, not {num_pages}")
+        wanted = check_pages(pages, info.num_pages)
+        cap = self.pages_per_request(info)
+        if len(wanted) > cap:
+            raise ValueError(f"get_pinned takes at most {cap} pages (one request)")
+        return (yield from self._fetch(wanted, pinned=True))
+
     # ---------------------------------------------------------------- steps
 
     def _refresh(self, budget: _Budget) -> Machine[ServerInfo]:
@@ -247,8 +270,9 @@ class ClientCore:
             self.info = info
             return info
 
-    def _fetch(self, wanted: list[int]) -> Machine[Answer]:
-        """One request's worth of pages, verified; re-planned across rotations."""
+    def _fetch(self, wanted: list[int], pinned: bool = False) -> Machine[Answer]:
+        """One request's worth of pages, verified; re-planned across rotations unless
+        `pinned`."""
         budget = _Budget(self.retry)
         refusals = 0
         info = self.info
@@ -267,6 +291,10 @@ class ClientCore:
                     raise
                 refusals += 1
                 fresh = yield from self._refresh(budget)
+                if pinned and (fresh.num_pages, fresh.domain_bits) != (info.num_pages,
+                                                                       info.domain_bits):
+                    raise DataMoved(f"the servers now serve {fresh.num_pages} pages in domain "
+                                    f"{fresh.domain_bits}") from None
                 if not domain_retry(exc, info, fresh, refusals):
                     raise exc from None
                 yield from budget.spend(Transient("the servers' key domain changed (rotation)"))
@@ -288,6 +316,8 @@ class ClientCore:
                 # Computed on data the keys were not planned for: its page count is unknown
                 # until /epoch names it (a page past the end of a smaller snapshot XORs to zeros).
                 fresh = yield from self._refresh(budget)
+                if pinned:
+                    raise DataMoved(f"answered from {view}, not from data planned for")
                 check_pages(wanted, fresh.num_pages)
                 if not (fresh.is_exactly(view) and fresh.domain_bits == info.domain_bits):
                     yield from budget.spend(Transient(

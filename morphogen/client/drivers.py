@@ -34,6 +34,7 @@ from morphogen.client.core import (
 from morphogen.client.wire import (
     RETRY_STATUSES,
     Answer,
+    DataMoved,
     EpochMismatchError,
     PageOutOfRange,
     PirError,
@@ -55,7 +56,7 @@ from morphogen.protocol.codec import (
 
 # Names of this module that other code imports.
 __all__ = [
-    "RETRY_STATUSES", "Answer", "AsyncPirClient", "EpochMismatchError",
+    "RETRY_STATUSES", "Answer", "AsyncPirClient", "DataMoved", "EpochMismatchError",
     "HandlePirClient", "PageOutOfRange", "PirClient", "PirError", "PirUnavailable",
     "RetryPolicy", "ServerInfo", "decode_answer", "encode_request", "encode_updates",
     "make_keys", "plan_targets", "xor_pages",
@@ -156,6 +157,11 @@ class _Blocking(_Base):
         """`(epoch_id, pages)`: the wanted pages (one request's worth at most) as both servers
         hold them in the epoch named."""
         return drive(self._core.get_with_epoch(pages), self._perform)
+
+    def get_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
+        """`Answer(epoch_id, identity, pages)` of one request, only from data /epoch named
+        when the keys were planned; `DataMoved` otherwise (`ClientCore.get_pinned`)."""
+        return drive(self._core.get_pinned(pages, num_pages), self._perform)
 
     def get_page(self, page: int) -> bytes:
         return self.get([page])[0]
@@ -296,6 +302,10 @@ class AsyncPirClient(_Base):
         """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
         return await adrive(self._core.get_with_epoch(pages), self._perform)
 
+    async def get_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
+        """As `PirClient.get_pinned`."""
+        return await adrive(self._core.get_pinned(pages, num_pages), self._perform)
+
     async def get_page(self, page: int) -> bytes:
         return (await self.get([page]))[0]
 
@@ -323,9 +333,9 @@ def _handle_error(exc: BaseException) -> Exception:
 
 class HandlePirClient(_Blocking):
     """Two-party client for driver scripts holding the two applications' router handles
-    (`serve.get_app_handle("a")`, ...). `get`, `get_with_epoch` and `info` are synchronous;
-    `aget`, `aget_with_epoch` and `ainfo` are for asyncio code (a handle's result cannot be
-    waited for synchronously inside an event loop)."""
+    (`serve.get_app_handle("a")`, ...). `get`, `get_with_epoch`, `get_pinned` and `info` are
+    synchronous; `aget`, `aget_with_epoch`, `aget_pinned` and `ainfo` are for asyncio code (a
+    handle's result cannot be waited for synchronously inside an event loop)."""
 
     def __init__(
         self,
@@ -389,6 +399,9 @@ class HandlePirClient(_Blocking):
 
     async def aget_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
         return await adrive(self._core.get_with_epoch(pages), self._aperform)
+
+    async def aget_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
+        return await adrive(self._core.get_pinned(pages, num_pages), self._aperform)
 
 
 async def _awaited(response: Any) -> Any:

@@ -70,6 +70,11 @@ class PageOutOfRange(PirError, IndexError):
         self.num_pages = num_pages
 
 
+class DataMoved(PirError, LookupError):
+    """The servers answered from other data than the pages were planned for, and the caller
+    asked not to follow it (`get_pinned`): nothing was re-sent. /epoch has been read again."""
+
+
 class Transient(Exception):
     """A failure worth retrying. `delay` is the server's Retry-After hint; `kind` says which
     error to give up with."""

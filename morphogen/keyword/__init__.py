@@ -10,8 +10,13 @@ test's) and imports none.
 """
 
 from morphogen.keyword.build import KeywordTable, TableFullError, build_table
-from morphogen.keyword.client import AsyncKeywordClient, KeywordClient
-from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError
+from morphogen.keyword.client import (
+    AsyncKeywordClient,
+    KeywordClient,
+    TableChangingError,
+    request_sizes,
+)
+from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError, StaleTableError
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.layout import Geometry
 from morphogen.keyword.records import Record, RecordError, read_records
@@ -25,8 +30,11 @@ __all__ = [
     "KeywordTable",
     "Record",
     "RecordError",
+    "StaleTableError",
+    "TableChangingError",
     "TableFullError",
     "build_table",
     "candidates",
     "read_records",
+    "request_sizes",
 ]

@@ -31,6 +31,12 @@ class KeywordIntegrityError(RuntimeError):
     """What the servers answered is not what the data owner signed."""
 
 
+class StaleTableError(KeywordIntegrityError):
+    """The servers serve an older version of the table than the client has already seen, or
+    than its caller's bound: signed by the owner once, but no longer the table (a restored
+    backup, parties restarted behind the owner, or both parties replaying an old version)."""
+
+
 @dataclass(frozen=True)
 class Descriptor:
     dataset: bytes

@@ -1,6 +1,7 @@
 """Keyword lookup through a real local Ray Serve: two parties serve a signed table of accounts,
 clients look addresses up over HTTP and Serve handles, the owner publishes inserts (with their
-eviction chains), changes and deletes, and a party whose answers are tampered with is caught."""
+eviction chains), changes and deletes, a party whose answers are tampered with is caught, and
+long-lived clients meet a rotation to a smaller table alike, whatever key they look up."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import json
 import random
 
 import httpx
+import msgpack
 import pytest
 
-from morphogen.keyword import AsyncKeywordClient, KeywordClient, KeywordIntegrityError, build_table
+from morphogen.keyword import (
+    AsyncKeywordClient,
+    KeywordClient,
+    KeywordIntegrityError,
+    build_table,
+    request_sizes,
+)
 from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, synthetic_accounts
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, publish
 from morphogen.keyword.signing import generate_key_files, load_signing_key
@@ -194,3 +202,78 @@ def test_build_records_command_writes_an_owner_directory(tmp_path, capsys) -> No
     assert main(["build", "--records", str(tmp_path / "r.csv"), "--value-size", "31",
                  "--signing-key", str(tmp_path / "o.key"), "--out", str(tmp_path / "kw2")]) == 2
     assert "r.csv:2: value is 32 bytes" in capsys.readouterr().err
+
+
+class Counting(httpx.HTTPTransport):
+    """Records what one client's requests look like to a party: ("epoch",) or
+    ("query", number of queries in the request)."""
+
+    def __init__(self, party: str) -> None:
+        super().__init__()
+        self.party, self.seen = party, []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and str(request.url).startswith(self.party):
+            self.seen.append(("epoch",))
+        elif request.method == "POST" and str(request.url).startswith(self.party):
+            body = msgpack.unpackb(request.read())
+            self.seen.append(("query", len(body["queries"]) if "queries" in body else 1))
+        return super().handle_request(request)
+
+
+def test_a_rotation_to_a_smaller_table_meets_every_key_alike(serve_instance, tmp_path) -> None:
+    from ray import serve
+
+    from morphogen.client import PirClient
+    from morphogen.client.admin import AdminClient, publish_to_parties
+
+    key_path, pub = generate_key_files(tmp_path / "owner.key")
+    signing_key = load_signing_key(key_path)
+    big, small = dict(synthetic_accounts(2500, seed=11)), dict(synthetic_accounts(400, seed=12))
+    for name, recs in (("big", big), ("small", small)):
+        create_owner_dir(build_table(recs.items(), value_size=ACCOUNT_VALUE_SIZE,
+                                     signing_key=signing_key, layout="row", row_size=128,
+                                     load=0.8), tmp_path / name)
+    (tmp_path / "token").write_text(TOKEN)
+    urls = []
+    for name in ("kwra", "kwrb"):
+        deploy(serve_instance, name, snapshot=str(tmp_path / "big/v000001/snapshot"),
+               num_shards=1, admin_token_file=str(tmp_path / "token"),
+               admin_snapshot_dir=str(tmp_path), epoch_log_dir=str(tmp_path / f"log-{name}"))
+        urls.append(serve_instance.app_url(name))
+    rng = random.Random(3)
+    # keys of the new table, of the old one only, and of neither: candidates all over
+    keys = rng.sample(sorted(small), 2) + rng.sample(sorted(big), 2) + [rng.randbytes(20)]
+    clients = []
+    try:
+        for _ in keys:  # one long-lived client per key, each warm on the old table
+            count = Counting(urls[0])
+            pir = PirClient(*urls, encoding="msgpack", transport=count)
+            kc = KeywordClient(pir, pub)
+            assert kc.get(sorted(big)[0]) == big[sorted(big)[0]]
+            clients.append((pir, kc, count))
+        admins = [AdminClient(u, TOKEN) for u in urls]
+        try:
+            publish_to_parties(admins, lambda c: c.snapshot("small/v000001/snapshot", "kw-rot"))
+        finally:
+            for a in admins:
+                a.close()
+        traffic = set()
+        for key, (_, kc, count) in zip(keys, clients, strict=True):
+            count.seen.clear()
+            assert kc.get(key) == small.get(key)
+            traffic.add(tuple(count.seen))
+            assert kc.descriptor().records == len(small)
+        assert len(traffic) == 1, traffic  # the same requests for every key
+        # every lookup after it, at request shapes that are buckets only
+        pir, kc, count = clients[0]
+        count.seen.clear()
+        wanted = keys + rng.sample(sorted(small), 40)
+        assert kc.get_many(wanted) == [small.get(k) for k in wanted]
+        assert [n for kind, *n in count.seen if kind == "query"] == [
+            [n] for n in request_sizes(len(wanted), pir.info().max_batch_queries)]
+    finally:
+        for pir, _, _ in clients:
+            pir.close()
+        serve.delete("kwra")
+        serve.delete("kwrb")
