@@ -6,6 +6,7 @@ Thin over `morphogen.keyword`: parse, call, print one line per result; errors na
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def build_records(args: argparse.Namespace) -> int:
         table = build_table(read_records(args.records, args.format), value_size=args.value_size,
                             signing_key=key, layout=args.layout, row_size=args.row_size,
                             num_buckets=args.buckets)
-        snapshot = create_owner_dir(table, args.out)
+        snapshot = create_owner_dir(table, args.out, full_every=args.full_every,
+                                    keep=args.keep)
     except (RecordError, TableFullError) as exc:
         raise UsageError(f"--records {exc}") from None
     except ValueError as exc:
@@ -152,11 +154,16 @@ def _apply(owner, args: argparse.Namespace) -> None:
     try:
         key = load_signing_key(args.signing_key)
         changes = read_changes(args.changes)
-        version, batch = owner.apply(changes, key)
+        digest = hashlib.blake2b(Path(args.changes).read_bytes(), digest_size=16).hexdigest()
+        version, batch = owner.apply(changes, key, changes_id=digest)
     except (RecordError, TableFullError) as exc:
         raise UsageError(f"{args.changes}: {exc}") from None
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if changes and not batch:
+        print(f"version {version} already holds {args.changes} (the last changes applied): "
+              "nothing applied again")
+        return
     print(f"version {version}: {len(changes)} change(s), {len(batch)} page(s) re-signed")
 
 
@@ -254,6 +261,12 @@ def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclu
                           "one-row buckets (records)")
     bld.add_argument("--row-size", type=inputs.positive_int, default=0, metavar="BYTES",
                      help="row bytes of the row layout, a divisor of 4096")
+    bld.add_argument("--full-every", type=inputs.positive_int, default=8, metavar="N",
+                     help="the owner keeps a full copy every N versions, the changed pages "
+                          "between (records; default 8)")
+    bld.add_argument("--keep", type=inputs.positive_int, default=4, metavar="K",
+                     help="published versions the owner keeps readable besides the "
+                          "unpublished ones (records; default 4)")
     bld.add_argument("--buckets", type=inputs.positive_int, default=None, metavar="N",
                      help="fixed bucket count (refused when the records do not fit; default: "
                           "sized for the records)")

@@ -159,13 +159,21 @@ class OwnerTable:
         return desc, pages, self.keys()
 
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
-              rng: Callable[[int], int] | None = None) -> tuple[int, list[tuple[int, str, bytes]]]:
+              rng: Callable[[int], int] | None = None, *, changes_id: str | None = None
+              ) -> tuple[int, list[tuple[int, str, bytes]]]:
         """Apply `changes` in order to a copy of the current version and make it the next
         version. Returns (new version, its page-update batch). Nothing is written when any
-        change fails (a full table, an absent key to delete, a wrong value size)."""
+        change fails (a full table, an absent key to delete, a wrong value size).
+
+        `changes_id` names the changes (a digest of their file): when the current version was
+        made from the same id, nothing is applied and (current, []) is returned, so re-running
+        the same command after it succeeded (or after a crash past the pointer's move) never
+        applies the changes twice."""
         rng = rng or secrets.randbelow
         with self._lock:
             self.reload()
+            if changes_id is not None and self.state.get("last_changes") == changes_id:
+                return self.current, []
             desc, pages, keys = self._load()
             if public_bytes(signing_key.public_key()) != desc.public_key:
                 raise ValueError("this signing key is not the table's owner key")
@@ -186,6 +194,7 @@ class OwnerTable:
             self.store.write(version, pages, full=full, keys=keys, key_puts=editor.key_puts,
                              key_dels=editor.key_dels, batch=batch)
             self.state["current"] = version
+            self.state["last_changes"] = changes_id  # moves with the pointer, in one write
             self.save()
             self._prune()
             return version, batch
