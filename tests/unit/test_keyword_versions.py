@@ -218,3 +218,24 @@ def test_a_rotation_snapshot_is_never_replaced_by_other_bytes(tmp_path: Path) ->
     with pytest.raises(PublishError, match="holds another snapshot than version 2"):
         publish(owner, parties, snapshot_dir=str(snaps))
     assert parties.a.applied == 0
+
+
+def test_apply_of_the_same_changes_file_again_applies_nothing(tmp_path: Path, capsys) -> None:
+    from cluster.cli import main
+
+    recs = _records(300, seed=11)
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7),
+                     tmp_path / "o")
+    (tmp_path / "o.key").write_text(KEY.private_bytes_raw().hex())
+    key = sorted(recs)[0]
+    changes = tmp_path / "c.jsonl"
+    changes.write_text(json.dumps({"op": "delete", "key": "0x" + key.hex()}) + "\n")
+    args = ["records", "apply", "--owner", str(tmp_path / "o"), "--signing-key",
+            str(tmp_path / "o.key"), str(changes)]
+    assert main(args) == 0
+    assert main(args) == 0  # a delete applied twice would be refused: the key is gone
+    assert "version 2 already holds" in capsys.readouterr().out
+    assert OwnerTable(tmp_path / "o").current == 2
+    changes.write_text(json.dumps({"op": "put", "key": "0x" + key.hex(),
+                                   "value": "0x" + "00" * 32}) + "\n")
+    assert main(args) == 0 and OwnerTable(tmp_path / "o").current == 3
