@@ -18,7 +18,6 @@ from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import PublishError, publish
 from morphogen.keyword.verify import check, plan
 from morphogen.keyword.versions import VersionGone
-from morphogen.snapshot.reader import Snapshot
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 
@@ -143,6 +142,7 @@ class FakeParties:
     def __init__(self, pages: np.ndarray, cap: int) -> None:
         self.a, self.b, self.cap = FakeParty(pages), FakeParty(pages), cap
         self.fail_b = 0  # how many sends to B fail (an owner that dies between the parties)
+        self.cache: str | None = None  # where a party caches a remote snapshot's chunks
 
     def max_updates(self) -> int:
         return self.cap
@@ -161,8 +161,10 @@ class FakeParties:
         return self._both(pub, "updates", apply_to)
 
     def snapshot(self, pub, path):
+        from morphogen.snapshot.open import open_any
+
         def apply_to(party: FakeParty) -> None:
-            with Snapshot.open(path, verify=True) as snap:
+            with open_any(path, verify=True, cache_dir=self.cache) as snap:
                 party.pages = np.array(snap.read_verified())
         return self._both(pub, f"rotation:{path}", apply_to)
 
@@ -239,3 +241,25 @@ def test_apply_of_the_same_changes_file_again_applies_nothing(tmp_path: Path, ca
     changes.write_text(json.dumps({"op": "put", "key": "0x" + key.hex(),
                                    "value": "0x" + "00" * 32}) + "\n")
     assert main(args) == 0 and OwnerTable(tmp_path / "o").current == 3
+
+
+def test_a_big_version_rotates_from_an_object_store_prefix(tmp_path: Path, s3_bucket) -> None:
+    recs = _records(500, seed=12)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    rng = random.Random(13)
+    changes = [Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:80]]
+    owner.apply(changes, KEY, rng=rng.randrange)
+    _follow(recs, changes)
+    parties = FakeParties(table.pages, cap=2)
+    parties.cache, parties.fail_b = str(tmp_path / "cache"), 1
+    prefix = f"s3://{s3_bucket}/snaps"
+    with pytest.raises(ConnectionError):
+        publish(owner, parties, snapshot_dir=prefix)
+    # the re-run pushes the same manifest again (a push never replaces another snapshot)
+    done = publish(OwnerTable(tmp_path / "o"), parties, snapshot_dir=prefix)
+    assert [p.mode for p in done] == ["rotation"]
+    assert (parties.a.applied, parties.b.applied) == (1, 1)
+    assert np.array_equal(parties.b.pages, owner.pages())
+    assert OwnerTable(tmp_path / "o").published == 2
