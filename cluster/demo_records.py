@@ -20,13 +20,15 @@ from cluster.report import eprint
 def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
     from ray import serve
 
+    from cluster.records import HttpParties
     from deployments.app import build_app
     from morphogen.client import PirClient
-    from morphogen.client.admin import AdminClient, publish_to_parties
+    from morphogen.client.admin import AdminClient
     from morphogen.config import PartyConfig
     from morphogen.keyword import KeywordClient, build_table
     from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, Account, synthetic_accounts
-    from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, publish
+    from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
+    from morphogen.keyword.publishing import publish
     from morphogen.keyword.signing import generate_key_files, load_signing_key
 
     root = Path(workdir) / "records"
@@ -84,7 +86,7 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
             + [Change("delete", k) for k in deleted], signing_key)
         admins = [AdminClient(u, token) for u in parties.values()]
         try:
-            publish(owner, lambda pub, b: publish_to_parties(admins, lambda c: c.updates(b, pub)))
+            publish(owner, HttpParties(admins, retry_for_s=120.0, max_updates=None))
         finally:
             for a in admins:
                 a.close()

@@ -6,6 +6,7 @@ Thin over `morphogen.keyword`: parse, call, print one line per result; errors na
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def build_records(args: argparse.Namespace) -> int:
         table = build_table(read_records(args.records, args.format), value_size=args.value_size,
                             signing_key=key, layout=args.layout, row_size=args.row_size,
                             num_buckets=args.buckets)
-        snapshot = create_owner_dir(table, args.out)
+        snapshot = create_owner_dir(table, args.out, full_every=args.full_every,
+                                    keep=args.keep)
     except (RecordError, TableFullError) as exc:
         raise UsageError(f"--records {exc}") from None
     except ValueError as exc:
@@ -134,6 +136,9 @@ def cmd_records(args: argparse.Namespace) -> int:
         owner = OwnerTable(args.owner)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--owner {exc}") from None
+    if args.records_action == "export":
+        _export(owner, args)
+        return 0
     if args.records_action == "apply":
         _apply(owner, args)
     if args.records_action == "publish" or args.server:
@@ -149,20 +154,56 @@ def _apply(owner, args: argparse.Namespace) -> None:
     try:
         key = load_signing_key(args.signing_key)
         changes = read_changes(args.changes)
-        version, batch = owner.apply(changes, key)
+        digest = hashlib.blake2b(Path(args.changes).read_bytes(), digest_size=16).hexdigest()
+        version, batch = owner.apply(changes, key, changes_id=digest)
     except (RecordError, TableFullError) as exc:
         raise UsageError(f"{args.changes}: {exc}") from None
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if changes and not batch:
+        print(f"version {version} already holds {args.changes} (the last changes applied): "
+              "nothing applied again")
+        return
     print(f"version {version}: {len(changes)} change(s), {len(batch)} page(s) re-signed")
+
+
+class HttpParties:
+    """Both parties' admin routes, each publication sent to A then B until both have it."""
+
+    def __init__(self, clients, retry_for_s: float, max_updates: int | None) -> None:
+        self.clients, self.retry_for_s, self._max = clients, retry_for_s, max_updates
+
+    def max_updates(self) -> int:
+        from morphogen.protocol.codec import MAX_ADMIN_UPDATES
+
+        if self._max is None:
+            # a party of an earlier version does not report it: its default then
+            states = [c.status() for c in self.clients]
+            self._max = min(int(s.get("admin_max_updates") or MAX_ADMIN_UPDATES)
+                            for s in states)
+        return self._max
+
+    def updates(self, publication, batch):
+        from morphogen.client.admin import publish_to_parties
+
+        return publish_to_parties(self.clients, lambda c: c.updates(batch, publication),
+                                  retry_for_s=self.retry_for_s)
+
+    def snapshot(self, publication, path):
+        from morphogen.client.admin import publish_to_parties
+
+        return publish_to_parties(self.clients, lambda c: c.snapshot(path, publication),
+                                  retry_for_s=self.retry_for_s)
 
 
 def _publish(owner, args: argparse.Namespace) -> None:
     import httpx
 
     from morphogen.client import PirError
-    from morphogen.client.admin import AdminClient, publish_to_parties
-    from morphogen.keyword.owner import publish
+    from morphogen.client.admin import AdminClient
+    from morphogen.keyword.publishing import PublishError, publish
+    from morphogen.snapshot.manifest import SnapshotError
+    from morphogen.storage import StorageError
 
     servers = [inputs.server_url("--server", u) for u in args.server or []]
     if len(servers) < 2:
@@ -172,10 +213,12 @@ def _publish(owner, args: argparse.Namespace) -> None:
     if not token:
         raise UsageError(f"no admin token (--token-file, or ${args.token_env})")
     clients = [AdminClient(u, token) for u in servers]
+    parties = HttpParties(clients, args.retry_for, args.max_batch_pages)
     try:
-        done = publish(owner, lambda pub, batch: publish_to_parties(
-            clients, lambda c: c.updates(batch, pub), retry_for_s=args.retry_for))
-    except (PirError, OSError, httpx.HTTPError) as exc:
+        done = publish(owner, parties, snapshot_dir=args.snapshot_dir)
+    except PublishError as exc:
+        raise UsageError(str(exc)) from None
+    except (PirError, OSError, httpx.HTTPError, SnapshotError, StorageError) as exc:
         raise CommandFailed(f"{type(exc).__name__}: {exc} (re-run `morphogen records publish`:"
                             " a party that has a version answers it as done)") from None
     finally:
@@ -183,10 +226,24 @@ def _publish(owner, args: argparse.Namespace) -> None:
             c.close()
     if not done:
         eprint("nothing to publish: both parties were sent every version")
-    for version, results in done:
+    for p in done:
         epochs = ", ".join(f"{u} epoch {r.get('epoch_id')}" for u, r in
-                           zip(servers, results, strict=True))
-        print(f"version {version} published: {epochs}")
+                           zip(servers, p.results, strict=True))
+        how = "as a rotation to its snapshot" if p.mode == "rotation" else "as one batch"
+        print(f"version {p.version} published ({p.pages} pages, {how}): {epochs}")
+
+
+def _export(owner, args: argparse.Namespace) -> None:
+    import json
+
+    from morphogen.storage.durable import write_atomic
+
+    pairs = owner.records()
+    lines = (json.dumps({"key": f"0x{k.hex()}", "value": f"0x{v.hex()}"}) + "\n"
+             for k, v in pairs)
+    write_atomic(args.out, (line.encode() for line in lines))
+    print(f"{len(pairs)} records of version {owner.current} in {args.out} (rebuild: morphogen "
+          f"build --records {args.out} --value-size {len(pairs[0][1]) if pairs else 'N'} ...)")
 
 
 def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclusiveGroup
@@ -204,6 +261,12 @@ def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclu
                           "one-row buckets (records)")
     bld.add_argument("--row-size", type=inputs.positive_int, default=0, metavar="BYTES",
                      help="row bytes of the row layout, a divisor of 4096")
+    bld.add_argument("--full-every", type=inputs.positive_int, default=8, metavar="N",
+                     help="the owner keeps a full copy every N versions, the changed pages "
+                          "between (records; default 8)")
+    bld.add_argument("--keep", type=inputs.positive_int, default=4, metavar="K",
+                     help="published versions the owner keeps readable besides the "
+                          "unpublished ones (records; default 4)")
     bld.add_argument("--buckets", type=inputs.positive_int, default=None, metavar="N",
                      help="fixed bucket count (refused when the records do not fit; default: "
                           "sized for the records)")
@@ -251,16 +314,28 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     pb = acts.add_parser("publish", help="send every unpublished version to both parties")
     pb.add_argument("--owner", required=True, metavar="DIR",
                     help="the owner directory `build --records` made")
+    ex = acts.add_parser("export", help="write the current records as a records file "
+                                        "(JSON lines) that `build --records` reads")
+    ex.add_argument("--owner", required=True, metavar="DIR",
+                    help="the owner directory `build --records` made")
+    ex.add_argument("--out", required=True, metavar="FILE", help="records file to write")
     for p in (ap, pb):
         p.add_argument("--server", action="append", metavar="URL",
                        help="a party's URL; twice (A, then B)")
+        p.add_argument("--snapshot-dir", metavar="DIR|URI", default=None,
+                       help="where both parties' rotations read snapshots (under their "
+                            "admin_snapshot_dir): a version larger than one batch is "
+                            "published as a rotation to its snapshot written there")
+        p.add_argument("--max-batch-pages", type=inputs.positive_int, default=None,
+                       metavar="N", help="largest version sent as one batch (default: what "
+                                         "the parties report)")
         p.add_argument("--token-file", metavar="FILE", default=None,
                        help="file holding the parties' admin token")
         p.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN",
                        help="variable holding the token when no file is given")
         p.add_argument("--retry-for", type=float, default=120.0, metavar="S",
                        help="keep re-sending to an unavailable party this long (default 120)")
-    for p in (kg, sm):
+    for p in (kg, sm, ex):
         p.set_defaults(server=None)
     rec.set_defaults(func=cmd_records)
     return [lk, rec]

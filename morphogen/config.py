@@ -261,6 +261,14 @@ class PartyConfig(BaseModel):
         past a router's restart and across router replicas (and lets replicas catch up)."""
         return self.epoch_log_dir is not None
 
+    def admin_updates_cap(self) -> int:
+        """The most updates one request may carry: the count cap, and what the body cap holds
+        in the larger (JSON) encoding."""
+        n = self.admin_max_updates
+        while n > 1 and admin_body_bytes(n) > self.admin_body_limit():
+            n = max(1, n * 7 // 8)
+        return n
+
     def admin_body_limit(self) -> int:
         if self.admin_max_body_bytes is not None:
             return self.admin_max_body_bytes

@@ -1,18 +1,18 @@
 """The data owner's copy of a keyword table, and the updates made to it.
 
-The owner directory holds one complete version per directory and a pointer to the current
-one::
+The owner directory holds its versions (`morphogen.keyword.versions`: a full copy every
+`full_every` versions, the changed pages between) and a pointer to the current one::
 
     owner.json        {"current": 3, "published": 2, ...}   replaced atomically
     v000001/snapshot  the table as the parties serve it (manifest.json + pages.bin)
     v000001/keys.msgpack  tag -> key (eviction needs the keys; they never leave the owner)
-    v000002/...       + batch.msgpack: the page updates that turn version 1 into version 2
+    v000002/batch.msgpack  the page updates that turn version 1 into version 2 (+ key changes)
 
 An update never touches a version in place: it builds the next version in a temporary
 directory, renames it into place, and only then moves the pointer, so a crash at any step
-leaves the owner at the old version or the new, never between. Publishing sends every version
-after `published` to both parties in order, each under one idempotency id, so re-running it
-after a crash or a refusal sends nothing twice. A lock file keeps two owner processes apart.
+leaves the owner at the old version or the new, never between. Publishing
+(`morphogen.keyword.publishing`) sends every version after `published` to both parties in
+order, each under one publication id. A lock file keeps two owner processes apart.
 """
 
 from __future__ import annotations
@@ -20,12 +20,10 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock
@@ -37,12 +35,13 @@ from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
 from morphogen.keyword.pages import free_slot, root_of, sign_page, slot_of, tag_of
 from morphogen.keyword.records import RecordError, decode_field
 from morphogen.keyword.signing import public_bytes
-from morphogen.snapshot.reader import Snapshot
-from morphogen.snapshot.writer import write_snapshot
-from morphogen.storage.durable import fsync_dir, write_atomic
+from morphogen.keyword.versions import VersionStore
+from morphogen.storage.durable import write_atomic
 
 OWNER_FILE = "owner.json"
 OWNER_FORMAT = "morphogen-keyword-owner/1"
+FULL_EVERY = 8  # a full copy every this many versions; the others hold the changed pages
+KEEP = 4  # published versions kept readable, besides every unpublished one
 
 
 @dataclass(frozen=True)
@@ -79,50 +78,30 @@ def read_changes(path: str | os.PathLike[str]) -> list[Change]:
     return out
 
 
-def _vdir(root: Path, version: int) -> Path:
-    return root / f"v{version:06d}"
-
-
 def _write_json_atomic(path: Path, obj: dict) -> None:
     write_atomic(path, json.dumps(obj, indent=1).encode())
 
 
-def _write_version(root: Path, version: int, pages: np.ndarray, keys: dict[bytes, bytes],
-                   batch: list[tuple[int, str, bytes]] | None) -> Path:
-    final = _vdir(root, version)
-    tmp = root / f".{final.name}.tmp-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    write_snapshot(tmp / "snapshot", pages, epoch_id=version, source="morphogen keyword table")
-    with (tmp / "keys.msgpack").open("wb") as f:
-        msgpack.pack({"tags": b"".join(keys), "keys": list(keys.values())}, f,
-                     use_bin_type=True)
-        f.flush()
-        os.fsync(f.fileno())
-    if batch is not None:
-        with (tmp / "batch.msgpack").open("wb") as f:
-            msgpack.pack([[p, k, d] for p, k, d in batch], f, use_bin_type=True)
-            f.flush()
-            os.fsync(f.fileno())
-    if final.exists():  # left by a crash after the rename, before the pointer moved
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    fsync_dir(root)
-    return final
-
-
-def create_owner_dir(table: KeywordTable, root: str | os.PathLike[str]) -> Path:
+def create_owner_dir(table: KeywordTable, root: str | os.PathLike[str], *,
+                     full_every: int = FULL_EVERY, keep: int = KEEP) -> Path:
     """Write a freshly built table as version 1 of a new owner directory; returns the
-    snapshot directory the parties serve."""
+    snapshot directory the parties serve. Every `full_every`-th version is a full copy, the
+    others hold the changed pages; `keep` published versions stay readable besides the
+    unpublished ones."""
+    if full_every < 1 or keep < 1:
+        raise ValueError("full_every and keep are at least 1")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     if (root / OWNER_FILE).exists():
         raise FileExistsError(f"{root} already holds a keyword table ({OWNER_FILE}); build into "
                               "a new directory")
     with FileLock(str(root / ".lock")):
-        final = _write_version(root, 1, table.pages, table.keys, None)
+        final = VersionStore(root).write(1, table.pages, full=True, keys=table.keys,
+                                         key_puts={}, key_dels=set(), batch=None)
         _write_json_atomic(root / OWNER_FILE, {
             "format": OWNER_FORMAT, "dataset": table.descriptor.dataset.hex(),
-            "public_key": table.descriptor.public_key.hex(), "current": 1, "published": 1})
+            "public_key": table.descriptor.public_key.hex(), "current": 1, "published": 1,
+            "full_every": full_every, "keep": keep})
     return final / "snapshot"
 
 
@@ -138,33 +117,63 @@ class OwnerTable:
         self.state = json.loads(path.read_text())
         if self.state.get("format") != OWNER_FORMAT:
             raise ValueError(f"{path}: not a {OWNER_FORMAT} file")
+        self.store = VersionStore(self.root)
         self._lock = FileLock(str(self.root / ".lock"))
 
     @property
     def current(self) -> int:
         return int(self.state["current"])
 
-    def snapshot_dir(self, version: int | None = None) -> Path:
-        return _vdir(self.root, version or self.current) / "snapshot"
+    @property
+    def published(self) -> int:
+        return int(self.state["published"])
+
+    @property
+    def dataset(self) -> str:
+        return str(self.state["dataset"])
+
+    def locked(self) -> FileLock:
+        """The owner directory's lock: one process changes or publishes at a time."""
+        return self._lock
+
+    def reload(self) -> None:
+        self.state = json.loads((self.root / OWNER_FILE).read_text())
+
+    def save(self) -> None:
+        _write_json_atomic(self.root / OWNER_FILE, self.state)
+
+    def snapshot_dir(self, version: int | None = None) -> Path | None:
+        """The owner's own full copy of a version (None when it is kept as a diff)."""
+        return self.store.snapshot_of(version or self.current)
+
+    def pages(self, version: int | None = None) -> np.ndarray:
+        """The pages of a retained version, the bytes its full copy holds."""
+        return self.store.pages(version or self.current)
+
+    def keys(self, version: int | None = None) -> dict[bytes, bytes]:
+        return self.store.keys(version or self.current)
 
     def _load(self) -> tuple[Descriptor, np.ndarray, dict[bytes, bytes]]:
-        with Snapshot.open(self.snapshot_dir()) as snap:
-            pages = np.array(snap.read_verified(), dtype=np.uint8)
-        raw = msgpack.unpackb((_vdir(self.root, self.current) / "keys.msgpack").read_bytes(),
-                              raw=False)
-        tags = raw["tags"]
-        keys = {tags[i * TAG_SIZE:(i + 1) * TAG_SIZE]: k for i, k in enumerate(raw["keys"])}
+        pages = self.pages()
         desc = Descriptor.from_dict(_descriptor_dict(pages[-1]))
-        return desc, pages, keys
+        return desc, pages, self.keys()
 
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
-              rng: Callable[[int], int] | None = None) -> tuple[int, list[tuple[int, str, bytes]]]:
+              rng: Callable[[int], int] | None = None, *, changes_id: str | None = None
+              ) -> tuple[int, list[tuple[int, str, bytes]]]:
         """Apply `changes` in order to a copy of the current version and make it the next
         version. Returns (new version, its page-update batch). Nothing is written when any
-        change fails (a full table, an absent key to delete, a wrong value size)."""
+        change fails (a full table, an absent key to delete, a wrong value size).
+
+        `changes_id` names the changes (a digest of their file): when the current version was
+        made from the same id, nothing is applied and (current, []) is returned, so re-running
+        the same command after it succeeded (or after a crash past the pointer's move) never
+        applies the changes twice."""
         rng = rng or secrets.randbelow
         with self._lock:
-            self.state = json.loads((self.root / OWNER_FILE).read_text())
+            self.reload()
+            if changes_id is not None and self.state.get("last_changes") == changes_id:
+                return self.current, []
             desc, pages, keys = self._load()
             if public_bytes(signing_key.public_key()) != desc.public_key:
                 raise ValueError("this signing key is not the table's owner key")
@@ -181,26 +190,54 @@ class OwnerTable:
             changed = sorted(editor.dirty) + [g.descriptor_page]
             batch = [(i, "data", pages[i].tobytes()) for i in changed]
             version = self.current + 1
-            _write_version(self.root, version, pages, keys, batch)
+            full = (version - 1) % int(self.state.get("full_every", FULL_EVERY)) == 0
+            self.store.write(version, pages, full=full, keys=keys, key_puts=editor.key_puts,
+                             key_dels=editor.key_dels, batch=batch)
             self.state["current"] = version
-            _write_json_atomic(self.root / OWNER_FILE, self.state)
+            self.state["last_changes"] = changes_id  # moves with the pointer, in one write
+            self.save()
+            self._prune()
             return version, batch
+
+    def _prune(self) -> None:
+        """Drop what neither an unpublished version nor the last `keep` need (after the
+        pointer moved: a crash before it leaves one version too many, never one too few)."""
+        keep = int(self.state.get("keep", KEEP))
+        oldest = max(1, min(self.published + 1, self.current - keep + 1))
+        self.store.prune(oldest)
 
     def unpublished(self) -> list[tuple[int, str, list[tuple[int, str, bytes]]]]:
         """(version, publication id, batch) of every version the parties may not have yet."""
-        out = []
-        for v in range(int(self.state["published"]) + 1, self.current + 1):
-            raw = msgpack.unpackb((_vdir(self.root, v) / "batch.msgpack").read_bytes(), raw=False)
-            out.append((v, f"kw-{self.state['dataset'][:16]}-v{v}",
-                        [(int(p), str(k), bytes(d)) for p, k, d in raw]))
-        return out
+        return [(v, self.publication_id(v), self.store.batch(v))
+                for v in range(self.published + 1, self.current + 1)]
 
-    def mark_published(self, version: int) -> None:
+    def publication_id(self, version: int) -> str:
+        return f"kw-{self.dataset[:16]}-v{version}"
+
+    def mark_published(self, version: int, *, reload: bool = True) -> None:
+        """Note that both parties have `version`; `reload=False` keeps the state in memory
+        (its holder has the lock and changed it)."""
         with self._lock:
-            self.state = json.loads((self.root / OWNER_FILE).read_text())
-            if version > int(self.state["published"]):
+            if reload:
+                self.reload()
+            if version > self.published:
                 self.state["published"] = version
-                _write_json_atomic(self.root / OWNER_FILE, self.state)
+            self.save()
+            self._prune()
+
+    def records(self) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every record of the current version, by key."""
+        desc, pages, keys = self._load()
+        g = desc.geometry
+        slots = ((b, s) for b in range(g.num_buckets) for s in range(g.bucket_capacity(b)))
+        out = []
+        for b, s in slots:
+            page, off = g.bucket_page(b), g.slot_offset(b, s)
+            raw = pages[page, off:off + g.slot_size].tobytes()
+            tag = raw[:TAG_SIZE]
+            if tag != EMPTY_TAG:
+                out.append((keys[tag], raw[TAG_SIZE:]))
+        return sorted(out)
 
 
 def _descriptor_dict(page: np.ndarray) -> dict:
@@ -219,6 +256,8 @@ class _Editor:
         self.desc, self.pages, self.keys, self.rng = desc, pages, keys, rng
         self.g = desc.geometry
         self.dirty: set[int] = set()
+        self.key_puts: dict[bytes, bytes] = {}  # the key changes a diff version keeps
+        self.key_dels: set[bytes] = set()
 
     def _slot(self, bucket: int, slot: int) -> tuple[int, int]:
         return self.g.bucket_page(bucket), self.g.slot_offset(bucket, slot)
@@ -250,6 +289,8 @@ class _Editor:
                 raise RecordError(f"{where}: delete of a key the table does not hold")
             self._write(*at, EMPTY_TAG, bytes(self.g.value_size))
             del self.keys[tag]
+            self.key_puts.pop(tag, None)
+            self.key_dels.add(tag)
             return
         if len(change.value) != self.g.value_size:
             raise RecordError(f"{where}: value is {len(change.value)} bytes; this table's "
@@ -258,6 +299,8 @@ class _Editor:
             self._write(*at, tag, change.value)
             return
         self.keys[tag] = change.key  # before the chain: it may evict this very record again
+        self.key_puts[tag] = change.key
+        self.key_dels.discard(tag)
         self._insert(tag, change.key, change.value, where)
 
     def _insert(self, tag: bytes, key: bytes, value: bytes, where: str) -> None:
@@ -290,13 +333,3 @@ class _Editor:
             f"--buckets {int(g.num_buckets * 1.25) + 1} (or without --buckets to size it for "
             "the records), then rotate both parties to the new snapshot")
 
-
-def publish(owner: OwnerTable, send: Callable[[str, list[tuple[int, str, bytes]]], Sequence[dict]]
-            ) -> list[tuple[int, Sequence[dict]]]:
-    """Send every unpublished version, in order, through `send(publication_id, batch)` (which
-    delivers to both parties), marking each published once `send` returns."""
-    done = []
-    for version, pub, batch in owner.unpublished():
-        done.append((version, send(pub, batch)))
-        owner.mark_published(version)
-    return done

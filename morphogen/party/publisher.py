@@ -394,6 +394,7 @@ class Publisher:
             log.warning("epoch log compaction failed (%s)", reason(exc))
 
     async def status(self) -> dict[str, Any]:
+        cfg = self.party.cfg
         by_shard = await self.replica_infos()
         infos = [replicas[0] for replicas in by_shard]
         state = admin.party_epoch([i for replicas in by_shard for i in replicas])
@@ -419,6 +420,8 @@ class Publisher:
                 "epoch_id": pending.epoch_id, "publication": pending.pub,
                 "lease_left_s": round(self.log.lease_left_s(log_state), 3)},
             "recent_publications": recent,
+            # the largest batch one publication may carry here: a bigger one goes as a rotation
+            "admin_max_updates": cfg.admin_updates_cap(),
             "wanted_identity": None if self.party.want is None else self.party.want.digest,
             "shards": [
                 {**{k: i.get(k) for k in keep},

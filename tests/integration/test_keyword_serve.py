@@ -21,7 +21,8 @@ from morphogen.keyword import (
     request_sizes,
 )
 from morphogen.keyword.accounts import ACCOUNT_VALUE_SIZE, synthetic_accounts
-from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, publish
+from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
+from morphogen.keyword.publishing import publish
 from morphogen.keyword.signing import generate_key_files, load_signing_key
 from morphogen.keyword.verify import ANSWER_FAILED
 from tests.integration.conftest import deploy
@@ -122,6 +123,7 @@ def test_a_tampered_party_gives_the_one_integrity_error_for_any_key(table) -> No
 
 
 def test_inserts_changes_and_deletes_published_to_both_parties(table) -> None:
+    from cluster.records import HttpParties
     from morphogen.client.admin import AdminClient, publish_to_parties
 
     accounts = table["accounts"]
@@ -136,12 +138,12 @@ def test_inserts_changes_and_deletes_published_to_both_parties(table) -> None:
     assert len(batch) >= 10  # 70 changes over 190 pages, the descriptor last
     admins = [AdminClient(u, TOKEN) for u in table["urls"].values()]
     try:
-        send = lambda pub, b: publish_to_parties(admins, lambda c: c.updates(b, pub))  # noqa: E731
-        done = publish(owner, send)
-        assert [v for v, _ in done] == [version]
-        assert publish(owner, send) == []  # every version sent: nothing again
-        pub = owner.unpublished() or [(version, f"kw-{owner.state['dataset'][:16]}-v{version}")]
-        again = publish_to_parties(admins, lambda c: c.updates(batch, pub[0][1]))
+        parties = HttpParties(admins, retry_for_s=30.0, max_updates=None)
+        done = publish(owner, parties)
+        assert [(p.version, p.mode) for p in done] == [(version, "updates")]
+        assert publish(owner, parties) == []  # every version sent: nothing again
+        pub = owner.publication_id(version)
+        again = publish_to_parties(admins, lambda c: c.updates(batch, pub))
         assert all(r.get("duplicate") for r in again)  # a re-send applies nothing twice
     finally:
         for a in admins:

@@ -81,6 +81,11 @@ def test_admin_settings() -> None:
     assert cfg.admin_snapshot_dir is None and not cfg.admin_supported
     assert cfg.admin_body_limit() == admin_body_bytes(1024)
     assert PartyConfig(admin_max_body_bytes=4096).admin_body_limit() == 4096
+    # what a party reports as the largest batch: the count cap, or what its body cap holds
+    assert cfg.admin_updates_cap() == 1024
+    small = PartyConfig(admin_max_body_bytes=admin_body_bytes(100))
+    assert 80 <= small.admin_updates_cap() <= 100
+    assert admin_body_bytes(small.admin_updates_cap()) <= small.admin_body_limit()
     # publication ids must outlive a router replica (and replicas catch up from the log):
     # admin needs a log, whatever the replica counts (issue 28, hole 1)
     for more in ({}, {"shard_replicas": 2}, {"router_replicas": 2},

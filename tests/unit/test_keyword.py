@@ -25,7 +25,6 @@ from morphogen.keyword.hashing import candidates_many, pack_keys, seeded_hash
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, read_changes
 from morphogen.keyword.pages import tag_of
 from morphogen.keyword.verify import ANSWER_FAILED, check, plan
-from morphogen.snapshot.reader import Snapshot
 
 VECTORS = Path(__file__).parents[1] / "vectors" / "cuckoo_vectors.json"
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -191,8 +190,7 @@ def test_records_files_in_both_formats_build_the_same_lookups(tmp_path: Path) ->
 # -- the owner's updates -----------------------------------------------------------------------
 
 def _served(owner: OwnerTable) -> np.ndarray:
-    with Snapshot.open(owner.snapshot_dir()) as snap:
-        return np.array(snap.read_verified())
+    return owner.pages()
 
 
 @pytest.mark.parametrize("layout", ["page", "row"])

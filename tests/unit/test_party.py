@@ -273,6 +273,7 @@ def test_a_router_that_did_not_publish_moves_to_what_another_published(world):
     status = asyncio.run(party_a.admin.status())
     assert [len(s["replicas"]) for s in status["shards"]] == [2, 2]
     assert status["wanted_identity"] == out["identity"]
+    assert status["admin_max_updates"] == 1024  # what an owner's publish sizes its batches by
 
 
 def test_a_publication_re_sent_to_another_router_without_a_log_is_never_applied_twice(world):

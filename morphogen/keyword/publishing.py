@@ -1,0 +1,175 @@
+"""Publishing the owner's versions to both parties, whatever their size.
+
+Each unpublished version goes, in order, as ONE publication under one id
+(`OwnerTable.publication_id`), in one of two forms chosen once per version:
+
+- *updates*: its batch of re-signed pages, when the parties take a batch that large (the
+  smaller of their `admin_max_updates`);
+- *rotation*: the version's full snapshot, written where the parties read snapshots
+  (their `admin_snapshot_dir`, a local directory or an object-store prefix), then one
+  rotation to it. A party verifies the snapshot and switches every shard in one step, so a
+  version touching any number of pages is applied whole or not at all, and no page count
+  blocks a version: the parties need only the room to hold it.
+
+The form (and, for a rotation, the path) is recorded in the owner's state before anything is
+sent, and a re-run sends the recorded form under the same id: a party that has the version
+answers "duplicate", one that lacks it applies it. So re-running after a crash at any step
+(between the snapshot and the rotation, between the two parties, before the owner noted the
+version as published) applies nothing twice and skips nothing. The owner directory's lock is
+held throughout: two owner processes publish one after the other, never interleaved.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from morphogen.keyword.owner import OwnerTable
+from morphogen.keyword.versions import Batch
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.writer import write_snapshot
+from morphogen.storage.location import is_remote
+
+MODES = "modes"  # owner.json: version -> {"mode": "updates"} or {"mode": "rotation", "path": ..}
+
+
+class Parties(Protocol):
+    """Both parties, as the owner publishes to them (`cluster.records` sends over HTTP)."""
+
+    def max_updates(self) -> int:
+        """The largest batch both parties take in one publication."""
+        ...
+
+    def updates(self, publication: str, batch: Batch) -> Sequence[dict]: ...
+
+    def snapshot(self, publication: str, path: str) -> Sequence[dict]: ...
+
+
+class PublishError(RuntimeError):
+    """A version cannot be published as things are configured (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class Published:
+    version: int
+    mode: str  # "updates" or "rotation"
+    pages: int  # pages the version changed
+    results: Sequence[dict]
+
+
+def snapshot_name(owner: OwnerTable, version: int) -> str:
+    return f"kw-{owner.dataset[:16]}-v{version:06d}"
+
+
+def _same_pages(path: Path, pages: np.ndarray) -> bool:
+    with Snapshot.open(path, verify=True) as snap:
+        return snap.num_pages == len(pages) and bool(np.array_equal(snap.read_verified(), pages))
+
+
+def _write_or_reuse(path: Path, owner: OwnerTable, version: int) -> None:
+    """The version's snapshot at `path`: written once, reused when a re-run finds it (a
+    snapshot is written manifest last, so one with a manifest is whole)."""
+    pages = owner.pages(version)
+    if (path / "manifest.json").is_file():
+        if not _same_pages(path, pages):
+            # a party may serve it: never replaced under its name
+            raise PublishError(f"{path} holds another snapshot than version {version}; move "
+                               "it away, then publish again")
+        return
+    write_snapshot(path, pages, epoch_id=version, source="morphogen keyword table",
+                   overwrite=True)
+
+
+def stage_snapshot(owner: OwnerTable, version: int, snapshot_dir: str) -> str:
+    """Put the version's full snapshot under `snapshot_dir` (where the parties' rotations
+    read from); returns the path or URI to send them."""
+    name = snapshot_name(owner, version)
+    if not is_remote(snapshot_dir):
+        path = Path(snapshot_dir).expanduser().resolve() / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_or_reuse(path, owner, version)
+        return str(path)
+    from morphogen.snapshot.upload import push_snapshot
+
+    # a local copy first, kept until published, so that a re-run pushes the same manifest
+    # (a push never replaces another snapshot at its prefix)
+    local = owner.root / "staged" / name
+    local.parent.mkdir(exist_ok=True)
+    _write_or_reuse(local, owner, version)
+    uri = f"{snapshot_dir.rstrip('/')}/{name}"
+    push_snapshot(local, uri, progress=False)
+    return uri
+
+
+def _choose(owner: OwnerTable, version: int, batch: Batch, parties: Parties,
+            snapshot_dir: str | None) -> dict:
+    modes = owner.state.setdefault(MODES, {})
+    chosen = modes.get(str(version))
+    if chosen is not None:
+        return dict(chosen)
+    if len(batch) <= parties.max_updates():
+        chosen = {"mode": "updates"}
+    else:
+        if not snapshot_dir:
+            raise PublishError(
+                f"version {version} changed {len(batch)} pages, more than the parties take in "
+                f"one batch ({parties.max_updates()}): it is published as a rotation to its "
+                "full snapshot. Give --snapshot-dir (a directory or object-store prefix under "
+                "both parties' admin_snapshot_dir) and publish again")
+        chosen = {"mode": "rotation",
+                  "path": stage_snapshot(owner, version, snapshot_dir)}
+    modes[str(version)] = chosen
+    owner.save()  # before the first send: every re-run sends this same form
+    return chosen
+
+
+def publish(owner: OwnerTable, parties: Parties, *,
+            snapshot_dir: str | None = None) -> list[Published]:
+    """Send every unpublished version, in order, marking each published once both parties
+    have it."""
+    done = []
+    with owner.locked():
+        owner.reload()
+        for version, pub, batch in owner.unpublished():
+            chosen = _choose(owner, version, batch, parties, snapshot_dir)
+            if chosen["mode"] == "rotation":
+                path = str(chosen["path"])
+                if not is_remote(path) and not (Path(path) / "manifest.json").is_file():
+                    # removed after it was recorded: write it again (the same bytes)
+                    _write_or_reuse(Path(path), owner, version)
+                results = parties.snapshot(pub, path)
+            else:
+                results = parties.updates(pub, batch)
+            done.append(Published(version, chosen["mode"], len(batch), results))
+            _published(owner, version)
+    return done
+
+
+def _published(owner: OwnerTable, version: int) -> None:
+    modes = owner.state.setdefault(MODES, {})
+    mine = modes.get(str(version), {})
+    if mine.get("mode") == "rotation":
+        # a party replays from its last committed rotation: earlier ones are no longer read
+        for v in [int(k) for k, m in modes.items() if int(k) < version
+                  and m.get("mode") == "rotation"]:
+            _remove_local(modes[str(v)]["path"])
+            modes.pop(str(v))
+        staged = owner.root / "staged"
+        if staged.is_dir():
+            for entry in staged.iterdir():
+                if entry.name != snapshot_name(owner, version):
+                    shutil.rmtree(entry, ignore_errors=True)
+    for k in [k for k, m in modes.items() if int(k) <= version and m.get("mode") == "updates"]:
+        modes.pop(k)
+    owner.mark_published(version, reload=False)
+
+
+def _remove_local(path: str) -> None:
+    if not is_remote(path) and os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)

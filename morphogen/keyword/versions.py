@@ -1,0 +1,171 @@
+"""The owner's versions on disk: a full copy every few versions, the changed pages between.
+
+Layout of a version directory (``v000007/``):
+
+- a *full* version holds ``snapshot/`` (the table as the parties serve it) and
+  ``keys.msgpack`` (tag -> key, which eviction needs and which never leaves the owner);
+- a *diff* version holds only what changed from the version before: ``batch.msgpack`` (the
+  re-signed pages, the batch the parties are sent) and ``keys-diff.msgpack`` (keys added and
+  removed).
+
+Every version after the first holds ``batch.msgpack``, full or not, since publishing sends it.
+Reading version *v* opens the last full version at or before it and lays the batches after it
+on top, in order: each batch holds whole pages, so the result is byte for byte the full copy
+*v* would have been. A full copy every `full_every` versions bounds that work.
+
+A version is written to a temporary directory and renamed into place before the owner's
+pointer moves to it, so a crash leaves no half version under a version's name. Pruning renames
+a version away before deleting it, for the same reason.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from pathlib import Path
+
+import msgpack
+import numpy as np
+
+from morphogen.keyword.layout import TAG_SIZE
+from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.writer import write_snapshot
+from morphogen.storage.durable import fsync_dir
+
+Batch = list[tuple[int, str, bytes]]
+
+SNAPSHOT = "snapshot"
+KEYS = "keys.msgpack"
+KEYS_DIFF = "keys-diff.msgpack"
+BATCH = "batch.msgpack"
+
+
+class VersionGone(LookupError):
+    """A version that retention removed (or that never existed)."""
+
+
+def vdir(root: Path, version: int) -> Path:
+    return root / f"v{version:06d}"
+
+
+def _pack(path: Path, obj: object) -> None:
+    with path.open("wb") as f:
+        msgpack.pack(obj, f, use_bin_type=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _unpack(path: Path) -> object:
+    return msgpack.unpackb(path.read_bytes(), raw=False)
+
+
+class VersionStore:
+    """The version directories under an owner directory `root`."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def is_full(self, version: int) -> bool:
+        return (vdir(self.root, version) / SNAPSHOT / "manifest.json").is_file()
+
+    def exists(self, version: int) -> bool:
+        return vdir(self.root, version).is_dir()
+
+    def write(self, version: int, pages: np.ndarray, *, full: bool, keys: dict[bytes, bytes],
+              key_puts: dict[bytes, bytes], key_dels: set[bytes], batch: Batch | None) -> Path:
+        """Write `version` (full: the pages and every key; else the batch and the key
+        changes) and rename it into place; returns its directory."""
+        final = vdir(self.root, version)
+        tmp = self.root / f".{final.name}.tmp-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        if full:
+            write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
+                           source="morphogen keyword table")
+            _pack(tmp / KEYS, {"tags": b"".join(keys), "keys": list(keys.values())})
+        else:
+            _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
+                                    "del": sorted(key_dels)})
+        if batch is not None:
+            _pack(tmp / BATCH, [[p, k, d] for p, k, d in batch])
+        if final.exists():  # left by a crash after the rename, before the pointer moved
+            self._remove(final)
+        os.replace(tmp, final)
+        fsync_dir(self.root)
+        return final
+
+    def batch(self, version: int) -> Batch:
+        path = vdir(self.root, version) / BATCH
+        if not path.is_file():
+            raise VersionGone(f"version {version} is no longer kept ({path} is gone)")
+        return [(int(p), str(k), bytes(d)) for p, k, d in _unpack(path)]  # type: ignore[union-attr]
+
+    def _base(self, version: int) -> int:
+        """The last full version at or before `version`, every version between it and
+        `version` present."""
+        v = version
+        while v >= 1:
+            if not self.exists(v):
+                break
+            if self.is_full(v):
+                return v
+            v -= 1
+        raise VersionGone(f"version {version} is no longer kept: retention removed the full "
+                          f"copy it is read from (version {v} is gone)")
+
+    def pages(self, version: int) -> np.ndarray:
+        """The pages of `version`, exactly the bytes its full copy holds (or would hold)."""
+        base = self._base(version)
+        with Snapshot.open(vdir(self.root, base) / SNAPSHOT) as snap:
+            pages = np.array(snap.read_verified(), dtype=np.uint8)
+        for v in range(base + 1, version + 1):
+            for page, _kind, data in self.batch(v):
+                pages[page] = np.frombuffer(data, np.uint8)
+        return pages
+
+    def keys(self, version: int) -> dict[bytes, bytes]:
+        """tag -> key of `version`."""
+        base = self._base(version)
+        raw = _unpack(vdir(self.root, base) / KEYS)
+        tags = raw["tags"]  # type: ignore[index]
+        keys = {tags[i * TAG_SIZE:(i + 1) * TAG_SIZE]: k
+                for i, k in enumerate(raw["keys"])}  # type: ignore[index]
+        for v in range(base + 1, version + 1):
+            diff = _unpack(vdir(self.root, v) / KEYS_DIFF)
+            for tag in diff["del"]:  # type: ignore[index]
+                keys.pop(tag, None)
+            for tag, key in diff["put"]:  # type: ignore[index]
+                keys[tag] = key
+        return keys
+
+    def snapshot_of(self, version: int) -> Path | None:
+        """The snapshot directory of a full version, None for a diff."""
+        return vdir(self.root, version) / SNAPSHOT if self.is_full(version) else None
+
+    def prune(self, oldest_kept: int) -> list[int]:
+        """Remove the versions that reading `oldest_kept` and every later one does not need:
+        those before the last full version at or before it. Version 1 stays: it is the
+        snapshot the parties were started with, which a restarted replica replays from."""
+        base = self._base(oldest_kept)
+        gone = []
+        for entry in sorted(self.root.iterdir()):
+            name = entry.name
+            if name.startswith(".v") and ".tmp-" in name or name.startswith(".gone-"):
+                self._remove(entry)  # a crash's leftovers: never named as a version
+                continue
+            if not (name.startswith("v") and name[1:].isdigit()):
+                continue
+            v = int(name[1:])
+            if 1 < v < base:
+                self._remove(entry)
+                gone.append(v)
+        return gone
+
+    def _remove(self, path: Path) -> None:
+        # renamed first: a crash mid-delete must not leave a half version under its name
+        if not path.name.startswith((".gone-", ".v")):
+            away = self.root / f".gone-{path.name}-{secrets.token_hex(4)}"
+            os.replace(path, away)
+            fsync_dir(self.root)
+            path = away
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,265 @@
+"""The owner's storage and publication: versions kept as diffs with periodic full copies and a
+retention, read back byte for byte; the current records exported and rebuilt; versions of any
+size published whole, once, and in order, whatever crashes in between."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from morphogen.keyword import build_table
+from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
+from morphogen.keyword.publishing import PublishError, publish
+from morphogen.keyword.verify import check, plan
+from morphogen.keyword.versions import VersionGone
+
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+
+
+def _records(n: int, seed: int) -> dict[bytes, bytes]:
+    rng = random.Random(seed)
+    return {rng.randbytes(20): rng.randbytes(32) for _ in range(n)}
+
+
+def _lookup(pages: np.ndarray, keys: list[bytes]) -> list[bytes | None]:
+    desc = Descriptor.from_page(pages[-1].tobytes(), KEY.public_key())
+    at, buckets = plan(desc, keys)
+    return check(desc, KEY.public_key(), keys, buckets, [pages[p].tobytes() for p in at])
+
+
+def _changes(rng: random.Random, recs: dict[bytes, bytes], n: int) -> list[Change]:
+    out = [Change("put", rng.randbytes(20), rng.randbytes(32)) for _ in range(n)]
+    out += [Change("put", k, rng.randbytes(32)) for k in rng.sample(sorted(recs), n)]
+    out += [Change("delete", k) for k in rng.sample(sorted(recs), 2)]
+    return out
+
+
+def _follow(recs: dict[bytes, bytes], changes: list[Change]) -> None:
+    for c in changes:
+        if c.op == "put":
+            recs[c.key] = c.value
+        else:
+            recs.pop(c.key, None)
+
+
+def test_every_retained_version_reads_as_its_full_copy(tmp_path: Path) -> None:
+    recs = _records(6000, seed=1)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o", full_every=3, keep=2)
+    owner = OwnerTable(tmp_path / "o")
+    rng = random.Random(2)
+    full = {1: table.pages.copy()}
+    for _ in range(8):  # versions 2..9: full copies at 4 and 7, diffs between
+        changes = _changes(rng, recs, 5)
+        version, _ = owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+        full[version] = owner.pages().copy()
+        # what a full copy of the new version holds: the previous one plus its batch
+        expected = full[version - 1].copy()
+        for page, _kind, data in owner.unpublished()[-1][2]:
+            expected[page] = np.frombuffer(data, np.uint8)
+        assert np.array_equal(full[version], expected)
+    root = tmp_path / "o"
+    assert [v for v in range(1, 10) if (root / f"v{v:06d}" / "snapshot").is_dir()] == [1, 4, 7]
+    owner.mark_published(9)  # only the last 2 must stay readable now: 8 and 9, from 7
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("v")) == [
+        "v000001", "v000007", "v000008", "v000009"]
+    for v in (1, 7, 8, 9):
+        assert np.array_equal(OwnerTable(root).pages(v), full[v]), v
+    with pytest.raises(VersionGone, match="version 5 is no longer kept"):
+        owner.pages(5)
+    # a diff version is the changed pages, not a copy of the table
+    diff = sum(f.stat().st_size for f in (root / "v000008").iterdir())
+    assert diff < (root / "v000007" / "snapshot" / "pages.bin").stat().st_size / 4
+    keys = list(recs)
+    assert _lookup(owner.pages(), keys) == [recs[k] for k in keys]
+
+
+def test_unpublished_versions_stay_whatever_the_retention(tmp_path: Path) -> None:
+    recs = _records(600, seed=3)
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7),
+                     tmp_path / "o", full_every=2, keep=1)
+    owner = OwnerTable(tmp_path / "o")
+    rng = random.Random(4)
+    for _ in range(5):
+        owner.apply(_changes(rng, recs, 3), KEY, rng=rng.randrange)
+    # nothing published: every version's batch is still there to send
+    assert [v for v, _, _ in owner.unpublished()] == [2, 3, 4, 5, 6]
+
+
+def test_export_then_rebuild_finds_the_same_records(tmp_path: Path, capsys) -> None:
+    from cluster.cli import main
+
+    recs = _records(800, seed=5)
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7),
+                     tmp_path / "o", full_every=4)
+    owner = OwnerTable(tmp_path / "o")
+    rng = random.Random(6)
+    for _ in range(2):
+        changes = _changes(rng, recs, 10)
+        owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+    out = tmp_path / "records.jsonl"
+    assert main(["records", "export", "--owner", str(tmp_path / "o"), "--out", str(out)]) == 0
+    assert f"{len(recs)} records of version 3" in capsys.readouterr().out
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert {bytes.fromhex(x["key"][2:]): bytes.fromhex(x["value"][2:]) for x in lines} == recs
+    (tmp_path / "o.key").write_text(KEY.private_bytes_raw().hex())
+    assert main(["build", "--records", str(out), "--value-size", "32", "--signing-key",
+                 str(tmp_path / "o.key"), "--out", str(tmp_path / "rebuilt")]) == 0
+    pages = OwnerTable(tmp_path / "rebuilt").pages()
+    keys = sorted(recs)
+    assert _lookup(pages, keys) == [recs[k] for k in keys]
+
+
+class FakeParty:
+    """A party as the owner sees one: publications by id, each applied once; a rotation
+    reads the snapshot at its path as a party would."""
+
+    def __init__(self, pages: np.ndarray) -> None:
+        self.pages = pages.copy()
+        self.seen: dict[str, str] = {}
+        self.applied = 0
+
+    def take(self, pub: str, request: str, apply) -> dict:
+        if pub in self.seen:
+            if self.seen[pub] != request:  # what a party answers 409 to
+                raise AssertionError(f"{pub} re-sent as another request")
+            return {"epoch_id": len(self.seen), "duplicate": True}
+        apply()
+        self.seen[pub] = request
+        self.applied += 1
+        return {"epoch_id": len(self.seen)}
+
+
+class FakeParties:
+    def __init__(self, pages: np.ndarray, cap: int) -> None:
+        self.a, self.b, self.cap = FakeParty(pages), FakeParty(pages), cap
+        self.fail_b = 0  # how many sends to B fail (an owner that dies between the parties)
+        self.cache: str | None = None  # where a party caches a remote snapshot's chunks
+
+    def max_updates(self) -> int:
+        return self.cap
+
+    def _both(self, pub: str, request: str, apply_to) -> list[dict]:
+        out = [self.a.take(pub, request, lambda: apply_to(self.a))]
+        if self.fail_b:
+            self.fail_b -= 1
+            raise ConnectionError("the owner died between the parties")
+        return out + [self.b.take(pub, request, lambda: apply_to(self.b))]
+
+    def updates(self, pub, batch):
+        def apply_to(party: FakeParty) -> None:
+            for page, _kind, data in batch:
+                party.pages[page] = np.frombuffer(data, np.uint8)
+        return self._both(pub, "updates", apply_to)
+
+    def snapshot(self, pub, path):
+        from morphogen.snapshot.open import open_any
+
+        def apply_to(party: FakeParty) -> None:
+            with open_any(path, verify=True, cache_dir=self.cache) as snap:
+                party.pages = np.array(snap.read_verified())
+        return self._both(pub, f"rotation:{path}", apply_to)
+
+
+def test_a_version_bigger_than_a_batch_goes_whole_as_a_rotation(tmp_path: Path) -> None:
+    recs = _records(1200, seed=7)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o", full_every=4)
+    owner = OwnerTable(tmp_path / "o")
+    parties = FakeParties(table.pages, cap=8)
+    rng = random.Random(8)
+    big = [Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:300]]
+    big_version, big_batch = owner.apply(big, KEY, rng=rng.randrange)
+    assert len(big_batch) > parties.cap
+    small = [Change("put", sorted(recs)[400], rng.randbytes(32))]
+    small_version, _ = owner.apply(small, KEY, rng=rng.randrange)
+    _follow(recs, big + small)
+    with pytest.raises(PublishError, match="--snapshot-dir"):
+        publish(owner, parties)  # nothing sent: no place for the snapshot was given
+    assert parties.a.applied == parties.b.applied == 0
+    parties.fail_b = 1
+    with pytest.raises(ConnectionError):
+        publish(owner, parties, snapshot_dir=str(tmp_path / "snaps"))
+    assert (parties.a.applied, parties.b.applied) == (1, 0) and owner.published == 1
+    # the re-run (another process) sends the recorded form: A answers it as done
+    done = publish(OwnerTable(tmp_path / "o"), parties, snapshot_dir=str(tmp_path / "other"))
+    assert [(p.version, p.mode) for p in done] == [(big_version, "rotation"),
+                                                   (small_version, "updates")]
+    assert done[0].results[0].get("duplicate") and not done[0].results[1].get("duplicate")
+    assert parties.a.applied == parties.b.applied == 2
+    assert not (tmp_path / "other").exists()
+    assert np.array_equal(parties.a.pages, parties.b.pages)
+    assert np.array_equal(parties.a.pages, owner.pages())
+    keys = sorted(recs)
+    assert _lookup(parties.b.pages, keys) == [recs[k] for k in keys]
+    assert publish(OwnerTable(tmp_path / "o"), parties) == []
+
+
+def test_a_rotation_snapshot_is_never_replaced_by_other_bytes(tmp_path: Path) -> None:
+    recs = _records(400, seed=9)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    rng = random.Random(10)
+    owner.apply([Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:60]], KEY,
+                rng=rng.randrange)
+    parties = FakeParties(table.pages, cap=2)
+    snaps = tmp_path / "snaps"
+    from morphogen.keyword.publishing import snapshot_name
+    from morphogen.snapshot.writer import write_snapshot
+
+    write_snapshot(snaps / snapshot_name(owner, 2), table.pages, epoch_id=2, source="other")
+    with pytest.raises(PublishError, match="holds another snapshot than version 2"):
+        publish(owner, parties, snapshot_dir=str(snaps))
+    assert parties.a.applied == 0
+
+
+def test_apply_of_the_same_changes_file_again_applies_nothing(tmp_path: Path, capsys) -> None:
+    from cluster.cli import main
+
+    recs = _records(300, seed=11)
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7),
+                     tmp_path / "o")
+    (tmp_path / "o.key").write_text(KEY.private_bytes_raw().hex())
+    key = sorted(recs)[0]
+    changes = tmp_path / "c.jsonl"
+    changes.write_text(json.dumps({"op": "delete", "key": "0x" + key.hex()}) + "\n")
+    args = ["records", "apply", "--owner", str(tmp_path / "o"), "--signing-key",
+            str(tmp_path / "o.key"), str(changes)]
+    assert main(args) == 0
+    assert main(args) == 0  # a delete applied twice would be refused: the key is gone
+    assert "version 2 already holds" in capsys.readouterr().out
+    assert OwnerTable(tmp_path / "o").current == 2
+    changes.write_text(json.dumps({"op": "put", "key": "0x" + key.hex(),
+                                   "value": "0x" + "00" * 32}) + "\n")
+    assert main(args) == 0 and OwnerTable(tmp_path / "o").current == 3
+
+
+def test_a_big_version_rotates_from_an_object_store_prefix(tmp_path: Path, s3_bucket) -> None:
+    recs = _records(500, seed=12)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    rng = random.Random(13)
+    changes = [Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:80]]
+    owner.apply(changes, KEY, rng=rng.randrange)
+    _follow(recs, changes)
+    parties = FakeParties(table.pages, cap=2)
+    parties.cache, parties.fail_b = str(tmp_path / "cache"), 1
+    prefix = f"s3://{s3_bucket}/snaps"
+    with pytest.raises(ConnectionError):
+        publish(owner, parties, snapshot_dir=prefix)
+    # the re-run pushes the same manifest again (a push never replaces another snapshot)
+    done = publish(OwnerTable(tmp_path / "o"), parties, snapshot_dir=prefix)
+    assert [p.mode for p in done] == ["rotation"]
+    assert (parties.a.applied, parties.b.applied) == (1, 1)
+    assert np.array_equal(parties.b.pages, owner.pages())
+    assert OwnerTable(tmp_path / "o").published == 2
