@@ -72,13 +72,22 @@ def build_records(args: argparse.Namespace) -> int:
 
 def cmd_lookup(args: argparse.Namespace) -> int:
     from morphogen.client import PirClient, PirError, PirUnavailable
-    from morphogen.keyword import KeywordClient, KeywordIntegrityError
+    from morphogen.keyword import (
+        KeywordClient,
+        KeywordIntegrityError,
+        StaleTableError,
+        TableChangingError,
+    )
 
     url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
     keys = [_key_arg(k) for k in args.keys]
     try:
         with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
             values = KeywordClient(pir, args.public_key).get_many(keys)
+    except StaleTableError as exc:
+        raise CommandFailed(f"stale table: {exc}") from None
+    except TableChangingError as exc:
+        raise CommandFailed(f"{exc} (the table changed at every try: run it again)") from None
     except KeywordIntegrityError as exc:
         raise CommandFailed(f"integrity: {exc}") from None
     except PirUnavailable as exc:
