@@ -167,9 +167,9 @@ class ChunkCache:
         if not missing:
             return root_dir
         with _shared_lock(Path(str(root_dir) + ".lock")):  # eviction waits for fetches
-            self._check_space(manifest, uri, root_dir, missing)
-            progress = FetchProgress(uri, node_name(), str(root_dir), len(missing),
-                                     sum(self._chunk_bytes(manifest, c) for c in missing))
+            needed = sum(self._chunk_bytes(manifest, c) for c in missing)
+            self._check_space(uri, root_dir, len(missing), needed)
+            progress = FetchProgress(uri, node_name(), str(root_dir), len(missing), needed)
             log.info("%s: fetching %d chunk(s), %.1f MiB of %s into %s", node_name(),
                      len(missing), progress.total / 2**20, uri, root_dir)
             busy = self._fetch(manifest, uri, root_dir, read_range, missing, sink, progress,
@@ -252,14 +252,13 @@ class ChunkCache:
         if 10 * progress.done // total != 10 * before // total:
             log.info("%s: %s", progress.node, progress.line())
 
-    def _check_space(self, manifest: Manifest, uri: str, root_dir: Path,
-                     missing: Sequence[int]) -> None:
+    @staticmethod
+    def _check_space(uri: str, root_dir: Path, chunks: int, needed: int) -> None:
         """Refuse a fetch the disk cannot hold, before any byte of it is written."""
-        needed = sum(self._chunk_bytes(manifest, c) for c in missing)
         free = shutil.disk_usage(root_dir).free
         if free < needed:
             raise CacheFullError(
-                f"node {node_name()}: {uri}: {len(missing)} chunk(s) need {_size(needed)} in "
+                f"node {node_name()}: {uri}: {chunks} chunk(s) need {_size(needed)} in "
                 f"{root_dir}, which has {_size(free)} free: free space there or set "
                 "snapshot_cache_dir to a larger disk")
 
