@@ -139,10 +139,8 @@ class ShardReplica:
         pages, all computed on the one epoch named. `want`: the identity the router combines;
         a replica behind it catches up first (bounded) or answers 503."""
         self._start_folder()
-        if want is not None and self._behind(want):
+        if self._behind(want):
             await self._reach(want)
-        elif want is None and self._log_unread:
-            await self._reach(None)
         loop = asyncio.get_running_loop()
         try:
             identity, acc, phases = await loop.run_in_executor(
@@ -163,6 +161,8 @@ class ShardReplica:
         return identity, np.ascontiguousarray(acc).tobytes()
 
     def _behind(self, want: EpochIdentity | None) -> bool:
+        """Whether a scan must wait for the log: behind the epoch wanted, or (no epoch named)
+        started without having read the log at all."""
         if want is None:
             return self._log_unread
         return self.core.identity.epoch_id < want.epoch_id
@@ -177,15 +177,16 @@ class ShardReplica:
                     self._admin(self._catch_up_quietly))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), self._wait_s)
-        if want is None and self._behind(want):
+        if not self._behind(want):
+            return
+        if want is None:
             raise unavailable(
                 f"shard {self.core.index} replica started while its epoch log was unreadable: "
                 f"it cannot tell whether its epoch {self.core.epoch_id} is the party's",
                 self._retry_after)
-        if want is not None and self._behind(want):
-            raise unavailable(
-                f"shard {self.core.index} replica is at epoch {self.core.epoch_id}, catching up "
-                f"to {want.epoch_id}", self._retry_after)
+        raise unavailable(
+            f"shard {self.core.index} replica is at epoch {self.core.epoch_id}, catching up "
+            f"to {want.epoch_id}", self._retry_after)
 
     # ------------------------------------------------------------------ the epoch log
 
