@@ -60,6 +60,7 @@ _ROUTES = {
     ADMIN_STATUS_PATH: "GET",
 }
 _ADMIN_PATHS = frozenset({ADMIN_UPDATES_PATH, ADMIN_SNAPSHOT_PATH, ADMIN_STATUS_PATH})
+STARTS_REFRESH_S = 10.0  # the replica-start gauges: a slow-moving count, no need for more
 
 
 class _HandleLink:
@@ -124,6 +125,8 @@ class Router:
                               log_id=cfg.epoch_log_id, marker_later=True)
                      if cfg.epoch_log_dir else None)
         self._metrics = ServeMetrics()
+        self._starts_task: asyncio.Task[None] | None = None
+        self._starts_at = float("-inf")
         self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log, self._metrics)
         # Admin: the token is read once, here; it never reaches a log line or an error.
         self._guard = WatchedAdminGuard(cfg.admin_token_file, cfg.admin_token_env)
@@ -171,12 +174,21 @@ class Router:
         return await self._party.admin.snapshot(requested, publication)
 
     async def check_health(self) -> None:
-        """Serve's periodic health check, used to refresh the start gauges: how many shard
-        replicas are fetching or failed to start. It never fails the router."""
+        """Serve's periodic health check, used to start a refresh of the start gauges (how
+        many shard replicas are fetching or failed to start) at most every
+        STARTS_REFRESH_S, in the background: the check itself never waits on the cluster's
+        key-value store, so a slow store cannot make a router unhealthy."""
+        now = time.monotonic()
+        task = self._starts_task
+        if (task is None or task.done()) and now - self._starts_at >= STARTS_REFRESH_S:
+            self._starts_at = now
+            self._starts_task = asyncio.get_running_loop().create_task(self._refresh_starts())
+
+    async def _refresh_starts(self) -> None:
         try:
             app = serve.get_replica_context().app_name
             board = await asyncio.to_thread(start_board.unsettled, app)
-        except Exception:  # noqa: BLE001 - see above
+        except Exception:  # noqa: BLE001 - a gauge left as it was; the router is fine
             return
         counts = {(str(i), state): 0 for i in range(self._cfg.num_shards)
                   for state in ("fetching", "failed")}
