@@ -9,12 +9,15 @@ client's verification time.
    `KeywordClient.get_many` (one query of three keys per lookup, every page verified) against
    page reads/s of `PirClient.get` with the same number of random three-page queries per
    request, sequential and batched, for a small table (where the scan is nearly free and the
-   client's signature checks show) and a 1 M-record one. Target: lookups/s >= 0.9 of
+   client's checks show) and a 1 M-record one. Target: lookups/s >= 0.9 of
    page-query reads/s.
    Requests are padded to a bucket of lookups (docs/keyword.md); `--per-request` sizes that
    are buckets measure no padding.
 4. Client check time per lookup: `verify.check` on the pages of 1 and of 32 lookups at once
-   (signatures on every core, and the slot scan), per lookup.
+   (every page hashed up its path to the version's root, and the slot scan), per lookup, with
+   the client's default levels and with every level but the top read privately.
+5. Tree scan: the pages the servers scan for the tree, per page of the data scan, a lookup
+   and once a version.
 
     python bench/keyword_lookup.py          # 1 M records, 20 s per HTTP measurement
     python bench/keyword_lookup.py --quick  # 100 k records, short measurements
@@ -35,7 +38,8 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PARTS = {"build": "build", "load": "max_load", "verify": "verification", "http": "http"}
+PARTS = {"build": "build", "load": "max_load", "verify": "verification", "http": "http",
+         "tree": "tree_scan"}
 
 
 def _log(msg: str) -> None:
@@ -99,26 +103,61 @@ def verify_time(runs: int, per_request: list[int]) -> dict:
 
     from morphogen.keyword import build_table
     from morphogen.keyword.accounts import synthetic_accounts
-    from morphogen.keyword.verify import check, plan
+    from morphogen.keyword.verify import check, plan, private_levels, prove_whole
 
     key = Ed25519PrivateKey.generate()
-    accounts = synthetic_accounts(20000, seed=3)
+    accounts = synthetic_accounts(200_000, seed=3)
     table = build_table(accounts, value_size=32, signing_key=key)
-    pub = key.public_key()
+    desc, pages = table.descriptor, table.pages
+    g = desc.geometry
+    out: dict = {"table_pages": g.num_pages, "levels": g.levels}
+    # the client's default (levels of up to 64 pages read whole once a version: the paths end
+    # there), and every level but the top read privately, a page a candidate
+    for name, whole in (("default", 64), ("private_levels", 1)):
+        private = private_levels(desc, whole)
+        t = time.perf_counter()
+        proof = prove_whole(desc, private, {
+            k: [pages[g.level_first(k) + i].tobytes() for i in range(g.levels[k - 1])]
+            for k in range(private + 1, len(g.levels) + 1)})
+        whole_s = time.perf_counter() - t
+        firsts = [0] + [g.level_first(k) for k in range(1, private + 1)]
+        for q in per_request:
+            batches = [[k for k, _ in accounts[i:i + q]] for i in range(0, runs * q, q)][:runs]
+            times = []
+            for b in batches:
+                wanted, buckets = plan(proof, b)
+                got = [[pages[f + p].tobytes() for p in want]
+                       for f, want in zip(firsts, wanted, strict=True)]
+                t = time.perf_counter()
+                check(proof, b, buckets, got)
+                times.append((time.perf_counter() - t) / q)
+            med = statistics.median(times)
+            _log(f"[bench] client check ({name}: {private} level(s) read privately), {q} "
+                 f"lookups at once: {med * 1e6:.1f} us per lookup")
+            out[f"{name}_lookups_{q}"] = {"us_per_lookup_median": round(med * 1e6, 1),
+                                          "private_levels": private}
+        out[f"{name}_version_check_ms"] = round(whole_s * 1e3, 2)
+    return out
+
+
+def tree_scan_fraction(records: int) -> dict:
+    """Pages the servers scan for the tree a lookup, per page of the data scan: the levels
+    read privately (three queries each, like the data) and, once a version, the levels read
+    whole (one query a page of the level)."""
+    from morphogen.keyword import Geometry
+    from morphogen.keyword.build import DEFAULT_LOAD, _sizes
+
     out = {}
-    for q in per_request:
-        batches = [[k for k, _ in accounts[i:i + q]] for i in range(0, runs * q, q)][:runs]
-        plans = [plan(table.descriptor, b) for b in batches]
-        answers = [[table.pages[p].tobytes() for p in pages] for pages, _ in plans]
-        times = []
-        for b, (_, buckets), got in zip(batches, plans, answers, strict=True):
-            t = time.perf_counter()
-            check(table.descriptor, pub, b, buckets, got)
-            times.append((time.perf_counter() - t) / q)
-        med = statistics.median(times)
-        _log(f"[bench] client check, {q} lookups at once: {med * 1e6:.0f} us per lookup "
-             f"({3 * q} signatures)")
-        out[f"lookups_{q}"] = {"us_per_lookup_median": round(med * 1e6, 1)}
+    for n in records:
+        g = Geometry("page", 32, _sizes(n, "page", 32, 0, DEFAULT_LOAD["page"]))
+        private = [n_ for n_ in g.levels if n_ > 64]
+        whole = [n_ for n_ in g.levels if n_ <= 64]
+        out[f"records_{n}"] = {
+            "data_pages": g.data_pages, "levels": g.levels,
+            "per_lookup": round(sum(private) / g.data_pages, 5),
+            "per_version": round(sum(n_ * n_ for n_ in whole) / g.data_pages, 5)}
+        _log(f"[bench] {n} records: tree scan {sum(private) / g.data_pages:.4f} of the data "
+             f"scan a lookup, {sum(n_ * n_ for n_ in whole) / g.data_pages:.4f} once a version")
     return out
 
 
@@ -223,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_load": lambda: max_load(args.load_records),
         "verification": lambda: verify_time(300, args.per_request),
         "http": lambda: http_rates(args.http_records, args.seconds, args.per_request),
+        "tree_scan": lambda: tree_scan_fraction([50_000, 1_000_000, 100_000_000]),
     }
     result: dict = {"machine": f"{os.cpu_count()} cpus"}
     for part in args.parts:

@@ -51,10 +51,19 @@ def build_records(args: argparse.Namespace) -> int:
     if (Path(args.out) / "owner.json").exists():
         raise UsageError(f"--out {args.out} already holds a keyword table; build into a new "
                          "directory")
+    version = 1
+    if args.after:
+        from morphogen.keyword.owner import OwnerTable
+
+        try:  # a rebuild goes on numbering: clients that read the old table accept the new
+            version = OwnerTable(args.after).current + 1
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--after {exc}") from None
     try:
         table = build_table(read_records(args.records, args.format), value_size=args.value_size,
                             signing_key=key, layout=args.layout, row_size=args.row_size,
-                            num_buckets=args.buckets)
+                            num_buckets=args.buckets, version=version,
+                            anchor=_anchor(args.anchor))
         snapshot = create_owner_dir(table, args.out, full_every=args.full_every,
                                     keep=args.keep)
     except (RecordError, TableFullError) as exc:
@@ -62,9 +71,9 @@ def build_records(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     d, s = table.descriptor, table.stats
-    print(f"table {args.out}: {d.records} records in {d.geometry.num_buckets} {d.geometry.layout}"
-          f" buckets ({s.load:.1%} of {s.capacity} slots), {d.geometry.num_pages} pages, "
-          f"{s.seconds:.1f} s")
+    print(f"table {args.out} version {d.version}: {d.records} records in "
+          f"{d.geometry.num_buckets} {d.geometry.layout} buckets ({s.load:.1%} of "
+          f"{s.capacity} slots), {d.geometry.num_pages} pages, {s.seconds:.1f} s")
     print(f"serve this snapshot on both parties: {snapshot}")
     print(f"clients need the public key: {d.public_key.hex()}")
     return 0
@@ -164,7 +173,8 @@ def _apply(owner, args: argparse.Namespace) -> None:
         key = load_signing_key(args.signing_key)
         changes = read_changes(args.changes)
         digest = hashlib.blake2b(Path(args.changes).read_bytes(), digest_size=16).hexdigest()
-        version, batch = owner.apply(changes, key, changes_id=digest)
+        version, batch = owner.apply(changes, key, changes_id=digest,
+                                     anchor=_anchor(args.anchor))
     except (RecordError, TableFullError) as exc:
         raise UsageError(f"{args.changes}: {exc}") from None
     except (OSError, ValueError) as exc:
@@ -173,7 +183,21 @@ def _apply(owner, args: argparse.Namespace) -> None:
         print(f"version {version} already holds {args.changes} (the last changes applied): "
               "nothing applied again")
         return
-    print(f"version {version}: {len(changes)} change(s), {len(batch)} page(s) re-signed")
+    print(f"version {version}: {len(changes)} change(s), {len(batch)} page(s) changed "
+          "(records, tree paths and the signed descriptor)")
+
+
+def _anchor(text: str | None):
+    """CHAIN_ID:NUMBER:0xHASH -> the chain block a version reflects."""
+    if not text:
+        return None
+    from morphogen.keyword.descriptor import Anchor
+
+    try:
+        chain, number, digest = text.split(":")
+        return Anchor(int(chain), int(number), digest.lower())
+    except ValueError as exc:
+        raise UsageError(f"--anchor {text}: expected CHAIN_ID:NUMBER:0xHASH ({exc})") from None
 
 
 class HttpParties:
@@ -276,6 +300,13 @@ def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclu
     bld.add_argument("--keep", type=inputs.positive_int, default=4, metavar="K",
                      help="published versions the owner keeps readable besides the "
                           "unpublished ones (records; default 4)")
+    bld.add_argument("--after", metavar="DIR", default=None,
+                     help="a rebuild: number the table's first version after the current "
+                          "version of this owner directory, so clients that read the old "
+                          "table accept the new (records)")
+    bld.add_argument("--anchor", metavar="CHAIN:NUMBER:HASH", default=None,
+                     help="the chain block the table reflects, signed into its descriptor "
+                          "(records)")
     bld.add_argument("--buckets", type=inputs.positive_int, default=None, metavar="N",
                      help="fixed bucket count (refused when the records do not fit; default: "
                           "sized for the records)")
@@ -320,6 +351,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     ap.add_argument("--signing-key", required=True, metavar="FILE",
                     help="the owner's Ed25519 key the table was built with")
     ap.add_argument("changes", metavar="CHANGES", help="changes file (JSON lines, see above)")
+    ap.add_argument("--anchor", metavar="CHAIN:NUMBER:HASH", default=None,
+                    help="the chain block the new version reflects, signed into its descriptor")
     pb = acts.add_parser("publish", help="send every unpublished version to both parties")
     pb.add_argument("--owner", required=True, metavar="DIR",
                     help="the owner directory `build --records` made")

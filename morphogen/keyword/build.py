@@ -1,4 +1,4 @@
-"""Records -> a signed cuckoo table over pages.
+"""Records -> a cuckoo table over pages, its hash tree and its signed descriptor.
 
 Every record is placed in one of its three candidate buckets, with random-walk eviction when
 all three are full. Nothing is ever dropped and there is no stash: a build that cannot place
@@ -18,12 +18,14 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.descriptor import Anchor, Descriptor
 from morphogen.keyword.hashing import candidates_many, pack_keys
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry, Layout
-from morphogen.keyword.pages import root_of, sign_page, tags_of
+from morphogen.keyword.pages import tags_of
 from morphogen.keyword.records import Record, RecordError, from_pairs
 from morphogen.keyword.signing import DATASET_SIZE, public_bytes
+from morphogen.keyword.tree import build as build_tree
+from morphogen.keyword.tree import root_of
 
 MAX_KICKS = 1000
 SEED_DRAWS = 3  # per size, before growing
@@ -176,13 +178,20 @@ def build_table(
     load: float | None = None,
     seeds: tuple[int, int, int] | None = None,
     dataset: bytes | None = None,
+    version: int = 1,
+    anchor: Anchor | None = None,
 ) -> KeywordTable:
-    """Place every record, sign every page, and return the table.
+    """Place every record, hash the pages into the tree, sign the descriptor, and return the
+    table.
 
     `num_buckets` fixes the size (TableFullError when the records do not fit); otherwise the
     size is chosen for `load` (default 0.95 of the slots for pages, 0.85 for rows) and grown
     when three seed draws cannot place every record. `seeds` fixes the seeds (tests).
+    `version` numbers the table (a rebuild continues its predecessor's numbering, so that
+    clients that read the old table accept the new); `anchor` names the block it reflects.
     """
+    if version < 1:
+        raise ValueError("a table's version is 1 or more")
     t0 = time.perf_counter()
     if layout == "row" and row_size == 0:
         raise ValueError("the row layout needs row_size (a divisor of 4096)")
@@ -213,7 +222,7 @@ def build_table(
                 attempts.append({"num_buckets": buckets, "placed": bool(left < 0)})
                 if left < 0:
                     return _finish(geometry, draw, dataset, keys, tags, values, occ, fill,
-                                   signing_key, attempts, t0)
+                                   signing_key, attempts, t0, (version, anchor))
                 failed_at = wheres[int(left)]
         if fixed:
             raise TableFullError(
@@ -229,7 +238,8 @@ def _capacities(geometry: Geometry) -> np.ndarray:
     return np.full(geometry.num_buckets, geometry.slots_per_bucket, np.int32)
 
 
-def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key, attempts, t0):
+def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key, attempts, t0,
+            numbering):
     pages = np.zeros((geometry.num_pages, PAGE_SIZE), np.uint8)
     bucket_ids = np.arange(geometry.num_buckets, dtype=np.int64)
     bucket_page = bucket_ids // geometry.rows_per_page
@@ -238,11 +248,14 @@ def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key
     else:
         slot_off = (bucket_ids % geometry.rows_per_page) * geometry.row_size
     _write_slots(pages, occ, fill, bucket_page, slot_off, tags, values)
-    for index in range(geometry.data_pages):
-        sign_page(signing_key, geometry, dataset, index, pages[index])
-    root = root_of(pages[:geometry.data_pages])
-    desc = Descriptor(dataset, 1, geometry, tuple(int(s) for s in seeds),
-                      public_bytes(signing_key.public_key()), root, len(keys))
+    levels = build_tree(pages[:geometry.data_pages])
+    for k, level in enumerate(levels, 1):
+        first = geometry.level_first(k)
+        pages[first:first + len(level)] = level
+    version, anchor = numbering
+    desc = Descriptor(dataset, version, geometry, tuple(int(s) for s in seeds),
+                      public_bytes(signing_key.public_key()), root_of(levels[-1][0]), len(keys),
+                      int(time.time()), anchor)
     pages[geometry.descriptor_page] = np.frombuffer(desc.to_page(signing_key), np.uint8)
     stats = BuildStats(len(keys), geometry.capacity, len(keys) / geometry.capacity,
                        len(attempts), time.perf_counter() - t0, attempts)

@@ -1,10 +1,14 @@
 """Records by key over the page clients: `get(key)`, `get_many(keys)`, sync and async.
 
-A lookup is one PIR query of three keys through the page clients (HTTP or Serve handles), with
-their retries; this layer adds the descriptor, the candidate pages, the padding, the freshness
-bound and the verification (`morphogen.keyword.verify`). What a server sees never depends on
+A lookup is one PIR query of three keys into the table's data through the page clients (HTTP
+or Serve handles), with their retries, plus three into each tree level read privately; this
+layer adds the descriptor, the candidate pages and their paths, the padding, the freshness
+bounds and the verification (`morphogen.keyword.verify`). What a server sees never depends on
 the keys looked up:
 
+- **Tables.** Where the parties serve the keyword table's `data`, `treeN` and `descriptor`
+  tables, each read costs the scan of its table only; where they do not (the reference's
+  server, which serves one matrix), the same pages are read from the whole matrix.
 - **Shapes.** A request carries a bucket of lookups (`request_sizes`): 1, 2, 4, 8, ... up to
   the servers' `max_batch_queries`, which is a bucket too. The places past the caller's keys
   are random keys, planned, asked and verified like the real ones; their values are dropped.
@@ -14,15 +18,19 @@ the keys looked up:
   descriptor is read again and the lookup asked again. The page client is told not to follow
   a move itself (`get_pinned`): re-sending one table's candidate pages to another would
   succeed or fail depending on where they fall, that is on the key.
-- **Freshness.** The client never accepts a descriptor older than one it has accepted, nor
-  than its caller's bound (`min_version`, `trusted_version`): `StaleTableError`.
+- **Freshness.** The client never accepts a version older than one it has accepted, nor a
+  block older than one it has seen; its caller may bound both (`min_version`,
+  `trusted_version`, `min_block`, `trusted_block`) and the age of the version
+  (`max_age`): `StaleTableError`. Every page is proven against the root the owner signed
+  for the version, so pages of two versions never mix.
 
-The client works as a generator of actions (`_Info`, `_Get`, `_BOUND`) that a blocking or an
-asyncio driver performs, so both clients run the one logic.
+The client works as a generator of actions (`_Info`, `_Get`, `_GetAll`, `_BOUND`) that a
+blocking or an asyncio driver performs, so both clients run the one logic.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import secrets
 from collections.abc import Callable, Generator, Sequence
@@ -30,8 +38,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError, StaleTableError
+from morphogen.keyword.freshness import Bounds, stale
+from morphogen.keyword.layout import DATA_TABLE, DESCRIPTOR_TABLE, level_table
 from morphogen.keyword.signing import load_public_key
-from morphogen.keyword.verify import check, descriptor_of, plan
+from morphogen.keyword.verify import (
+    WHOLE_LEVEL_PAGES,
+    Proof,
+    check,
+    descriptor_of,
+    plan,
+    private_levels,
+    prove_whole,
+    whole_pages_wanted,
+)
 
 # Tries of one request when the servers move to other data each time: a table that changes
 # faster than a lookup's round trip is an outage, not something to wait out here.
@@ -68,13 +87,23 @@ class _Info:
 
 @dataclass(frozen=True)
 class _Get:
-    """Wanted: `get_pinned(pages, num_pages)`, or the `LookupError` it raised thrown back in."""
+    """Wanted: `get_pinned(pages, num_pages, table=table)`, or the `LookupError` it raised
+    thrown back in. `table` None is the whole matrix."""
 
     pages: list[int]
     num_pages: int
+    table: str | None = None
 
 
-_BOUND = object()  # wanted: the caller's trusted version (`trusted_version()`)
+@dataclass(frozen=True)
+class _GetAll:
+    """Wanted: every `_Get` of the list (at once where the driver can), answers in order;
+    the first `LookupError` thrown back in."""
+
+    gets: list[_Get]
+
+
+_BOUND = object()  # wanted: the caller's trusted (version, block), each None when not given
 
 
 def _same(a: View, b: View) -> bool:
@@ -88,61 +117,99 @@ def _views(info: Any) -> list[View]:
     return list(zip(epochs, idents, strict=True))
 
 
+def _served(info: Any, name: str) -> tuple[int, int] | None:
+    table = (getattr(info, "tables", None) or {}).get(name)
+    if table is None:
+        return None
+    get = table.get if isinstance(table, dict) else lambda k: getattr(table, k)
+    return int(get("first_page")), int(get("num_pages"))
+
+
+def _route(info: Any, name: str, first: int, size: int, pages: list[int]) -> _Get:
+    """Pages `pages` of the keyword table's part `name` (`size` pages from matrix page
+    `first`): from the party table of that name when the servers serve it as such, else from
+    the whole matrix. Chosen by what the servers serve, never by the key."""
+    if _served(info, name) == (first, size):
+        return _Get(pages, size, name)
+    return _Get([first + p for p in pages], info.num_pages, None)
+
+
+def _count(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} is a count (an int, 0 or more)")
+    return value
+
+
 class _Core:
     def __init__(self, pir: Any, public_key: Any, *, min_version: int = 0,
-                 trusted_version: Callable[[], Any] | None = None) -> None:
+                 trusted_version: Callable[[], Any] | None = None, min_block: int = 0,
+                 trusted_block: Callable[[], Any] | None = None,
+                 max_age: float | None = None,
+                 whole_level_pages: int = WHOLE_LEVEL_PAGES) -> None:
         self.pir = pir
         self.trusted = (load_public_key(public_key)
                         if isinstance(public_key, (str, bytes)) or hasattr(public_key, "__fspath__")
                         else public_key)
-        if isinstance(min_version, bool) or not isinstance(min_version, int) or min_version < 0:
-            raise ValueError("min_version is a version number (an int, 0 or more)")
-        self.min_version = min_version
+        self.min_version = _count("min_version", min_version)
+        self.min_block = _count("min_block", min_block)
+        if max_age is not None and not max_age > 0:
+            raise ValueError("max_age is a number of seconds above 0 (or None)")
+        self.max_age = max_age
         self.trusted_version = trusted_version
-        # the highest version accepted so far: the client never goes below it
+        self.trusted_block = trusted_block
+        self.whole_level_pages = whole_level_pages
+        # the highest version and block accepted so far: the client never goes below them
         self.seen_version = 0
-        # (descriptor, the view its page came from), replaced whole
-        self._state: tuple[Descriptor, View] | None = None
+        self.seen_block = 0
+        # (proof of the version, the view its descriptor came from), replaced whole
+        self._state: tuple[Proof, View] | None = None
+        # the last descriptor page whose signature checked: one signature per version
+        self._signed: tuple[bytes, Descriptor] | None = None
 
     # ------------------------------------------------------------------ the logic
 
-    def _bound(self) -> _Machine:
-        bound = self.min_version
-        if self.trusted_version is not None:
-            told = yield _BOUND
-            if told is not None:
-                bound = max(bound, int(told))
-        return bound
+    def _bounds(self) -> _Machine:
+        version, block = self.min_version, self.min_block
+        if self.trusted_version is not None or self.trusted_block is not None:
+            told_version, told_block = yield _BOUND
+            version = max(version, int(told_version or 0))
+            block = max(block, int(told_block or 0))
+        return Bounds(version, block, self.max_age)
 
     def _get_many(self, keys: Sequence[bytes]) -> _Machine:
         keys = [bytes(k) for k in keys]
         if not keys:
             return []
-        bound = yield from self._bound()
+        bounds = yield from self._bounds()
         limit = self._limit((yield _Info(False)))
         out: list[bytes | None] = []
         for size in request_sizes(len(keys), limit):
-            out += yield from self._lookup(keys[len(out):len(out) + size], size, bound)
+            out += yield from self._lookup(keys[len(out):len(out) + size], size, bounds)
         return out
 
-    def _lookup(self, keys: list[bytes], size: int, bound: int) -> _Machine:
+    def _lookup(self, keys: list[bytes], size: int, bounds: Bounds) -> _Machine:
         asked = keys + [secrets.token_bytes(PAD_KEY_SIZE) for _ in range(size - len(keys))]
         checked_again = False
         for _ in range(MOVES):
-            desc, view = yield from self._current(bound)
-            pages, buckets = plan(desc, asked)
+            proof, view = yield from self._current(bounds)
+            wanted, buckets = plan(proof, asked)
+            info = yield _Info(False)
+            g = proof.descriptor.geometry
+            gets = [_route(info, DATA_TABLE, 0, g.data_pages, wanted[0])] + [
+                _route(info, level_table(k), g.level_first(k), g.levels[k - 1], wanted[k])
+                for k in range(1, proof.private + 1)]
             try:
-                answer = yield _Get(pages, desc.geometry.num_pages)
+                answers = yield _GetAll(gets)
             except LookupError:  # the page client saw the servers move (DataMoved)
                 self._state = None
                 continue
-            if not _same((answer.epoch_id, answer.identity), view):
+            if not all(_same((a.epoch_id, a.identity), view) for a in answers):
                 self._state = None
                 continue
             try:
                 # padding pages are checked too: a server that corrupted only them must get
                 # the same failure as any other, or it would learn which places were padding
-                return check(desc, self.trusted, asked, buckets, answer.pages)[:len(keys)]
+                return check(proof, asked, buckets, [a.pages for a in answers])[:len(keys)]
             except KeywordIntegrityError as exc:
                 # Servers that publish no identity can serve a rebuilt table under the old
                 # epoch id; only the descriptor tells. One re-read, the same for any key and
@@ -151,61 +218,90 @@ class _Core:
                     raise
                 checked_again = True
                 try:
-                    fresh, _ = yield from self._read_descriptor(bound)
+                    fresh, _ = yield from self._read_descriptor(bounds)
                 except StaleTableError:
                     raise
                 except KeywordIntegrityError:
                     # a server that lies about the lookup may lie about the descriptor too:
                     # the caller still gets the lookup's one error
                     raise exc from None
-                if fresh == desc:
+                if fresh.descriptor == proof.descriptor:
                     raise exc from None
         raise TableChangingError(f"the servers moved to other data at each of {MOVES} tries "
                                  "of one request (the table changes faster than a lookup)")
 
-    def _current(self, bound: int) -> _Machine:
-        """The descriptor to plan with: the one kept, while the page client's /epoch still
-        names the data it came from (and its version meets `bound`); otherwise read anew."""
+    def _current(self, bounds: Bounds) -> _Machine:
+        """The version to plan with: the one kept, while the page client's /epoch still
+        names the data it came from and it meets `bounds`; otherwise read anew."""
         state = self._state
         info = yield _Info(False)
         if state is not None:
-            desc, view = state
-            if (desc.version >= bound and info.num_pages == desc.geometry.num_pages
+            proof, view = state
+            desc = proof.descriptor
+            if (stale(desc, bounds, self.seen_version, self.seen_block) is None
+                    and info.num_pages == desc.geometry.num_pages
                     and any(_same(v, view) for v in _views(info))):
                 return state
-        return (yield from self._read_descriptor(bound))
+        return (yield from self._read_descriptor(bounds))
 
-    def _read_descriptor(self, bound: int) -> _Machine:
+    def _read_descriptor(self, bounds: Bounds) -> _Machine:
         for _ in range(MOVES):
             info = yield _Info(True)
             try:
-                answer = yield _Get([info.num_pages - 1], info.num_pages)
+                answer = yield _route(info, DESCRIPTOR_TABLE, info.num_pages - 1, 1, [0])
             except LookupError:
                 continue
-            desc = descriptor_of(answer.pages[0], self.trusted, info.num_pages)
-            self._admit(desc, bound)
-            self._state = (desc, (answer.epoch_id, answer.identity))
+            desc = self._signed_descriptor(answer.pages[0], info.num_pages)
+            self._admit(desc, bounds)
+            view = (answer.epoch_id, answer.identity)
+            private = private_levels(desc, self.whole_level_pages)
+            wanted = whole_pages_wanted(desc, private)
+            g, limit = desc.geometry, self._limit(info)
+            gets = [_route(info, level_table(k), g.level_first(k), n,
+                           list(range(at, min(n, at + limit))))
+                    for k, n in wanted.items() for at in range(0, n, limit)]
+            try:
+                answers = yield _GetAll(gets)
+            except LookupError:
+                continue
+            if not all(_same((a.epoch_id, a.identity), view) for a in answers):
+                continue
+            whole: dict[int, list[bytes]] = {k: [] for k in wanted}
+            parts = iter(answers)
+            for k, n in wanted.items():
+                for _at in range(0, n, limit):
+                    whole[k] += next(parts).pages
+            self._state = (prove_whole(desc, private, whole), view)
             return self._state
         raise TableChangingError(f"the servers moved to other data at each of {MOVES} reads "
                                  "of the table's descriptor")
 
-    def _admit(self, desc: Descriptor, bound: int) -> None:
-        floor = max(bound, self.seen_version)
-        if desc.version < floor:
+    def _signed_descriptor(self, page: bytes, num_pages: int) -> Descriptor:
+        page = bytes(page)
+        if self._signed is not None and self._signed[0] == page:
+            desc = self._signed[1]
+            if desc.geometry.num_pages == num_pages:
+                return desc
+        desc = descriptor_of(page, self.trusted, num_pages)
+        self._signed = (page, desc)
+        return desc
+
+    def _admit(self, desc: Descriptor, bounds: Bounds) -> None:
+        why = stale(desc, bounds, self.seen_version, self.seen_block)
+        if why is not None:
             self._state = None
-            why = ("this client has already read version" if self.seen_version >= bound
-                   else "its caller trusts version")
             raise StaleTableError(
-                f"the servers serve version {desc.version} of the table and {why} {floor}: "
-                "refusing to go back (a restored backup, parties restarted behind the owner, "
-                "or both parties serving an old table)")
+                f"{why}: refusing it (a restored backup, parties restarted behind the owner, "
+                "both parties serving an old table, or an owner that stopped publishing)")
         self.seen_version = max(self.seen_version, desc.version)
+        if desc.anchor is not None:
+            self.seen_block = max(self.seen_block, desc.anchor.number)
 
     def _descriptor(self, refresh: bool) -> _Machine:
-        bound = yield from self._bound()
+        bounds = yield from self._bounds()
         if refresh or self._state is None:
-            return (yield from self._read_descriptor(bound))[0]
-        return self._state[0]
+            return (yield from self._read_descriptor(bounds))[0].descriptor
+        return self._state[0].descriptor
 
     def _limit(self, info: Any) -> int:
         own = getattr(getattr(self.pir, "_core", None), "max_batch_queries", None)
@@ -223,9 +319,12 @@ class KeywordClient(_Core):
     """Lookups through a blocking page client (`PirClient`, `HandlePirClient`).
 
     `public_key` is the data owner's Ed25519 public key: 32 bytes, 64 hex digits, a file
-    holding them, or a key object. Nothing else is trusted. `min_version` refuses tables older
-    than it; `trusted_version`, called once per `get_many`, gives a version the caller trusts
-    (the owner's latest, from elsewhere), or None. Both raise `StaleTableError`.
+    holding them, or a key object. Nothing else is trusted. Freshness bounds, each raising
+    `StaleTableError`: `min_version` and `min_block` refuse versions (blocks) older than
+    them; `trusted_version` and `trusted_block`, called once per `get_many`, give a version
+    (block) the caller trusts from elsewhere, or None; `max_age` refuses versions the owner
+    made more than that many seconds ago. `whole_level_pages`: tree levels of at most that
+    many pages are read whole once per version, larger ones a page per candidate.
     """
 
     def _run(self, machine: _Machine) -> Any:
@@ -237,16 +336,26 @@ class KeywordClient(_Core):
                     return action
                 reply, failure = None, None
                 try:
-                    if isinstance(action, _Info):
-                        reply = self.pir.info(refresh=action.refresh)
-                    elif isinstance(action, _Get):
-                        reply = self.pir.get_pinned(action.pages, action.num_pages)
-                    else:
-                        reply = self.trusted_version()  # type: ignore[misc]
+                    reply = self._perform(action)
                 except LookupError as exc:
                     failure = exc
         finally:
             machine.close()
+
+    def _perform(self, action: Any) -> Any:
+        if isinstance(action, _Info):
+            return self.pir.info(refresh=action.refresh)
+        if isinstance(action, _Get):
+            return self._get(action)
+        if isinstance(action, _GetAll):
+            return [self._get(g) for g in action.gets]
+        return (self.trusted_version() if self.trusted_version else None,
+                self.trusted_block() if self.trusted_block else None)
+
+    def _get(self, get: _Get) -> Any:
+        if get.table is None:
+            return self.pir.get_pinned(get.pages, get.num_pages)
+        return self.pir.get_pinned(get.pages, get.num_pages, table=get.table)
 
     def descriptor(self, refresh: bool = False) -> Descriptor:
         return self._run(self._descriptor(refresh))
@@ -263,8 +372,8 @@ class KeywordClient(_Core):
 
 class AsyncKeywordClient(_Core):
     """Lookups through an asyncio page client: `AsyncPirClient`, or a `HandlePirClient` from
-    inside a Serve deployment (its `a*` methods). `trusted_version` may be a coroutine
-    function."""
+    inside a Serve deployment (its `a*` methods). `trusted_version` and `trusted_block` may be
+    coroutine functions."""
 
     async def _run(self, machine: _Machine) -> Any:
         reply, failure = None, None
@@ -286,10 +395,17 @@ class AsyncKeywordClient(_Core):
             fn = getattr(self.pir, "ainfo", None) or self.pir.info
             return await fn(refresh=action.refresh)
         if isinstance(action, _Get):
-            fn = getattr(self.pir, "aget_pinned", None) or self.pir.get_pinned
-            return await fn(action.pages, action.num_pages)
-        told = self.trusted_version()  # type: ignore[misc]
-        return await told if inspect.isawaitable(told) else told
+            return await self._get(action)
+        if isinstance(action, _GetAll):
+            # the tables of one lookup are asked at once: one round trip, not one a level
+            return list(await asyncio.gather(*(self._get(g) for g in action.gets)))
+        return (await _maybe(self.trusted_version), await _maybe(self.trusted_block))
+
+    async def _get(self, get: _Get) -> Any:
+        fn = getattr(self.pir, "aget_pinned", None) or self.pir.get_pinned
+        if get.table is None:
+            return await fn(get.pages, get.num_pages)
+        return await fn(get.pages, get.num_pages, table=get.table)
 
     async def descriptor(self, refresh: bool = False) -> Descriptor:
         return await self._run(self._descriptor(refresh))
@@ -299,3 +415,10 @@ class AsyncKeywordClient(_Core):
 
     async def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return await self._run(self._get_many(keys))
+
+
+async def _maybe(fn: Callable[[], Any] | None) -> Any:
+    if fn is None:
+        return None
+    told = fn()
+    return await told if inspect.isawaitable(told) else told

@@ -1,30 +1,36 @@
-"""The table descriptor: what a client needs to look a key up, signed by the data owner.
+"""The table descriptor: the one thing the data owner signs for a version.
 
-It lives in the table's last page: magic, length, canonical JSON, zero padding, signature. A
-client that holds only the owner's public key reads it like any page, checks the signature and
-that the key it names is the one it trusts, and then knows the seeds and the geometry.
+It names the dataset, the version, when it was made, the chain block it reflects (when it
+reflects one), the geometry, the seeds, and the root of the hash tree over the data pages. It
+lives in the matrix's last page (its own one-page party table): magic, length, canonical JSON,
+zero padding, signature. A client that holds only the owner's public key checks its signature
+once per version and then checks every page it reads by hashing up to the root.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, replace
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.keyword.layout import BODY_SIZE, Geometry
+from morphogen.keyword.layout import Geometry
 from morphogen.keyword.signing import (
     DATASET_SIZE,
+    SIGNATURE_SIZE,
     descriptor_message,
     public_bytes,
     verify,
 )
+from morphogen.keyword.tree import SCHEME as TREE_SCHEME
 
-MAGIC = b"MGKWDSC1"
-FORMAT = "morphogen-keyword/1"
+MAGIC = b"MGKWDSC2"
+FORMAT = "morphogen-keyword/2"
 TAG_SCHEME = "blake3-128(domain|dataset|key)"
-SIGNATURE_SCHEME = "ed25519(page-v1: domain|dataset|index|body)"
+BODY_SIZE = PAGE_SIZE - SIGNATURE_SIZE
+_HASH = re.compile(r"0x[0-9a-f]{64}")
 
 
 class KeywordIntegrityError(RuntimeError):
@@ -38,25 +44,51 @@ class StaleTableError(KeywordIntegrityError):
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """The chain block a version reflects: chain id, block number, block hash (0x + 64 hex)."""
+
+    chain_id: int
+    number: int
+    hash: str
+
+    def __post_init__(self) -> None:
+        if self.chain_id < 1 or self.number < 0 or not _HASH.fullmatch(self.hash):
+            raise ValueError("an anchor is a chain id (1 or more), a block number (0 or more) "
+                             "and a block hash (0x and 64 lower-case hex digits)")
+
+    def to_dict(self) -> dict:
+        return {"chain_id": self.chain_id, "number": self.number, "hash": self.hash}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Anchor:
+        return cls(int(d["chain_id"]), int(d["number"]), str(d["hash"]))
+
+
+@dataclass(frozen=True)
 class Descriptor:
     dataset: bytes
     version: int
     geometry: Geometry
     seeds: tuple[int, int, int]
     public_key: bytes
-    root: str
+    root: str  # the hash tree's root over the data pages, hex
     records: int
+    time: int = 0  # when the owner made the version, Unix seconds
+    anchor: Anchor | None = None
 
     def to_dict(self) -> dict:
         return {
             "format": FORMAT,
             "dataset": self.dataset.hex(),
             "version": self.version,
+            "time": self.time,
+            "anchor": self.anchor.to_dict() if self.anchor else None,
             **self.geometry.to_dict(),
             "num_pages": self.geometry.num_pages,
+            "levels": self.geometry.levels,
             "seeds": [str(s) for s in self.seeds],  # 64-bit: strings survive every JSON reader
             "tag": TAG_SCHEME,
-            "signature": SIGNATURE_SCHEME,
+            "tree": TREE_SCHEME,
             "public_key": self.public_key.hex(),
             "root": self.root,
             "records": self.records,
@@ -65,11 +97,12 @@ class Descriptor:
     @classmethod
     def from_dict(cls, d: dict) -> Descriptor:
         if d.get("format") != FORMAT or d.get("tag") != TAG_SCHEME \
-                or d.get("signature") != SIGNATURE_SCHEME:
-            raise ValueError(f"not a {FORMAT} descriptor (format {d.get('format')!r})")
+                or d.get("tree") != TREE_SCHEME:
+            raise ValueError(f"not a {FORMAT} descriptor (format {d.get('format')!r}; a table "
+                             "of an older format is rebuilt with `morphogen build --records`)")
         geometry = Geometry(d["layout"], int(d["value_size"]), int(d["num_buckets"]),
                             int(d.get("row_size", 0)))
-        if int(d["num_pages"]) != geometry.num_pages:
+        if int(d["num_pages"]) != geometry.num_pages or list(d["levels"]) != geometry.levels:
             raise ValueError("the descriptor's page count does not match its geometry")
         seeds = tuple(int(s) for s in d["seeds"])
         if len(seeds) != 3:
@@ -77,11 +110,17 @@ class Descriptor:
         dataset = bytes.fromhex(d["dataset"])
         if len(dataset) != DATASET_SIZE:
             raise ValueError("a dataset id is 16 bytes")
+        anchor = Anchor.from_dict(d["anchor"]) if d.get("anchor") is not None else None
         return cls(dataset, int(d["version"]), geometry, seeds,  # type: ignore[arg-type]
-                   bytes.fromhex(d["public_key"]), str(d["root"]), int(d["records"]))
+                   bytes.fromhex(d["public_key"]), str(d["root"]), int(d["records"]),
+                   int(d["time"]), anchor)
 
-    def bumped(self, root: str, records: int) -> Descriptor:
-        return replace(self, version=self.version + 1, root=root, records=records)
+    def bumped(self, root: str, records: int, *, time: int, anchor: Anchor | None = None
+               ) -> Descriptor:
+        """The next version's descriptor; the anchor is the new version's own (none unless
+        given: an old block must not stay named by new data)."""
+        return replace(self, version=self.version + 1, root=root, records=records, time=time,
+                       anchor=anchor)
 
     def to_page(self, key: Ed25519PrivateKey) -> bytes:
         if public_bytes(key.public_key()) != self.public_key:

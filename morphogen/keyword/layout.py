@@ -1,18 +1,17 @@
 """Where records sit in the pages of a keyword table.
 
-Every 4 KiB page ends with the owner's 64-byte signature, so a page is self-checking and a
-lookup stays one query of three keys. Two bucket shapes:
+A page holds nothing but slots: what proves a page is the hash tree over the data pages
+(`morphogen.keyword.tree`), whose root the owner signs once per version, so a lookup stays one
+query of three keys into the data and the whole 4 KiB is usable. Two bucket shapes:
 
 - ``page``: a bucket is a whole page; a key may sit in any slot of its three candidate pages,
   which lets the table fill far beyond what one-slot buckets reach.
 - ``row``: the reference's one-row buckets: ``rows_per_page = 4096 / row_size`` and bucket
   ``b`` is row ``b % rows_per_page`` of page ``b // rows_per_page``, so the reference's
-  addressing finds the page. The signature is spread over the rows, ``64 / rows_per_page``
-  bytes at the end of each, so every row is a live bucket (a reserved signature row would
-  leave some keys with no live candidate at all).
+  addressing finds the page.
 
-A slot is a 16-byte tag of the key followed by the value; an all-zero tag marks it empty. The
-table's last page is its signed descriptor, never a bucket.
+A slot is a 16-byte tag of the key followed by the value; an all-zero tag marks it empty. After
+the data pages come the tree's levels, then the signed descriptor, the matrix's last page.
 """
 
 from __future__ import annotations
@@ -21,13 +20,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.keyword.tree import level_sizes
 
-SIGNATURE_SIZE = 64
-BODY_SIZE = PAGE_SIZE - SIGNATURE_SIZE
 TAG_SIZE = 16
 EMPTY_TAG = bytes(TAG_SIZE)
 
 Layout = Literal["page", "row"]
+DATA_TABLE = "data"
+DESCRIPTOR_TABLE = "descriptor"
+
+
+def level_table(level: int) -> str:
+    return f"tree{level}"
 
 
 @dataclass(frozen=True)
@@ -45,18 +49,15 @@ class Geometry:
         if self.num_buckets < 1:
             raise ValueError("a table has at least one bucket")
         if self.layout == "page":
-            if self.slot_size > BODY_SIZE:
+            if self.slot_size > PAGE_SIZE:
                 raise ValueError(f"value_size {self.value_size}: a slot ({self.slot_size} bytes "
-                                 f"with its tag) does not fit in a page ({BODY_SIZE} usable)")
+                                 f"with its tag) does not fit in a {PAGE_SIZE}-byte page")
         else:
-            if self.row_size < SIGNATURE_SIZE or PAGE_SIZE % self.row_size:
-                raise ValueError(f"row_size {self.row_size} must divide {PAGE_SIZE} and be at "
-                                 f"least {SIGNATURE_SIZE} (each row carries a share of the "
-                                 "page's signature)")
-            if self.slot_size > self.row_size - self.signature_per_row:
+            if self.row_size < 1 or PAGE_SIZE % self.row_size:
+                raise ValueError(f"row_size {self.row_size} must divide {PAGE_SIZE}")
+            if self.slot_size > self.row_size:
                 raise ValueError(f"value_size {self.value_size} plus the {TAG_SIZE}-byte tag "
-                                 f"does not fit in a {self.row_size}-byte row beside its "
-                                 f"{self.signature_per_row} signature bytes")
+                                 f"does not fit in a {self.row_size}-byte row")
 
     @property
     def slot_size(self) -> int:
@@ -67,25 +68,42 @@ class Geometry:
         return PAGE_SIZE // self.row_size if self.layout == "row" else 1
 
     @property
-    def signature_per_row(self) -> int:
-        return SIGNATURE_SIZE // self.rows_per_page if self.layout == "row" else 0
-
-    @property
     def slots_per_bucket(self) -> int:
-        return BODY_SIZE // self.slot_size if self.layout == "page" else 1
+        return PAGE_SIZE // self.slot_size if self.layout == "page" else 1
 
     @property
     def data_pages(self) -> int:
         return -(-self.num_buckets // self.rows_per_page)
 
     @property
+    def levels(self) -> list[int]:
+        """Pages of each hash-tree level over the data pages, lowest first
+        (`morphogen.keyword.tree`)."""
+        return level_sizes(self.data_pages)
+
+    def level_first(self, level: int) -> int:
+        """The matrix index of the first page of tree level `level` (1 = just above the data)."""
+        return self.data_pages + sum(self.levels[:level - 1])
+
+    @property
     def num_pages(self) -> int:
-        """Data pages and the descriptor page after them."""
-        return self.data_pages + 1
+        """Data pages, the tree levels after them, and the descriptor page last."""
+        return self.data_pages + sum(self.levels) + 1
 
     @property
     def descriptor_page(self) -> int:
-        return self.data_pages
+        return self.num_pages - 1
+
+    def tables(self) -> list[dict]:
+        """The party tables the matrix holds: `data`, `tree1` .. `treeN`, `descriptor`, each a
+        page range the client reads with the scan of that range only."""
+        out = [{"name": DATA_TABLE, "first_page": 0, "num_pages": self.data_pages}]
+        for k, size in enumerate(self.levels, 1):
+            out.append({"name": level_table(k), "first_page": self.level_first(k),
+                        "num_pages": size})
+        out.append({"name": DESCRIPTOR_TABLE, "first_page": self.descriptor_page,
+                    "num_pages": 1})
+        return out
 
     @property
     def capacity(self) -> int:
@@ -97,22 +115,6 @@ class Geometry:
 
     def bucket_capacity(self, bucket: int) -> int:
         return self.slots_per_bucket
-
-    def split(self, page: bytes | memoryview) -> tuple[bytes, bytes]:
-        """(the signed body, the signature) of a data page."""
-        page = bytes(page)
-        if self.layout == "page":
-            return page[:BODY_SIZE], page[BODY_SIZE:]
-        keep = self.row_size - self.signature_per_row
-        rows = [page[i:i + self.row_size] for i in range(0, PAGE_SIZE, self.row_size)]
-        return b"".join(r[:keep] for r in rows), b"".join(r[keep:] for r in rows)
-
-    def signature_positions(self) -> list[tuple[int, int]]:
-        """(offset, length) of each piece of the signature in a data page, in order."""
-        if self.layout == "page":
-            return [(BODY_SIZE, SIGNATURE_SIZE)]
-        keep = self.row_size - self.signature_per_row
-        return [(i + keep, self.signature_per_row) for i in range(0, PAGE_SIZE, self.row_size)]
 
     def slot_offset(self, bucket: int, slot: int) -> int:
         """Byte offset of a slot within its page."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,12 +30,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock
 
 from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
-from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.descriptor import Anchor, Descriptor
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
-from morphogen.keyword.pages import free_slot, root_of, sign_page, slot_of, tag_of
+from morphogen.keyword.pages import free_slot, slot_of, tag_of
 from morphogen.keyword.records import RecordError, decode_field
 from morphogen.keyword.signing import public_bytes
+from morphogen.keyword.tree import rehash, root_of
 from morphogen.keyword.versions import VersionStore
 from morphogen.storage.durable import write_atomic
 
@@ -159,8 +161,8 @@ class OwnerTable:
         return desc, pages, self.keys()
 
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
-              rng: Callable[[int], int] | None = None, *, changes_id: str | None = None
-              ) -> tuple[int, list[tuple[int, str, bytes]]]:
+              rng: Callable[[int], int] | None = None, *, changes_id: str | None = None,
+              anchor: Anchor | None = None) -> tuple[int, list[tuple[int, str, bytes]]]:
         """Apply `changes` in order to a copy of the current version and make it the next
         version. Returns (new version, its page-update batch). Nothing is written when any
         change fails (a full table, an absent key to delete, a wrong value size).
@@ -168,7 +170,7 @@ class OwnerTable:
         `changes_id` names the changes (a digest of their file): when the current version was
         made from the same id, nothing is applied and (current, []) is returned, so re-running
         the same command after it succeeded (or after a crash past the pointer's move) never
-        applies the changes twice."""
+        applies the changes twice. `anchor` names the chain block the new version reflects."""
         rng = rng or secrets.randbelow
         with self._lock:
             self.reload()
@@ -183,11 +185,17 @@ class OwnerTable:
             if not editor.dirty:
                 return self.current, []
             g = desc.geometry
-            for index in sorted(editor.dirty):
-                sign_page(signing_key, g, desc.dataset, index, pages[index])
-            new_desc = desc.bumped(root_of(pages[:g.data_pages]), len(keys))
+            # the changed pages' paths up to the root go in the same batch: a reader sees
+            # the new pages with the new tree and descriptor, or none of them
+            levels = [pages[g.level_first(k):g.level_first(k) + n]
+                      for k, n in enumerate(g.levels, 1)]
+            written = rehash(levels, pages[:g.data_pages], editor.dirty)
+            new_desc = desc.bumped(root_of(levels[-1][0]), len(keys), time=int(time.time()),
+                                   anchor=anchor)
             pages[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
-            changed = sorted(editor.dirty) + [g.descriptor_page]
+            changed = sorted(editor.dirty) + [
+                g.level_first(k) + i for k, ws in enumerate(written, 1) for i in sorted(ws)
+            ] + [g.descriptor_page]
             batch = [(i, "data", pages[i].tobytes()) for i in changed]
             version = self.current + 1
             full = (version - 1) % int(self.state.get("full_every", FULL_EVERY)) == 0

@@ -1,13 +1,14 @@
-"""Slots in a page: tags, reading a record out, signing a page, the table's root hash."""
+"""Slots in a page: tags, reading a record out, finding a free slot."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import blake3
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
-from morphogen.keyword.signing import page_message
 
 TAG_DOMAIN = b"morphogen-keyword-tag-v1\0"
 
@@ -31,16 +32,26 @@ def tags_of(dataset: bytes, keys: list[bytes]) -> np.ndarray:
     return out
 
 
-def find_value(geometry: Geometry, page: bytes | memoryview, bucket: int, tag: bytes
-               ) -> bytes | None:
-    """The value stored under `tag` in `bucket` of `page`, or None. Compares every slot of the
-    bucket at once whatever it finds (the same work for a hit and a miss)."""
-    n, size = geometry.bucket_capacity(bucket), geometry.slot_size
-    # a bucket's slots lie back to back from its first (a page's body, or one row)
-    slots = np.frombuffer(page, np.uint8, count=n * size,
-                          offset=geometry.slot_offset(bucket, 0)).reshape(n, size)
-    hits = np.flatnonzero((slots[:, :TAG_SIZE] == np.frombuffer(tag, np.uint8)).all(axis=1))
-    return slots[hits[0], TAG_SIZE:].tobytes() if hits.size else None
+def find_values(geometry: Geometry, pages: Sequence[bytes], buckets: Sequence[int],
+                tags: Sequence[bytes]) -> list[bytes | None]:
+    """The value stored under each tag in its bucket of its page (None where absent), for
+    many at once: one comparison over every slot of every bucket, whatever it finds (the
+    same work for a hit and a miss)."""
+    m, size = len(pages), geometry.slot_size
+    if m == 0:
+        return []
+    arr = np.frombuffer(b"".join(pages), np.uint8).reshape(m, PAGE_SIZE)
+    want = np.frombuffer(b"".join(tags), np.uint8).reshape(m, 1, TAG_SIZE)
+    if geometry.layout == "page":
+        n = geometry.slots_per_bucket
+        slots = arr[:, :n * size].reshape(m, n, size)
+    else:
+        offsets = (np.asarray(buckets, np.int64) % geometry.rows_per_page) * geometry.row_size
+        slots = arr[np.arange(m)[:, None], offsets[:, None] + np.arange(size)].reshape(m, 1, size)
+    hit = (slots[:, :, :TAG_SIZE] == want).all(axis=2)
+    found, first = hit.any(axis=1), hit.argmax(axis=1)
+    values = slots[np.arange(m), first, TAG_SIZE:]
+    return [values[i].tobytes() if found[i] else None for i in range(m)]
 
 
 def slot_of(geometry: Geometry, page: bytes | memoryview, bucket: int, tag: bytes) -> int | None:
@@ -59,22 +70,3 @@ def free_slot(geometry: Geometry, page: bytes | memoryview, bucket: int) -> int 
         if page[off:off + TAG_SIZE] == EMPTY_TAG:
             return slot
     return None
-
-
-def sign_page(key: Ed25519PrivateKey, geometry: Geometry, dataset: bytes, index: int,
-              page: np.ndarray) -> None:
-    """Write the signature of `page` (a 4096-byte uint8 row) into its signature bytes."""
-    body, _ = geometry.split(page.tobytes())
-    sig = np.frombuffer(key.sign(page_message(dataset, index, body)), np.uint8)
-    at = 0
-    for off, size in geometry.signature_positions():
-        page[off:off + size] = sig[at:at + size]
-        at += size
-
-
-def root_of(data_pages: np.ndarray) -> str:
-    """BLAKE3 over the BLAKE3 of every data page, in order: names the table's exact bytes."""
-    outer = blake3.blake3()
-    for page in data_pages:
-        outer.update(blake3.blake3(page).digest())
-    return outer.hexdigest()

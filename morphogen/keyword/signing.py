@@ -1,8 +1,7 @@
-"""The data owner's Ed25519 key and the exact bytes each signature covers.
+"""The data owner's Ed25519 key and the exact bytes its one signature a version covers.
 
-A data page's signature binds the dataset id, the page's index and its content, so a page
-cannot be moved to another index or another table; the descriptor's signature binds its own
-content under another domain, so neither can stand in for the other.
+The owner signs a version's descriptor only (domain-separated); the descriptor names the root
+of the hash tree that proves every page (`morphogen.keyword.tree`).
 """
 
 from __future__ import annotations
@@ -14,19 +13,9 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from morphogen.keyword.layout import BODY_SIZE
-
-PAGE_DOMAIN = b"morphogen-keyword-page-v1\0"
-DESCRIPTOR_DOMAIN = b"morphogen-keyword-descriptor-v1\0"
+DESCRIPTOR_DOMAIN = b"morphogen-keyword-descriptor-v2\0"
 DATASET_SIZE = 16
-
-
-def page_message(dataset: bytes, index: int, body: bytes | memoryview) -> bytes:
-    if len(dataset) != DATASET_SIZE:
-        raise ValueError(f"a dataset id is {DATASET_SIZE} bytes")
-    if len(body) != BODY_SIZE:
-        raise ValueError(f"a page body is {BODY_SIZE} bytes")
-    return PAGE_DOMAIN + dataset + index.to_bytes(8, "little") + bytes(body)
+SIGNATURE_SIZE = 64
 
 
 def descriptor_message(body: bytes | memoryview) -> bytes:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _kw import answers, lookup, proof_of
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.keyword import (
@@ -24,6 +25,7 @@ from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates_many, pack_keys, seeded_hash
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, read_changes
 from morphogen.keyword.pages import tag_of
+from morphogen.keyword.tree import FANOUT, leaf_hash, node_hash
 from morphogen.keyword.verify import ANSWER_FAILED, check, plan
 
 VECTORS = Path(__file__).parents[1] / "vectors" / "cuckoo_vectors.json"
@@ -33,11 +35,6 @@ KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 def records(n: int, seed: int = 0, value_size: int = 32) -> dict[bytes, bytes]:
     rng = random.Random(seed)
     return {rng.randbytes(rng.choice([8, 20, 32])): rng.randbytes(value_size) for _ in range(n)}
-
-
-def lookup(table_pages: np.ndarray, desc: Descriptor, keys: list[bytes]) -> list[bytes | None]:
-    pages, buckets = plan(desc, keys)
-    return check(desc, KEY.public_key(), keys, buckets, [table_pages[p].tobytes() for p in pages])
 
 
 # -- candidates --------------------------------------------------------------------------------
@@ -85,53 +82,100 @@ def test_the_row_layout_keeps_the_reference_bucket_to_page_mapping() -> None:
     assert g.rows_per_page == 32
     for key in list(recs)[:50]:
         buckets = candidates(key, d.seeds, g.num_buckets)
-        pages, _ = plan(d, [key])
-        assert pages == [b // 32 for b in buckets]
+        wanted, _ = plan(proof_of(table.pages, d), [key])
+        assert wanted[0] == [b // 32 for b in buckets]
         # the record sits at the start of one of its candidate rows
         tag = tag_of(d.dataset, key)
         assert any(table.pages[b // 32, (b % 32) * 128:(b % 32) * 128 + 16].tobytes() == tag
                    for b in buckets)
-    assert g.signature_per_row == 2  # 64 signature bytes spread over 32 rows
 
 
-def test_rows_below_64_bytes_or_not_dividing_a_page_are_refused() -> None:
-    for row_size, match in ((32, "at least 64"), (96, "must divide"), (64, "does not fit")):
+def test_rows_not_dividing_a_page_or_too_small_for_a_slot_are_refused() -> None:
+    for row_size, match in ((96, "must divide"), (32, "does not fit"), (0, "needs row_size")):
         with pytest.raises(ValueError, match=match):
             build_table([], value_size=48, signing_key=KEY, layout="row", row_size=row_size)
 
 
+def _big(recs: dict[bytes, bytes]):
+    # two buckets a page: thousands of records span more than 128 data pages, two tree levels
+    return build_table(recs.items(), value_size=32, signing_key=KEY, layout="row", row_size=2048)
+
+
+def test_the_tree_has_a_level_per_128_pages_and_proves_pages_read_privately() -> None:
+    recs = records(3000, seed=9)
+    table = _big(recs)
+    g, d = table.descriptor.geometry, table.descriptor
+    assert g.levels == [-(-g.data_pages // FANOUT), 1] and g.levels[0] > 8
+    assert g.num_pages == g.data_pages + sum(g.levels) + 1
+    assert [t["name"] for t in g.tables()] == ["data", "tree1", "tree2", "descriptor"]
+    assert sum(t["num_pages"] for t in g.tables()) == g.num_pages
+    top = table.pages[g.level_first(2)]
+    assert node_hash(top).hex() == d.root
+    first = table.pages[g.level_first(1)]
+    assert first[:32].tobytes() == leaf_hash(table.pages[0])
+    assert top[:32].tobytes() == node_hash(first)
+    keys = list(recs)[:40] + [os.urandom(20) for _ in range(5)]
+    for whole in (1, 8, 64):  # tree1 read a page a candidate, then whole
+        proof = proof_of(table.pages, d, whole)
+        assert proof.private == (1 if whole < g.levels[0] else 0)
+        assert lookup(table.pages, d, keys, whole) == [recs.get(k) for k in keys]
+
+
+@pytest.mark.parametrize("level", [0, 1])
 @pytest.mark.parametrize("page_at", [0, 1, 2])
-def test_a_tampered_page_fails_every_lookup_the_same_way(page_at: int) -> None:
-    recs = records(2000)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY)
-    d = table.descriptor
+def test_a_tampered_page_fails_every_lookup_the_same_way(page_at: int, level: int) -> None:
+    recs = records(3000)
+    table = _big(recs)
+    proof = proof_of(table.pages, table.descriptor, whole=1)
     present, absent = list(recs)[7], os.urandom(20)
     errors = []
     for key in (present, absent):
-        pages, buckets = plan(d, [key])
-        got = [table.pages[p].tobytes() for p in pages]
-        flipped = bytearray(got[page_at])
+        wanted, buckets = plan(proof, [key])
+        got = answers(table.pages, proof, wanted)
+        flipped = bytearray(got[level][page_at])
         flipped[random.Random(page_at).randrange(4096)] ^= 0x10
-        got[page_at] = bytes(flipped)
+        got[level][page_at] = bytes(flipped)
         with pytest.raises(KeywordIntegrityError) as exc:
-            check(d, KEY.public_key(), [key], buckets, got)
+            check(proof, [key], buckets, got)
         errors.append(str(exc.value))
     assert errors == [ANSWER_FAILED, ANSWER_FAILED]
 
 
-def test_a_page_moved_to_another_index_or_table_is_refused() -> None:
-    recs = records(2000)
-    a = build_table(recs.items(), value_size=32, signing_key=KEY)
-    b = build_table(recs.items(), value_size=32, signing_key=KEY)  # same records, new dataset
+def test_pages_of_another_table_index_level_or_version_are_refused() -> None:
+    recs = records(3000)
+    a, b = _big(recs), _big(recs)  # the same records, another dataset
+    proof = proof_of(a.pages, a.descriptor, whole=1)
     key = list(recs)[3]
-    pages, buckets = plan(a.descriptor, [key])
-    swapped = [b.pages[p].tobytes() for p in pages]
+    wanted, buckets = plan(proof, [key])
+    good = answers(a.pages, proof, wanted)
+    assert check(proof, [key], buckets, good) == [recs[key]]
+    g = a.descriptor.geometry
+
+    def refused(got: list[list[bytes]]) -> None:
+        with pytest.raises(KeywordIntegrityError, match="failed verification"):
+            check(proof, [key], buckets, got)
+
+    refused(answers(b.pages, proof, wanted))  # another table's pages and path
+    other = (wanted[0][0] + 1) % g.data_pages
+    refused([[a.pages[other].tobytes()] + good[0][1:], good[1]])  # a page moved
+    refused([good[0], [a.pages[g.level_first(2)].tobytes()] + good[1][1:]])  # another level
+    # a forged level page that hashes the forged data page: its own hash is not in the top
+    forged = bytearray(good[0][0])
+    forged[100] ^= 1
+    level = bytearray(good[1][0])
+    at = (wanted[0][0] % FANOUT) * 32
+    level[at:at + 32] = leaf_hash(bytes(forged))
+    refused([[bytes(forged)] + good[0][1:], [bytes(level)] + good[1][1:]])
+    # a page of the next version (one record changed) under this version's proof
+    owner_pages = a.pages.copy()
+    page = wanted[0][0]
+    owner_pages[page, :16] ^= 0xFF
+    refused([[owner_pages[page].tobytes()] + good[0][1:], good[1]])
+    # the levels read whole are proven too: a flipped top page fails before any lookup
+    top = a.pages.copy()
+    top[g.level_first(2), 5] ^= 1
     with pytest.raises(KeywordIntegrityError):
-        check(a.descriptor, KEY.public_key(), [key], buckets, swapped)
-    other = (pages[0] + 1) % a.descriptor.geometry.data_pages
-    moved = [a.pages[other].tobytes()] + [a.pages[p].tobytes() for p in pages[1:]]
-    with pytest.raises(KeywordIntegrityError):
-        check(a.descriptor, KEY.public_key(), [key], buckets, moved)
+        proof_of(top, a.descriptor, whole=1)
 
 
 def test_the_descriptor_is_checked_against_the_trusted_key() -> None:

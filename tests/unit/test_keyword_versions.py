@@ -10,13 +10,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _kw import lookup
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.keyword import build_table
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import PublishError, publish
-from morphogen.keyword.verify import check, plan
 from morphogen.keyword.versions import VersionGone
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -29,8 +29,7 @@ def _records(n: int, seed: int) -> dict[bytes, bytes]:
 
 def _lookup(pages: np.ndarray, keys: list[bytes]) -> list[bytes | None]:
     desc = Descriptor.from_page(pages[-1].tobytes(), KEY.public_key())
-    at, buckets = plan(desc, keys)
-    return check(desc, KEY.public_key(), keys, buckets, [pages[p].tobytes() for p in at])
+    return lookup(pages, desc, keys, whole=1)
 
 
 def _changes(rng: random.Random, recs: dict[bytes, bytes], n: int) -> list[Change]:
