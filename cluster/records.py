@@ -92,7 +92,9 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     keys = [_key_arg(k) for k in args.keys]
     try:
         with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
-            values = KeywordClient(pir, args.public_key).get_many(keys)
+            values = KeywordClient(pir, args.public_key, min_version=args.min_version,
+                                   min_block=args.min_block,
+                                   max_age=args.max_age).get_many(keys)
     except StaleTableError as exc:
         raise CommandFailed(f"stale table: {exc}") from None
     except TableChangingError as exc:
@@ -326,6 +328,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     lk.add_argument("--timeout", type=float, default=30.0, metavar="S",
                     help="seconds per request (default 30)")
     lk.add_argument("--fail-absent", action="store_true", help="exit 1 when a key is absent")
+    lk.add_argument("--min-version", type=int, default=0, metavar="V",
+                    help="refuse a table older than version V (a version seen elsewhere)")
+    lk.add_argument("--min-block", type=int, default=0, metavar="N",
+                    help="refuse a table that reflects a block before N")
+    lk.add_argument("--max-age", type=float, default=None, metavar="S",
+                    help="refuse a version the owner made more than S seconds ago")
     lk.add_argument("keys", nargs="+", metavar="KEY", help="0x-hex or text")
     lk.set_defaults(func=cmd_lookup)
 

@@ -152,3 +152,13 @@ class Descriptor:
         if desc.public_key != public_bytes(trusted):
             raise KeywordIntegrityError("the descriptor names another owner key")
         return desc
+
+
+def unsigned(page: bytes | memoryview) -> Descriptor:
+    """The descriptor a page holds, its signature unchecked: for the owner's own copy (which
+    tables a snapshot of its pages holds), never for what a server answered."""
+    raw = bytes(page)
+    if raw[:len(MAGIC)] != MAGIC:
+        raise ValueError("the page holds no keyword descriptor")
+    size = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 4], "little")
+    return Descriptor.from_dict(json.loads(raw[len(MAGIC) + 4:len(MAGIC) + 4 + size]))

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock
 
 from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
-from morphogen.keyword.descriptor import Anchor, Descriptor
+from morphogen.keyword.descriptor import Anchor, Descriptor, unsigned
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
@@ -157,7 +157,7 @@ class OwnerTable:
 
     def _load(self) -> tuple[Descriptor, np.ndarray, dict[bytes, bytes]]:
         pages = self.pages()
-        desc = Descriptor.from_dict(_descriptor_dict(pages[-1]))
+        desc = unsigned(pages[-1])
         return desc, pages, self.keys()
 
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
@@ -246,14 +246,6 @@ class OwnerTable:
             if tag != EMPTY_TAG:
                 out.append((keys[tag], raw[TAG_SIZE:]))
         return sorted(out)
-
-
-def _descriptor_dict(page: np.ndarray) -> dict:
-    from morphogen.keyword.descriptor import MAGIC
-
-    raw = page.tobytes()
-    size = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 4], "little")
-    return json.loads(raw[len(MAGIC) + 4:len(MAGIC) + 4 + size])
 
 
 class _Editor:

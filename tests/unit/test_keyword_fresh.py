@@ -151,3 +151,31 @@ def test_one_signature_check_a_version(big, monkeypatch) -> None:
     pir.epoch = 2  # the same version served under another epoch: read again, checked once
     assert kc.get_many(sorted(recs)[:40]) == [recs[k] for k in sorted(recs)[:40]]
     assert len(calls) == 1
+
+
+@pytest.mark.parametrize("identity", [True, False])
+def test_a_party_left_behind_is_never_answered_from_silently(identity: bool) -> None:
+    """B restarted on the owner's first version (its log lost) while A serves the second:
+    under other epoch ids the page client refuses the pair; under the same epoch id and no
+    identities (the reference's servers) the answer cannot be proven. Never a value."""
+    from _pir_fakes import FAST, Client, Party, World
+
+    from morphogen.client import EpochMismatchError
+
+    recs = records(300, seed=4)
+    t = build_table(recs.items(), value_size=32, signing_key=KEY)
+    v2 = resigned(t, version=2)
+    v2[0, :16] ^= 0xFF  # the second version changed a page
+    a = Party(World(2, len(v2), 2, pages=v2, identity=identity))
+    b = Party(World(1, len(t.pages), 2 if not identity else 1, pages=t.pages,
+                    identity=identity))
+    pages = Client("msgpack", a, b, retry=FAST)
+    try:
+        kc = KeywordClient(pages.c, PUB)
+        for key in sorted(recs)[:5]:
+            with pytest.raises((EpochMismatchError, KeywordIntegrityError)) as exc:
+                kc.get(key)
+            expected = EpochMismatchError if identity else KeywordIntegrityError
+            assert isinstance(exc.value, expected), exc.value
+    finally:
+        pages.close()

@@ -111,10 +111,19 @@ def test_export_then_rebuild_finds_the_same_records(tmp_path: Path, capsys) -> N
     assert {bytes.fromhex(x["key"][2:]): bytes.fromhex(x["value"][2:]) for x in lines} == recs
     (tmp_path / "o.key").write_text(KEY.private_bytes_raw().hex())
     assert main(["build", "--records", str(out), "--value-size", "32", "--signing-key",
-                 str(tmp_path / "o.key"), "--out", str(tmp_path / "rebuilt")]) == 0
+                 str(tmp_path / "o.key"), "--out", str(tmp_path / "rebuilt"), "--after",
+                 str(tmp_path / "o"), "--anchor", "1:12345:0x" + "0a" * 32]) == 0
+    assert "version 4:" in capsys.readouterr().out
     pages = OwnerTable(tmp_path / "rebuilt").pages()
     keys = sorted(recs)
     assert _lookup(pages, keys) == [recs[k] for k in keys]
+    # the rebuild goes on numbering after version 3, so clients that read it accept the new
+    desc = Descriptor.from_page(pages[-1].tobytes(), KEY.public_key())
+    assert desc.version == 4 and desc.anchor is not None and desc.anchor.number == 12345
+    assert main(["build", "--records", str(out), "--value-size", "32", "--signing-key",
+                 str(tmp_path / "o.key"), "--out", str(tmp_path / "again"), "--anchor",
+                 "1:2"]) == 2
+    assert "--anchor 1:2: expected CHAIN_ID:NUMBER:0xHASH" in capsys.readouterr().err
 
 
 class FakeParty:
