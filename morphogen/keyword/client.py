@@ -34,6 +34,7 @@ import asyncio
 import inspect
 import secrets
 from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -308,6 +309,16 @@ class _Core:
         return min(own or info.max_batch_queries, info.max_batch_queries)
 
 
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(8, thread_name_prefix="kw-tables")
+    return _POOL
+
+
 def _start(machine: _Machine, reply: Any, failure: BaseException | None) -> tuple[bool, Any]:
     try:
         return False, machine.send(reply) if failure is None else machine.throw(failure)
@@ -348,7 +359,13 @@ class KeywordClient(_Core):
         if isinstance(action, _Get):
             return self._get(action)
         if isinstance(action, _GetAll):
-            return [self._get(g) for g in action.gets]
+            if len(action.gets) == 1:
+                return [self._get(action.gets[0])]
+            # the tables of one lookup are asked at once: one round trip, not one a level
+            # (the page clients take calls from several threads; httpx's sessions are shared)
+            rest = [_pool().submit(self._get, g) for g in action.gets[1:]]
+            first = self._get(action.gets[0])
+            return [first] + [f.result() for f in rest]
         return (self.trusted_version() if self.trusted_version else None,
                 self.trusted_block() if self.trusted_block else None)
 
