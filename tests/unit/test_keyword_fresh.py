@@ -53,13 +53,15 @@ def test_each_part_is_read_from_its_own_table_the_same_for_every_key(big) -> Non
     keys = rng.sample(sorted(recs), 5) + [rng.randbytes(20) for _ in range(3)]
     assert kc.get(keys[0]) == recs[keys[0]]
     # the descriptor (a one-page table), the top level whole, then the data and tree1 pages
-    assert [(r[0], r[2]) for r in pir.requests] == [
-        ("descriptor", 1), ("tree2", 1), ("data", g.data_pages), ("tree1", g.levels[0])]
+    # (asked at once)
+    got = [(r[0], r[2]) for r in pir.requests]
+    assert got[:2] == [("descriptor", 1), ("tree2", 1)]
+    assert sorted(got[2:]) == [("data", g.data_pages), ("tree1", g.levels[0])]
     shapes = set()
     for key in keys:
         pir.requests.clear()
         assert kc.get(key) == recs.get(key)
-        shapes.add(tuple((r[0], len(r[1]), r[2]) for r in pir.requests))
+        shapes.add(tuple(sorted((r[0], len(r[1]), r[2]) for r in pir.requests)))
     assert shapes == {(("data", 3, g.data_pages), ("tree1", 3, g.levels[0]))}
     # the reference's server serves the one matrix: the same pages, read from it
     flat = TablePir(t.pages, tables=False)
@@ -70,7 +72,8 @@ def test_each_part_is_read_from_its_own_table_the_same_for_every_key(big) -> Non
     pir = TablePir(t.pages)
     kc = KeywordClient(pir, PUB)
     assert kc.get_many(keys) == [recs.get(k) for k in keys]
-    assert [r[0] for r in pir.requests] == ["descriptor", "tree1", "tree2", "data"]
+    assert sorted(r[0] for r in pir.requests[:3]) == ["descriptor", "tree1", "tree2"]
+    assert {r[0] for r in pir.requests[3:]} == {"data"}
 
 
 def test_pages_of_two_versions_never_mix(tmp_path: Path) -> None:
