@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, replace
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from morphogen.constants import PAGE_SIZE
@@ -162,3 +163,9 @@ def unsigned(page: bytes | memoryview) -> Descriptor:
         raise ValueError("the page holds no keyword descriptor")
     size = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 4], "little")
     return Descriptor.from_dict(json.loads(raw[len(MAGIC) + 4:len(MAGIC) + 4 + size]))
+
+
+def tables_of(pages: np.ndarray) -> list[dict]:
+    """The party tables of a keyword table's matrix (`Geometry.tables`), from its own
+    descriptor page: what its snapshot's manifest names."""
+    return unsigned(pages[-1]).geometry.tables()

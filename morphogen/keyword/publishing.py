@@ -30,6 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
+from morphogen.keyword.descriptor import tables_of
 from morphogen.keyword.owner import OwnerTable
 from morphogen.keyword.versions import Batch
 from morphogen.snapshot.reader import Snapshot
@@ -83,7 +84,7 @@ def _write_or_reuse(path: Path, owner: OwnerTable, version: int) -> None:
                                "it away, then publish again")
         return
     write_snapshot(path, pages, epoch_id=version, source="morphogen keyword table",
-                   overwrite=True)
+                   overwrite=True, tables=tables_of(pages))
 
 
 def stage_snapshot(owner: OwnerTable, version: int, snapshot_dir: str) -> str:

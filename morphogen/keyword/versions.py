@@ -28,6 +28,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from morphogen.keyword.descriptor import tables_of
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
@@ -81,7 +82,7 @@ class VersionStore:
         tmp.mkdir()
         if full:
             write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
-                           source="morphogen keyword table")
+                           source="morphogen keyword table", tables=tables_of(pages))
             _pack(tmp / KEYS, {"tags": b"".join(keys), "keys": list(keys.values())})
         else:
             _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
