@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cluster.local import free_port
+from cluster.local import listener_port
 
 WORKER_TYPE = "gpu_worker"
 
@@ -112,7 +112,7 @@ def start(*, head_cpus: float = 1, worker_cpus: float = 1, worker_gpus: int = 4,
           env: dict[str, str] | None = None) -> FakeCluster:
     """Start the head (no GPU) with the autoscaler; worker nodes come when asked for."""
     temp_dir = tempfile.mkdtemp(prefix="mg-fake-")  # short: Ray's socket paths are limited
-    port = free_port()
+    port = listener_port()
     config = cluster_config(port, head_cpus=head_cpus, worker_cpus=worker_cpus,
                             worker_gpus=worker_gpus, max_workers=max_workers,
                             idle_timeout_minutes=idle_timeout_minutes)
@@ -130,8 +130,8 @@ def start(*, head_cpus: float = 1, worker_cpus: float = 1, worker_gpus: int = 4,
     cmd = [ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={head_cpus}",
            "--num-gpus=0", f"--autoscaling-config={config_path}", f"--temp-dir={temp_dir}",
            "--include-dashboard=false", "--disable-usage-stats",
-           # free ports, not Ray's fixed defaults: another Ray may run on this machine
-           *(f"--{name}={free_port()}" for name in (
+           # free ports below the ephemeral range, not Ray's defaults: another Ray may run here
+           *(f"--{name}={listener_port()}" for name in (
                "ray-client-server-port", "dashboard-agent-listen-port",
                "dashboard-agent-grpc-port", "metrics-export-port", "runtime-env-agent-port"))]
     proc = subprocess.Popen(cmd, env=full_env, start_new_session=True,

@@ -9,11 +9,13 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import random
 import socket
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -22,6 +24,22 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def listener_port(low: int = 20000) -> int:
+    """A port free on every address for a listener that binds it later, drawn below the
+    kernel's ephemeral range: a port the OS handed out (`free_port`) can be handed out again,
+    to one of Ray's own sockets, before the listener binds it."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    rng = random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(low, max(low + 1, first))
+        if not port_in_use("0.0.0.0", port):
+            return port
+    return free_port("0.0.0.0")
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -67,7 +85,7 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
         # clusters on one machine (a test session and a server it starts, a demo beside a
         # benchmark) would collide, so each cluster takes free ones unless told otherwise.
         for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-            env[name] = os.environ.get(name) or str(free_port())
+            env[name] = os.environ.get(name) or str(listener_port())
     return env
 
 
