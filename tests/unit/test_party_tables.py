@@ -218,3 +218,43 @@ def test_gpu_shards_scan_tables_from_the_host_copy(tmp_path):
     sub = state.current.segments[0].subs._by_range[(5, 14)]
     assert type(sub).__name__ == "CpuShard" and sub.first_page == 0 and sub.num_pages == 9
     state.close()
+
+
+def test_a_rotation_brings_the_new_snapshots_tables(served, tmp_path):
+    party, links, _ = served
+    snaps = tmp_path / "snaps"
+    build_synthetic(snaps / "next", 70, seed=4, epoch_id=1, progress=False,
+                    tables=[{"name": "fresh", "first_page": 30, "num_pages": 40}])
+    asyncio.run(party.admin.snapshot(str(snaps / "next")))
+    doc = asyncio.run(party.epoch())
+    assert doc["tables"] == {"fresh": {"first_page": 30, "num_pages": 40, "domain_bits": 6}}
+    BY_NAME["fresh"] = Table("fresh", 30, 40)
+    try:
+        model = synthetic_pages(4, 0, 70)
+        assert asyncio.run(_read(party, model, "fresh", [0, 39])) == [
+            model[30].tobytes(), model[69].tobytes()]
+    finally:
+        del BY_NAME["fresh"]
+    with pytest.raises(WireError) as err:
+        asyncio.run(_read(party, model, "mid", [0]))
+    assert err.value.code == ErrorCode.UNKNOWN_TABLE
+
+
+def test_scan_metrics_count_the_pages_a_table_query_scanned(tmp_path):
+    build_synthetic(tmp_path / "s", NUM_PAGES, seed=3, epoch_id=1, progress=False,
+                    tables=TABLES)
+    seen: list[int] = []
+
+    class Recorder:
+        def scan(self, shard, keys, pages, phases):
+            seen.append(pages)
+
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: None
+
+    replica = start_replica(tmp_path / "s", 1, None, observer=Recorder())
+    key, _ = dpf.generate_keys(5, 3)
+    batch = dpf.KeyBatch.from_keys([key])
+    asyncio.run(replica.scan(batch, None, TableSlice(BY_NAME["mid"], 48, 96)))
+    asyncio.run(replica.scan(dpf.KeyBatch.from_keys([dpf.generate_keys(7, 3)[0]]), None))
+    assert seen == [12, 48]  # pages [48, 60) of the table, then the shard's whole range
