@@ -48,6 +48,9 @@ def cmd_metrics_url(args: argparse.Namespace) -> int:
 
 def cmd_build(args: argparse.Namespace) -> int:
     if args.records:
+        if args.table:
+            # a keyword table's pages are laid out by its builder, not by the operator
+            raise UsageError("--table applies to --raw and --synthetic, not --records")
         return records.build_records(args)
     return snapshots.build(args)
 
@@ -366,6 +369,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="epoch id the manifest names (default 1); each new snapshot of the "
                           "same data set takes a higher one")
     bld.add_argument("--seed", type=int, default=0, help="seed of --synthetic pages")
+    bld.add_argument("--table", action="append", type=inputs.table_spec,
+                     metavar="NAME=FIRST:COUNT",
+                     help="a named table: pages [FIRST, FIRST+COUNT) of the matrix, queried on "
+                          "their own (repeat for several)")
     bld.add_argument("--pad-last-page", action="store_true",
                      help="accept a raw file that ends inside a page and zero-pad it (refused "
                           "otherwise: a truncated copy looks the same)")

@@ -16,6 +16,20 @@ UPDATES_FORMAT = ('{"updates": [{"page": 5, "diff": "0x<hex>"}, {"page": 7, "dat
                   ' (diff: XOR into the page; data: replace the page, zero-padded to 4096 bytes)')
 
 
+def table_spec(text: str) -> dict[str, Any]:
+    """argparse type: `NAME=FIRST:COUNT`, one named table of a snapshot (its name and range are
+    checked against the matrix when the snapshot is written)."""
+    import argparse
+
+    name, _, span = text.partition("=")
+    first, _, count = span.partition(":")
+    try:
+        return {"name": name, "first_page": int(first), "num_pages": int(count)}
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not NAME=FIRST:COUNT (e.g. users=0:1000)") from None
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (argparse reports the bad value and exits 2)."""
     import argparse

@@ -41,11 +41,12 @@ def _write_local(args: argparse.Namespace, out: str, label: str) -> Any:
     if args.raw:
         inputs.whole_pages(f"--raw {args.raw}", Path(args.raw), args.pad_last_page)
     try:
+        tables = getattr(args, "table", None)
         if args.raw:
             return import_raw(args.raw, out, epoch_id=args.epoch, progress=True,
-                              overwrite=args.force)
+                              overwrite=args.force, tables=tables)
         return build_synthetic(out, args.synthetic, seed=args.seed, epoch_id=args.epoch,
-                               progress=True, overwrite=args.force)
+                               progress=True, overwrite=args.force, tables=tables)
     except SnapshotError as exc:
         if "already holds a snapshot" in str(exc):
             raise UsageError(f"--out {exc} (--force overwrites)") from None

@@ -29,6 +29,7 @@ from morphogen.party.autoscaling import HELD_QUERIES
 from morphogen.party.combine import ShardFailure
 from morphogen.party.redact import redacted_traceback
 from morphogen.party.router import Party
+from morphogen.party.shards import Layout
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
@@ -46,6 +47,7 @@ from morphogen.protocol.codec import (
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication.admin_auth import AdminAccess, WatchedAdminGuard
 from morphogen.publication.log import EpochLog
+from morphogen.snapshot.tables import Table
 from morphogen.storage.settings import configure
 
 log = logging.getLogger("ray.serve")
@@ -70,8 +72,9 @@ class _HandleLink:
     def __init__(self, handle: DeploymentHandle) -> None:
         self._h = handle
 
-    async def scan(self, batch: Any, want: EpochIdentity | None) -> tuple[EpochIdentity, Any]:
-        return await self._h.scan.remote(batch, want)
+    async def scan(self, batch: Any, want: EpochIdentity | None,
+                   table: Any = None) -> tuple[EpochIdentity, Any]:
+        return await self._h.scan.remote(batch, want, table)
 
     async def info(self) -> dict[str, Any]:
         return await self._h.info.remote()
@@ -137,14 +140,17 @@ class Router:
 
     # ------------------------------------------------------------------ handle API
 
-    async def query(self, keys: list[bytes]) -> dict[str, Any]:
-        """One query (three keys as bytes) -> `{"epoch_id", "identity", "pages": [bytes x3]}`."""
-        return await self._observed("handle", 1, self._party.query(keys))
+    async def query(self, keys: list[bytes], table: str | None = None) -> dict[str, Any]:
+        """One query (three keys as bytes) -> `{"epoch_id", "identity", "pages": [bytes x3]}`;
+        `table`: one of the snapshot's named tables (None: the whole matrix)."""
+        return await self._observed("handle", 1, self._party.query(keys, table))
 
-    async def query_batch(self, queries: list[list[bytes]]) -> dict[str, Any]:
-        """1..max queries -> `{"epoch_id", "identity", "results": [{"pages": [...]}, ...]}`."""
+    async def query_batch(self, queries: list[list[bytes]],
+                          table: str | None = None) -> dict[str, Any]:
+        """1..max queries -> `{"epoch_id", "identity", "results": [{"pages": [...]}, ...]}`,
+        all of `table` (None: the whole matrix)."""
         return await self._observed("handle_batch", len(queries),
-                                    self._party.query_batch(queries))
+                                    self._party.query_batch(queries, table))
 
     async def _observed(self, route: str, queries: int, call: Any) -> Any:
         start = time.perf_counter()
@@ -293,17 +299,19 @@ class Router:
         enc_in = wire.request_encoding(request.headers.get("content-type"))
         layout = await self._party.layout()
         body = await _read_body(request, self._cfg.body_limit(layout.domain_bits))
-        parsed = await self._party.validated(
-            lambda d: wire.parse_queries(
+        def parse(lay: Layout) -> tuple[wire.ParsedQueries, Table | None]:
+            parsed = wire.parse_queries(
                 body,
                 request.headers.get("content-type"),
                 batch=batch,
-                domain_bits=d,
+                domain_bits=lay.domain_bits,
                 max_queries=self._cfg.max_batch_queries,
-            ),
-            layout,
-        )
-        identity, acc = await self._party.answer(parsed.keys)
+                tables=lay.table_domains,
+            )
+            return parsed, None if parsed.table is None else lay.tables[parsed.table]
+
+        parsed, table = await self._party.validated(parse, layout)
+        identity, acc = await self._party.answer(parsed.keys, table)
         request.state.queries = parsed.num_queries
         enc_out = wire.response_encoding(request.headers.get("accept"), enc_in)
         content = wire.encode_answer(identity.epoch_id, acc, batch=batch, encoding=enc_out,

@@ -26,6 +26,7 @@ from deployments.start_board import ReplicaStart
 from morphogen.config import PartyConfig
 from morphogen.party.replica import ShardReplica
 from morphogen.party.shard import ShardCore
+from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.dpf import KeyBatch
 from morphogen.protocol.identity import EpochIdentity
@@ -81,9 +82,9 @@ class Shard:
             self._replica.replayed, core.engine_name, time.monotonic() - started,
         )
 
-    async def scan(self, batch: KeyBatch,
-                   want: EpochIdentity | None = None) -> tuple[EpochIdentity, bytes]:
-        return await self._replica.scan(batch, want)
+    async def scan(self, batch: KeyBatch, want: EpochIdentity | None = None,
+                   table: TableSlice | None = None) -> tuple[EpochIdentity, bytes]:
+        return await self._replica.scan(batch, want, table)
 
     async def info(self) -> dict[str, Any]:
         out = await self._replica.info()

@@ -22,6 +22,8 @@ from morphogen.client.wire import (
     PirError,
     PirUnavailable,
     ServerInfo,
+    TableInfo,
+    UnknownTable,
     decode_answer,
     encode_request,
     encode_updates,
@@ -33,7 +35,7 @@ from morphogen.client.wire import (
 __all__ = [
     "RETRY_STATUSES", "Answer", "AsyncPirClient", "DataMoved", "EpochMismatchError",
     "HandlePirClient", "PageOutOfRange", "PirClient", "PirError", "PirUnavailable",
-    "RetryPolicy", "ServerInfo",
+    "RetryPolicy", "ServerInfo", "TableInfo", "UnknownTable",
     "check_server_url", "decode_answer", "encode_request", "encode_updates", "make_keys",
     "plan_targets", "xor_pages",
 ]

@@ -17,6 +17,9 @@ answer from other data makes the client re-read /epoch: it is kept when both par
 advertise exactly that data in the planned domain and it still holds every wanted page; a
 wanted page past the new end raises `PageOutOfRange`; otherwise the pages are asked again with
 fresh keys. Servers without identities (the reference) are checked by epoch id alone.
+A named table (GET /epoch's `tables`) is planned the same way with its own page count and key
+domain: its pages are numbered from 0 within the table, and a table the servers do not advertise
+raises `UnknownTable` before any query is sent.
 `get_pinned` follows no move: other data in an answer, or a domain refusal after a change of
 shape, raises `DataMoved` once /epoch is read again, whichever pages were wanted.
 
@@ -78,12 +81,13 @@ class RetryPolicy:
         return base * (0.5 + secrets.randbelow(1000) / 2000)
 
 
-def domain_retry(exc: PirError, used: ServerInfo, fresh: ServerInfo, refusals: int) -> bool:
+def domain_retry(exc: PirError, used: ServerInfo, fresh: ServerInfo, refusals: int,
+                 table: str | None = None) -> bool:
     """Whether a `bad_domain` refusal is worth a retry with keys for `fresh`: the servers'
-    domain moved since the keys were made (a snapshot rotation), or it is the first refusal
-    of this fetch (a router may only now have seen a rotation that /epoch already shows).
-    A repeated refusal without any change is a client bug and is raised."""
-    moved = (fresh.domain_bits, fresh.num_pages) != (used.domain_bits, used.num_pages)
+    domain (of `table`) moved since the keys were made (a snapshot rotation), or it is the
+    first refusal of this fetch (a router may only now have seen a rotation that /epoch
+    already shows). A repeated refusal without any change is a client bug and is raised."""
+    moved = fresh.shape(table) != used.shape(table)
     return exc.code == "bad_domain" and (moved or refusals == 1)
 
 
@@ -118,6 +122,7 @@ class Send:
 
     queries_a: list[list[bytes]]
     queries_b: list[list[bytes]]
+    table: str | None = None  # the table both are of (None: the whole matrix)
 
 
 @dataclass(frozen=True)
@@ -208,54 +213,69 @@ class ClientCore:
             return self.info
         return (yield from self._refresh(_Budget(self.retry)))
 
-    def get(self, pages: Sequence[int]) -> Machine[list[bytes]]:
-        """The wanted pages in order; several requests when they do not fit in one."""
+    def read_table(self, table: str | None) -> Machine[ServerInfo]:
+        """`read_info`, making sure it advertises `table`: a table the cached info lacks is
+        looked for once more in a fresh /epoch (a rotation may have added it), then refused
+        with `UnknownTable`."""
+        info = yield from self.read_info()
+        if table is not None and table not in info.tables:
+            info = yield from self.read_info(refresh=True)
+            info.shape(table)
+        return info
+
+    def get(self, pages: Sequence[int], table: str | None = None) -> Machine[list[bytes]]:
+        """The wanted pages (of `table`, numbered within it) in order; several requests when
+        they do not fit in one."""
         if len(pages) == 0:
             return []
-        info = yield from self.read_info()
+        info = yield from self.read_table(table)
         # Checked against the cached info, before anything is sent. Refreshing first would tell
         # the servers that the client wants a page past the end it knew; growth is seen at the
         # next answer from newer data, or with info(refresh=True).
-        wanted = check_pages(pages, info.num_pages)
+        wanted = check_pages(pages, info.shape(table)[0])
         out: list[bytes] = []
         while len(out) < len(wanted):
             assert self.info is not None
             step = self.pages_per_request(self.info)
-            got = yield from self._fetch(wanted[len(out) : len(out) + step])
+            got = yield from self._fetch(wanted[len(out) : len(out) + step], table=table)
             out.extend(got.pages)
         return out
 
-    def get_with_epoch(self, pages: Sequence[int]) -> Machine[tuple[int, list[bytes]]]:
+    def get_with_epoch(self, pages: Sequence[int],
+                       table: str | None = None) -> Machine[tuple[int, list[bytes]]]:
         """`(epoch_id, pages)` of one request: every page from the same data."""
         if len(pages) == 0:
             raise ValueError("no pages asked")
-        info = yield from self.read_info()
-        wanted = check_pages(pages, info.num_pages)
+        info = yield from self.read_table(table)
+        wanted = check_pages(pages, info.shape(table)[0])
         cap = self.pages_per_request(info)
         if len(wanted) > cap:
             raise ValueError(f"get_with_epoch takes at most {cap} pages (one request)")
-        got = yield from self._fetch(wanted)
+        got = yield from self._fetch(wanted, table=table)
         return got.epoch_id, got.pages
 
-    def get_pinned(self, pages: Sequence[int],
-                   num_pages: int | None = None) -> Machine[Answer]:
+    def get_pinned(self, pages: Sequence[int], num_pages: int | None = None,
+                   table: str | None = None) -> Machine[Answer]:
         """One request's pages with the epoch and identity they are from, only from data that
         /epoch named when the keys were planned: when the servers moved to other data, /epoch
         is read again and `DataMoved` raised, nothing re-sent. For callers whose page numbers
         mean something only in one table (a keyword table's candidates): re-sending them to
         other data would succeed or fail depending on which pages they are. `num_pages`, the
         size the caller planned for, raises `DataMoved` before anything is sent when the
-        cached /epoch names another (refused pages would depend on the pages)."""
+        cached /epoch names another (refused pages would depend on the pages); with `table`,
+        pages and `num_pages` are the table's."""
         if len(pages) == 0:
             raise ValueError("no pages asked")
-        info = yield from self.read_info()
-        if num_pages is not None and info.num_pages != num_pages:
-            raise DataMoved(f"the servers serve {info.num_pages} pages, not {num_pages}")
-        wanted = check_pages(pages, info.num_pages)
+        info = yield from self.read_table(table)
+        size = info.shape(table)[0]
+        if num_pages is not None and size != num_pages:
+            what = "pages" if table is None else f"pages in table {table!r}"
+            raise DataMoved(f"the servers serve {size} {what}, not {num_pages}")
+        wanted = check_pages(pages, size)
         cap = self.pages_per_request(info)
         if len(wanted) > cap:
             raise ValueError(f"get_pinned takes at most {cap} pages (one request)")
-        return (yield from self._fetch(wanted, pinned=True))
+        return (yield from self._fetch(wanted, pinned=True, table=table))
 
     # ---------------------------------------------------------------- steps
 
@@ -270,18 +290,20 @@ class ClientCore:
             self.info = info
             return info
 
-    def _fetch(self, wanted: list[int], pinned: bool = False) -> Machine[Answer]:
-        """One request's worth of pages, verified; re-planned across rotations unless
-        `pinned`."""
+    def _fetch(self, wanted: list[int], pinned: bool = False,
+               table: str | None = None) -> Machine[Answer]:
+        """One request's worth of pages (of `table`), verified; re-planned across rotations
+        unless `pinned`."""
         budget = _Budget(self.retry)
         refusals = 0
         info = self.info
         assert info is not None
         while True:
-            targets = plan_targets(wanted, info.num_pages)
-            qa, qb = make_keys(targets, info.domain_bits)
+            size, domain = info.shape(table)
+            targets = plan_targets(wanted, size)
+            qa, qb = make_keys(targets, domain)
             try:
-                a, b = yield Send(qa, qb)
+                a, b = yield Send(qa, qb, table)
             except Transient as reason:
                 yield from budget.spend(reason)
                 info = self.info
@@ -291,11 +313,10 @@ class ClientCore:
                     raise
                 refusals += 1
                 fresh = yield from self._refresh(budget)
-                if pinned and (fresh.num_pages, fresh.domain_bits) != (info.num_pages,
-                                                                       info.domain_bits):
-                    raise DataMoved(f"the servers now serve {fresh.num_pages} pages in domain "
-                                    f"{fresh.domain_bits}") from None
-                if not domain_retry(exc, info, fresh, refusals):
+                if pinned and _shape_or_none(fresh, table) != (size, domain):
+                    raise DataMoved(f"the servers now serve {_shape_or_none(fresh, table)} "
+                                    "(pages, domain)") from None
+                if not domain_retry(exc, info, fresh, refusals, table):
                     raise exc from None
                 yield from budget.spend(Transient("the servers' key domain changed (rotation)"))
                 info = self.info
@@ -318,8 +339,10 @@ class ClientCore:
                 fresh = yield from self._refresh(budget)
                 if pinned:
                     raise DataMoved(f"answered from {view}, not from data planned for")
-                check_pages(wanted, fresh.num_pages)
-                if not (fresh.is_exactly(view) and fresh.domain_bits == info.domain_bits):
+                fresh_size, fresh_domain = fresh.shape(table)
+                check_pages(wanted, fresh_size)
+                if not (fresh.is_exactly(view) and fresh_domain == domain
+                        and (table is None or fresh.tables[table] == info.tables[table])):
                     yield from budget.spend(Transient(
                         f"answered from {view}, now /epoch names A {fresh.views[0]}, "
                         f"B {fresh.views[1]}", kind="moved"))
@@ -327,3 +350,7 @@ class ClientCore:
                     continue
             pages = xor_pages(a.pages, b.pages)[: len(wanted)]
             return Answer(view.epoch_id, view.identity, pages)
+
+
+def _shape_or_none(info: ServerInfo, table: str | None) -> tuple[int, int] | None:
+    return info.shape(table) if table is None or table in info.tables else None

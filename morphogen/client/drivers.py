@@ -149,22 +149,25 @@ class _Blocking(_Base):
         """Both servers' GET /epoch, cached; `refresh` reads it again."""
         return drive(self._core.read_info(refresh), self._perform)
 
-    def get(self, pages: Sequence[int]) -> list[bytes]:
-        """The wanted pages, in order, 4096 bytes each."""
-        return drive(self._core.get(pages), self._perform)
+    def get(self, pages: Sequence[int], table: str | None = None) -> list[bytes]:
+        """The wanted pages, in order, 4096 bytes each; with `table`, pages of that named
+        table (GET /epoch's `tables`), numbered from 0 within it."""
+        return drive(self._core.get(pages, table), self._perform)
 
-    def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+    def get_with_epoch(self, pages: Sequence[int],
+                       table: str | None = None) -> tuple[int, list[bytes]]:
         """`(epoch_id, pages)`: the wanted pages (one request's worth at most) as both servers
         hold them in the epoch named."""
-        return drive(self._core.get_with_epoch(pages), self._perform)
+        return drive(self._core.get_with_epoch(pages, table), self._perform)
 
-    def get_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
+    def get_pinned(self, pages: Sequence[int], num_pages: int | None = None,
+                   table: str | None = None) -> Answer:
         """`Answer(epoch_id, identity, pages)` of one request, only from data /epoch named
         when the keys were planned; `DataMoved` otherwise (`ClientCore.get_pinned`)."""
-        return drive(self._core.get_pinned(pages, num_pages), self._perform)
+        return drive(self._core.get_pinned(pages, num_pages, table), self._perform)
 
-    def get_page(self, page: int) -> bytes:
-        return self.get([page])[0]
+    def get_page(self, page: int, table: str | None = None) -> bytes:
+        return self.get([page], table)[0]
 
 
 # --------------------------------------------------------------------------- HTTP clients
@@ -223,8 +226,9 @@ class PirClient(_Blocking):
         except httpx.TransportError as exc:
             raise _unreachable(client, exc) from None
 
-    def _post(self, client: httpx.Client, queries: list[list[bytes]]) -> Answer:
-        path, body, headers = encode_request(queries, self.encoding)
+    def _post(self, client: httpx.Client, queries: list[list[bytes]],
+              table: str | None) -> Answer:
+        path, body, headers = encode_request(queries, self.encoding, table)
         try:
             return _answer(client.post(path, content=body, headers=headers), len(queries))
         except httpx.TransportError as exc:
@@ -236,7 +240,8 @@ class PirClient(_Blocking):
             return None
         if isinstance(action, ReadEpoch):
             return self._both(self._get_epoch, (None, None))
-        return self._both(self._post, (action.queries_a, action.queries_b))
+        return self._both(lambda c, q: self._post(c, q, action.table),
+                          (action.queries_a, action.queries_b))
 
 
 class AsyncPirClient(_Base):
@@ -275,8 +280,9 @@ class AsyncPirClient(_Base):
         except httpx.TransportError as exc:
             raise _unreachable(client, exc) from None
 
-    async def _post(self, client: httpx.AsyncClient, queries: list[list[bytes]]) -> Answer:
-        path, body, headers = encode_request(queries, self.encoding)
+    async def _post(self, client: httpx.AsyncClient, queries: list[list[bytes]],
+                    table: str | None = None) -> Answer:
+        path, body, headers = encode_request(queries, self.encoding, table)
         try:
             resp = await client.post(path, content=body, headers=headers)
         except httpx.TransportError as exc:
@@ -289,25 +295,29 @@ class AsyncPirClient(_Base):
             return None
         if isinstance(action, ReadEpoch):
             return tuple(await asyncio.gather(*(self._get_epoch(c) for c in self._http)))
-        return tuple(await asyncio.gather(self._post(self._http[0], action.queries_a),
-                                          self._post(self._http[1], action.queries_b)))
+        return tuple(await asyncio.gather(
+            self._post(self._http[0], action.queries_a, action.table),
+            self._post(self._http[1], action.queries_b, action.table)))
 
     async def info(self, refresh: bool = False) -> ServerInfo:
         return await adrive(self._core.read_info(refresh), self._perform)
 
-    async def get(self, pages: Sequence[int]) -> list[bytes]:
-        return await adrive(self._core.get(pages), self._perform)
+    async def get(self, pages: Sequence[int], table: str | None = None) -> list[bytes]:
+        """As `PirClient.get`."""
+        return await adrive(self._core.get(pages, table), self._perform)
 
-    async def get_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
+    async def get_with_epoch(self, pages: Sequence[int],
+                             table: str | None = None) -> tuple[int, list[bytes]]:
         """`(epoch_id, pages)`, as `PirClient.get_with_epoch`."""
-        return await adrive(self._core.get_with_epoch(pages), self._perform)
+        return await adrive(self._core.get_with_epoch(pages, table), self._perform)
 
-    async def get_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
+    async def get_pinned(self, pages: Sequence[int], num_pages: int | None = None,
+                         table: str | None = None) -> Answer:
         """As `PirClient.get_pinned`."""
-        return await adrive(self._core.get_pinned(pages, num_pages), self._perform)
+        return await adrive(self._core.get_pinned(pages, num_pages, table), self._perform)
 
-    async def get_page(self, page: int) -> bytes:
-        return (await self.get([page]))[0]
+    async def get_page(self, page: int, table: str | None = None) -> bytes:
+        return (await self.get([page], table))[0]
 
 
 # --------------------------------------------------------------------------- handle client
@@ -355,7 +365,11 @@ class HandlePirClient(_Blocking):
         ha, hb = self._handles
         if isinstance(action, ReadEpoch):
             return ha.epoch.remote(), hb.epoch.remote()
-        return ha.query_batch.remote(action.queries_a), hb.query_batch.remote(action.queries_b)
+        if action.table is None:  # the reference's call, for a router without tables
+            return (ha.query_batch.remote(action.queries_a),
+                    hb.query_batch.remote(action.queries_b))
+        return (ha.query_batch.remote(action.queries_a, action.table),
+                hb.query_batch.remote(action.queries_b, action.table))
 
     @staticmethod
     def _decode(action: ReadEpoch | Send, replies: tuple[Any, Any]) -> Any:
@@ -394,14 +408,16 @@ class HandlePirClient(_Blocking):
     async def ainfo(self, refresh: bool = False) -> ServerInfo:
         return await adrive(self._core.read_info(refresh), self._aperform)
 
-    async def aget(self, pages: Sequence[int]) -> list[bytes]:
-        return await adrive(self._core.get(pages), self._aperform)
+    async def aget(self, pages: Sequence[int], table: str | None = None) -> list[bytes]:
+        return await adrive(self._core.get(pages, table), self._aperform)
 
-    async def aget_with_epoch(self, pages: Sequence[int]) -> tuple[int, list[bytes]]:
-        return await adrive(self._core.get_with_epoch(pages), self._aperform)
+    async def aget_with_epoch(self, pages: Sequence[int],
+                              table: str | None = None) -> tuple[int, list[bytes]]:
+        return await adrive(self._core.get_with_epoch(pages, table), self._aperform)
 
-    async def aget_pinned(self, pages: Sequence[int], num_pages: int | None = None) -> Answer:
-        return await adrive(self._core.get_pinned(pages, num_pages), self._aperform)
+    async def aget_pinned(self, pages: Sequence[int], num_pages: int | None = None,
+                          table: str | None = None) -> Answer:
+        return await adrive(self._core.get_pinned(pages, num_pages, table), self._aperform)
 
 
 async def _awaited(response: Any) -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgpack
@@ -70,6 +70,17 @@ class PageOutOfRange(PirError, IndexError):
         self.num_pages = num_pages
 
 
+class UnknownTable(PirError, LookupError):
+    """A table the servers do not advertise (GET /epoch's `tables`); raised before any query
+    is sent."""
+
+    def __init__(self, table: str, known: Sequence[str]) -> None:
+        listed = ", ".join(sorted(known)) or "none"
+        super().__init__(f"the servers serve no table {table!r} (tables: {listed})",
+                         code="unknown_table")
+        self.table = table
+
+
 class DataMoved(PirError, LookupError):
     """The servers answered from other data than the pages were planned for, and the caller
     asked not to follow it (`get_pinned`): nothing was re-sent. /epoch has been read again."""
@@ -115,13 +126,23 @@ class View(NamedTuple):
         return f"epoch {self.epoch_id}" + (f" ({self.identity})" if self.identity else "")
 
 
+class TableInfo(NamedTuple):
+    """One named table as GET /epoch advertises it: pages `[first_page, first_page +
+    num_pages)` of the matrix, queried as pages 0..num_pages-1 with keys of `domain_bits`."""
+
+    first_page: int
+    num_pages: int
+    domain_bits: int
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     """What both servers advertise (GET /epoch) and the client plans against.
 
     `epoch_id` and `identity` are A's; `epoch_ids` and `identities` are (A's, B's), which differ
     for a moment while an update or a rotation reaches one party before the other. Both parties
-    always agree on `num_pages`, `domain_bits` (the client refuses them otherwise).
+    always agree on `num_pages`, `domain_bits` and `tables` (the client refuses them
+    otherwise).
     """
 
     num_pages: int
@@ -131,6 +152,7 @@ class ServerInfo:
     identity: str | None = None
     epoch_ids: tuple[int, ...] = ()
     identities: tuple[str | None, ...] = ()
+    tables: dict[str, TableInfo] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if not self.epoch_ids:
@@ -150,6 +172,16 @@ class ServerInfo:
     def is_exactly(self, view: View) -> bool:
         """Whether both parties advertise `view` (identities compared where published)."""
         return all(v.same(view) for v in self.views)
+
+    def shape(self, table: str | None = None) -> tuple[int, int]:
+        """`(num_pages, domain_bits)` that keys of `table` (None: the whole matrix) are planned
+        against; `UnknownTable` for a table not advertised."""
+        if table is None:
+            return self.num_pages, self.domain_bits
+        t = self.tables.get(table)
+        if t is None:
+            raise UnknownTable(table, list(self.tables))
+        return t.num_pages, t.domain_bits
 
 
 class Answer(NamedTuple):
@@ -196,12 +228,17 @@ def make_keys(
     return qa, qb
 
 
-def encode_request(queries: list[list[bytes]], encoding: str) -> tuple[str, bytes, dict[str, str]]:
-    """(path, body, headers) of a single query (one) or a batch request (several)."""
+def encode_request(queries: list[list[bytes]], encoding: str,
+                   table: str | None = None) -> tuple[str, bytes, dict[str, str]]:
+    """(path, body, headers) of a single query (one) or a batch request (several); `table`
+    names one of the servers' tables (absent from the body for the whole matrix, so that a
+    reference server reads it)."""
     batch = len(queries) != 1
     path = BATCH_PATH if batch else QUERY_PATH
     if encoding == "msgpack":
         obj: Any = {"queries": [{"keys": q} for q in queries]} if batch else {"keys": queries[0]}
+        if table is not None:
+            obj["table"] = table
         body = msgpack.packb(obj, use_bin_type=True)
         mt = MSGPACK_TYPE
     else:
@@ -209,6 +246,8 @@ def encode_request(queries: list[list[bytes]], encoding: str) -> tuple[str, byte
             obj = {"queries": [{"keys": [to_hex(k) for k in q]} for q in queries]}
         else:
             obj = {"keys": [to_hex(k) for k in queries[0]]}
+        if table is not None:
+            obj["table"] = table
         body = json.dumps(obj, separators=(",", ":")).encode()
         mt = JSON_TYPE
     return path, body, {"Content-Type": mt, "Accept": mt}
@@ -272,6 +311,7 @@ def info_from_epoch(doc_a: Any, doc_b: Any) -> ServerInfo:
                         int(pb.get("max_batch_queries", MAX_BATCH_QUERIES)))
         epochs = (int(doc_a["epoch_id"]), int(doc_b["epoch_id"]))
         idents = (_identity(doc_a.get("identity")), _identity(doc_b.get("identity")))
+        tables_a, tables_b = _tables(doc_a), _tables(doc_b)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PirError(f"malformed /epoch document: {exc}") from None
     if shape_a != shape_b:
@@ -280,11 +320,27 @@ def info_from_epoch(doc_a: Any, doc_b: Any) -> ServerInfo:
             "domain {})".format(*shape_a, *shape_b),
             kind="matrix",
         )
+    if tables_a != tables_b:
+        raise Transient(f"the two servers serve different tables (A: {sorted(tables_a)}; "
+                        f"B: {sorted(tables_b)})", kind="matrix")
     num_pages, domain_bits = shape_a
     if not (1 <= domain_bits <= MAX_DOMAIN_BITS and 1 <= num_pages <= 1 << domain_bits
             and max_batch >= 1):
         raise PirError(f"malformed /epoch document: {num_pages} pages in domain {domain_bits}")
-    return ServerInfo(num_pages, domain_bits, epochs[0], max_batch, idents[0], epochs, idents)
+    for name, t in tables_a.items():
+        # keys in a smaller domain would alias the table's pages (PROTOCOL.md's rule)
+        if not (1 <= t.num_pages <= 1 << t.domain_bits and t.domain_bits <= MAX_DOMAIN_BITS
+                and 0 <= t.first_page and t.first_page + t.num_pages <= num_pages):
+            raise PirError(f"malformed /epoch document: table {name!r} is {t}")
+    return ServerInfo(num_pages, domain_bits, epochs[0], max_batch, idents[0], epochs, idents,
+                      tables_a)
+
+
+def _tables(doc: Any) -> dict[str, TableInfo]:
+    """A /epoch document's named tables (none from a server without them)."""
+    return {str(name): TableInfo(int(t["first_page"]), int(t["num_pages"]),
+                                 int(t["domain_bits"]))
+            for name, t in (doc.get("tables") or {}).items()}
 
 
 def encode_updates(changes: Sequence[tuple[int, str, bytes]], encoding: str = "msgpack") -> bytes:

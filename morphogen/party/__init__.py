@@ -7,6 +7,8 @@ The router's side:
 - `wire` and `admin_wire`: the server side of the HTTP contract and of the admin routes;
 - `coalesce` and `combine`: concurrent requests merged into one scan, partials XORed under
   one epoch identity;
+- `tables`: queries of a named table (a page range of the matrix): the shards they reach,
+  what each scans of it, the scanners of a segment's part of it;
 - `publisher` and `admin`: a publication decided in the epoch log, then prepared and
   committed on every replica of every shard;
 - `autoscaling` and `observe`: the router's Serve autoscaling policy, what is reported to

@@ -16,6 +16,10 @@ Two limits shape the batches:
 A submission of `max_items` or more is a call of its own: it cannot share one, and it waits for a
 slot but never for a window.
 
+Only parts of one group share a call (`group`: a key of each part, e.g. the table and key domain
+a query is of, since one scan covers one page range in one domain). A call takes the oldest
+waiting part and the parts of its group behind it; the other groups' parts keep their place.
+
 With `eager` (the default) a submission that finds the coalescer idle (nothing running,
 nothing waiting) is dispatched at once: a lone client pays no window, and the window only
 applies once there is traffic to merge with.
@@ -24,7 +28,7 @@ applies once there is traffic to merge with.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sized
+from collections.abc import Awaitable, Callable, Hashable, Sized
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -73,6 +77,7 @@ class Coalescer(Generic[T]):
         max_items: int = 96,
         max_in_flight: int = 2,
         eager: bool = True,
+        group: Callable[[T], Hashable] | None = None,
     ) -> None:
         if window_s < 0:
             raise ValueError("window_s must be >= 0")
@@ -83,6 +88,7 @@ class Coalescer(Generic[T]):
         self.max_items = int(max_items)
         self.max_in_flight = int(max_in_flight)
         self.eager = bool(eager)
+        self._group = group or (lambda part: None)
         self._pending: list[_Waiter[T]] = []
         self._pending_items = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -129,17 +135,27 @@ class Coalescer(Generic[T]):
 
     def _take_batch(self) -> list[_Waiter[T]]:
         batch: list[_Waiter[T]] = []
+        kept: list[_Waiter[T]] = []
         count = 0
-        while self._pending:
-            w = self._pending[0]
-            if batch and (w.alone or batch[0].alone or count + w.size > self.max_items):
-                break
-            self._pending.pop(0)
-            self._pending_items -= w.size
+        key: Hashable = None
+        full = False  # a part of the group did not fit: the ones behind it wait too (order)
+        for w in self._pending:
             if w.future.done():  # the caller went away (cancelled): skip its keys
+                self._pending_items -= w.size
+                continue
+            if not batch:
+                key = self._group(w.part)
+            elif full or self._group(w.part) != key:
+                kept.append(w)
+                continue
+            elif w.alone or batch[0].alone or count + w.size > self.max_items:
+                full = True
+                kept.append(w)
                 continue
             batch.append(w)
             count += w.size
+            self._pending_items -= w.size
+        self._pending = kept
         return batch
 
     def _dispatch(self) -> None:

@@ -35,11 +35,13 @@ import numpy as np
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine, check_domain
 from morphogen.party.leases import ScanLeases
+from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
 from morphogen.protocol.changes import Change, ChangeBatch, PageUpdate, PageWrite
 from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch, as_batch
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.tables import advertised
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
 # A staged version left by an admin operation that never committed nor aborted (its router
@@ -89,6 +91,7 @@ class ShardState:
         self._staged_op: str | None = None
         self._staged_at = 0.0
         self._loading = False  # a prepare_snapshot is loading its range
+        self._table_loader = TableLoader(engine)
 
     # -- reads
     @property
@@ -103,18 +106,29 @@ class ShardState:
     def identity(self) -> EpochIdentity:
         return self.current.identity
 
-    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
-        """`(identity, partials)`: every key over this shard's pages, all on the version that
-        was current when the scan started (held by a lease until it ends)."""
-        identity, acc, _ = self.scan_timed(keys)
+    def scan(self, keys: Sequence[DpfKey] | KeyBatch,
+             table: TableSlice | None = None) -> tuple[EpochIdentity, np.ndarray]:
+        """`(identity, partials)`: every key over this shard's pages (of `table` only, when
+        given), all on the version that was current when the scan started (held by a lease
+        until it ends)."""
+        identity, acc, _ = self.scan_timed(keys, table)
         return identity, acc
 
     def scan_timed(
-        self, keys: Sequence[DpfKey] | KeyBatch
+        self, keys: Sequence[DpfKey] | KeyBatch, table: TableSlice | None = None
     ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
-        """`scan` plus its seconds by phase (Version.scan_timed)."""
+        """`scan` plus its seconds by phase (Version.scan_timed); with `table`, of this
+        shard's pages inside that table only, the keys in the table's domain."""
         batch = as_batch(keys)
         with self.lease() as version:
+            if table is not None:
+                table.check(version.snapshot.manifest, version.first_page, version.stop_page)
+                want = table.table.domain_bits
+                if batch.domain_bits != want:
+                    raise DomainError(f"keys of domain {batch.domain_bits}, table "
+                                      f"{table.table.name!r} has domain {want}")
+                acc, phases = version.scan_table_timed(batch, table, self._table_loader)
+                return version.identity, acc, phases
             if batch.domain_bits != version.snapshot.domain_bits:
                 # a rotation may change the domain: keys made for the old one are refused,
                 # never answered (a smaller domain would alias pages, a larger one costs a
@@ -163,6 +177,7 @@ class ShardState:
             "domain_bits": v.snapshot.domain_bits,
             "first_page": v.first_page,
             "stop_page": v.stop_page,
+            "tables": advertised(v.snapshot.manifest.tables or ()),
         }
 
     # -- two-phase transitions

@@ -71,3 +71,4 @@ class ScanLeases:
 def _close(segments: Iterable[Segment]) -> None:
     for seg in segments:
         seg.scanner.close()
+        seg.subs.close()

@@ -341,7 +341,7 @@ class Publisher:
             current = head.epoch_id if head is not None else (
                 fallback.epoch_id if fallback is not None else 0)
             epoch_id = admin.rotation_epoch(current, manifest.epoch_id)
-            target = EpochIdentity.of_snapshot(epoch_id, checksum)
+            target = EpochIdentity.of_snapshot(epoch_id, manifest.fingerprint)
             return rotation_entry(epoch_id, str(path), checksum, target, seq), None
 
         def prepare(p: LogEntry) -> list[Callable[[], Awaitable[Any]]]:
@@ -410,6 +410,7 @@ class Publisher:
             "consistent": state.consistent,
             "num_pages": state.num_pages,
             "domain_bits": state.domain_bits,
+            "tables": infos[0].get("tables", {}),  # the named tables, as GET /epoch lists them
             "rotation_in_progress": state.rotation_in_progress or self.rotating,
             "admin_busy": pending is not None,
             "epoch_log": str(self.log.directory) if self.log.durable else None,

@@ -40,6 +40,7 @@ from morphogen.party.epoch import EpochError
 from morphogen.party.observe import NullObserver, Observer
 from morphogen.party.redact import reason
 from morphogen.party.shard import ShardCore
+from morphogen.party.tables import TableMoved, TableSlice
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
@@ -133,31 +134,39 @@ class ShardReplica:
 
     # ------------------------------------------------------------------ queries
 
-    async def scan(self, batch: KeyBatch,
-                   want: EpochIdentity | None = None) -> tuple[EpochIdentity, bytes]:
+    async def scan(self, batch: KeyBatch, want: EpochIdentity | None = None,
+                   table: TableSlice | None = None) -> tuple[EpochIdentity, bytes]:
         """`(identity, K * 4096 bytes)`: partial accumulators of every key over this shard's
-        pages, all computed on the one epoch named. `want`: the identity the router combines;
-        a replica behind it catches up first (bounded) or answers 503."""
+        pages (with `table`, its pages inside that table), all computed on the one epoch
+        named. `want`: the identity the router combines; a replica behind it catches up first
+        (bounded) or answers 503."""
         self._start_folder()
         if self._behind(want):
             await self._reach(want)
         loop = asyncio.get_running_loop()
         try:
             identity, acc, phases = await loop.run_in_executor(
-                self._scan_pool, self.core.scan_timed, batch)
+                self._scan_pool, self.core.scan_timed, batch, table)
         except DomainError as exc:
             # keys made for the domain before a rotation: the caller's mistake, not a failure
             raise WireError(
                 400, ErrorCode.BAD_DOMAIN, f"{exc} (the snapshot changed; see GET /epoch)"
             ) from None
+        except TableMoved as exc:
+            # the router planned with a layout a rotation replaced: it re-reads and retries
+            raise unavailable(f"shard {self.core.index}: {exc}", self._retry_after) from None
         except Exception as exc:
             self.failures += 1
             log.warning("shard %d: scan failed (%s)", self.core.index, reason(exc))
             raise
         self.failures = 0
         self.scans += 1
-        self.observer.scan(self.core.index, len(batch),
-                           self.core.stop_page - self.core.first_page, phases)
+        if table is None:
+            scanned = self.core.stop_page - self.core.first_page
+        else:
+            lo, hi = table.pages
+            scanned = hi - lo
+        self.observer.scan(self.core.index, len(batch), scanned, phases)
         return identity, np.ascontiguousarray(acc).tobytes()
 
     def _behind(self, want: EpochIdentity | None) -> bool:

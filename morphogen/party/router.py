@@ -7,7 +7,9 @@ tested with in-process shards:
 * the layout the shards serve together (page count, domain bits), refreshed when an answer
   names an epoch the cached layout does not know;
 * every query validated completely against that layout before any scan, then coalesced with
-  concurrent ones into one fan-out whose partials are XORed only under one `EpochIdentity`;
+  concurrent ones into one fan-out whose partials are XORed only under one `EpochIdentity`; a
+  query of a named table (morphogen.party.tables) reaches only the shards overlapping it, and
+  coalesces only with queries of the same table;
 * with an epoch log, the identity scans ask for (`want`): the log's head at start, what this
   party published, or the newest identity a scan met. A shard replica behind it catches up
   from the log before it answers, so replicas of a shard that started or were reached at
@@ -32,10 +34,12 @@ from morphogen.party.observe import NullObserver, Observer
 from morphogen.party.publisher import Publisher
 from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
+from morphogen.party.tables import TableKeys, TableSlice, shard_slices
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError, KeyBatch
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication.log import EpochLog
+from morphogen.snapshot.tables import Table, advertised
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +72,12 @@ class Party:
         self._want_read = False
         self._want_task: asyncio.Task[None] | None = None
         self.held_queries = 0  # queries in this party's hands now (the autoscaling signal)
-        self.coalescer: Coalescer[KeyBatch] = Coalescer(
+        self.coalescer: Coalescer[TableKeys] = Coalescer(
             self._scan_keys,
             window_s=cfg.coalesce_window_s,
             max_items=cfg.coalesce_max_keys,
             max_in_flight=cfg.coalesce_max_in_flight,
+            group=TableKeys.group,
         )
         self.admin = Publisher(self, lease_s=cfg.admin_lease_s)
 
@@ -167,46 +172,58 @@ class Party:
         finally:
             self._refresh = None
 
-    async def validated(self, parse: Callable[[int], T], layout: Layout | None = None) -> T:
-        """`parse(domain_bits)` against the cached layout; a key domain it refuses is checked
-        once more against the shards' current layout (a rotation seen by another router
-        replica may have changed it), at most once per `_REVALIDATE_S`."""
+    async def validated(self, parse: Callable[[Layout], T], layout: Layout | None = None) -> T:
+        """`parse(layout)` against the cached layout; a key domain or a table it refuses is
+        checked once more against the shards' current layout (a rotation seen by another
+        router replica may have changed it), at most once per `_REVALIDATE_S`."""
         layout = layout or await self.layout()
         try:
-            return parse(layout.domain_bits)
+            return parse(layout)
         except WireError as err:
             now = time.monotonic()
-            if err.code != ErrorCode.BAD_DOMAIN or now - self._revalidated < _REVALIDATE_S:
+            if (err.code not in (ErrorCode.BAD_DOMAIN, ErrorCode.UNKNOWN_TABLE)
+                    or now - self._revalidated < _REVALIDATE_S):
                 raise
             self._revalidated = now
             fresh = self.set_layout(await self.infos())
             if fresh is None:
                 raise self.unavailable("the snapshot is changing, retry") from None
-            if fresh.domain_bits == layout.domain_bits:
+            if fresh.shape == layout.shape:
                 raise
-            return parse(fresh.domain_bits)
+            return parse(fresh)
 
     # ------------------------------------------------------------------ queries
 
-    async def _call_shard(self, shard: ShardLink, batch: KeyBatch) -> tuple[EpochIdentity, Any]:
+    async def _call_shard(self, shard: ShardLink, batch: KeyBatch,
+                          part: TableSlice | None = None) -> tuple[EpochIdentity, Any]:
         try:
-            return await shard.scan(batch, self.want)
+            if part is None:
+                return await shard.scan(batch, self.want)
+            return await shard.scan(batch, self.want, part)
         except Exception as exc:
             cause = admin.unwrap(exc)
             if isinstance(cause, WireError) and cause.status < 500:
                 raise cause from None  # the request's own fault (stale domain): no retry
             raise
 
-    async def _scan_keys(self, requests: list[KeyBatch]) -> tuple[EpochIdentity, Any]:
-        """One pass of every shard over the keys of `requests` (a coalesced group), XORed
-        under one identity."""
+    async def _scan_keys(self, requests: list[TableKeys]) -> tuple[EpochIdentity, Any]:
+        """One pass of every shard (of a named table: of every shard overlapping it) over the
+        keys of `requests` (a coalesced group, all of one table), XORed under one identity."""
+        table = requests[0].table
         try:
-            batch = KeyBatch.concat(requests)
+            batch = KeyBatch.concat([r.keys for r in requests])
         except DomainError:
             # requests validated on both sides of a domain-changing rotation met in one group
             raise self.unavailable("the snapshot is changing, retry") from None
         self.observer.coalesced(len(batch))
-        calls = [lambda s=s: self._call_shard(s, batch) for s in self.shards]
+        if table is None:
+            calls = [lambda s=s: self._call_shard(s, batch) for s in self.shards]
+        else:
+            # each shard checks this plan against the epoch it scans (TableSlice.check): a
+            # shard left out by a stale layout can never be missing from an answer silently
+            layout = await self.layout()
+            calls = [lambda s=self.shards[i], p=part: self._call_shard(s, batch, p)
+                     for i, part in shard_slices(table, layout.ranges)]
         try:
             identity, acc = await scan_all(
                 calls,
@@ -219,6 +236,8 @@ class Party:
         except EpochMismatch:
             raise self.unavailable("no consistent epoch across shards, retry") from None
         except ShardFailure as exc:
+            if table is not None:
+                self._note_identity(None)  # a table that moved: the layout is re-read
             if self.want is not None and (self._want_task is None or self._want_task.done()):
                 # perhaps a want no replica can reach: the log's head is what was published
                 self._want_task = asyncio.get_running_loop().create_task(self.read_want())
@@ -233,35 +252,43 @@ class Party:
         self._note_identity(identity)
         return identity, acc
 
-    async def answer(self, keys: KeyBatch) -> tuple[EpochIdentity, Any]:
-        """The accumulators of one request's validated keys (`wire.validate_queries`)."""
+    async def answer(self, keys: KeyBatch,
+                     table: Table | None = None) -> tuple[EpochIdentity, Any]:
+        """The accumulators of one request's validated keys (`wire.validate_queries`), over
+        the whole matrix or over `table`."""
         queries = len(keys) // KEYS_PER_QUERY
         self.held_queries += queries
         try:
-            identity, acc = await self.coalescer.submit(keys)
+            identity, acc = await self.coalescer.submit(TableKeys(keys, table))
         finally:
             self.held_queries -= queries
         if acc.shape != (len(keys), PAGE_SIZE):  # never answer with a wrong-sized XOR
             raise WireError(500, ErrorCode.INTERNAL, "internal error")
         return identity, acc
 
-    async def query(self, keys: list[bytes]) -> dict[str, Any]:
-        """One query (three keys as bytes) -> `{"epoch_id", "identity", "pages"}`."""
-        queries = await self.validated(
-            lambda d: wire.handle_queries([keys], domain_bits=d, max_queries=1, batch=False)
-        )
-        identity, acc = await self.answer(queries)
-        return wire.answer_dict(identity.epoch_id, acc, batch=False, identity=identity.digest)
+    async def query(self, keys: list[bytes], table: str | None = None) -> dict[str, Any]:
+        """One query (three keys as bytes) -> `{"epoch_id", "identity", "pages"}`; `table`
+        names one of the snapshot's tables (None: the whole matrix)."""
+        return await self._handle_query([keys], table, batch=False, max_queries=1)
 
-    async def query_batch(self, queries: list[list[bytes]]) -> dict[str, Any]:
-        """1..max queries -> `{"epoch_id", "identity", "results": [{"pages"}, ...]}`."""
-        parsed = await self.validated(
-            lambda d: wire.handle_queries(
-                queries, domain_bits=d, max_queries=self.cfg.max_batch_queries, batch=True
-            )
-        )
-        identity, acc = await self.answer(parsed)
-        return wire.answer_dict(identity.epoch_id, acc, batch=True, identity=identity.digest)
+    async def query_batch(self, queries: list[list[bytes]],
+                          table: str | None = None) -> dict[str, Any]:
+        """1..max queries -> `{"epoch_id", "identity", "results": [{"pages"}, ...]}`, all of
+        `table` (None: the whole matrix)."""
+        return await self._handle_query(queries, table, batch=True,
+                                        max_queries=self.cfg.max_batch_queries)
+
+    async def _handle_query(self, queries: list[list[bytes]], table: str | None, *,
+                            batch: bool, max_queries: int) -> dict[str, Any]:
+        def parse(layout: Layout) -> tuple[KeyBatch, Table | None]:
+            d = wire.table_domain(table, layout.domain_bits, layout.table_domains)
+            keys = wire.handle_queries(queries, domain_bits=d, max_queries=max_queries,
+                                       batch=batch, table=table)
+            return keys, None if table is None else layout.tables[table]
+
+        keys, resolved = await self.validated(parse)
+        identity, acc = await self.answer(keys, resolved)
+        return wire.answer_dict(identity.epoch_id, acc, batch=batch, identity=identity.digest)
 
     # ------------------------------------------------------------------ /epoch and /health
 
@@ -310,6 +337,8 @@ class Party:
                 "max_batch_queries": cfg.max_batch_queries,
                 "num_shards": layout.num_shards,
             },
+            # this project's named tables: page ranges queried with a "table" field
+            "tables": advertised(layout.tables.values()),
             "pending_updates": state.pending_updates,
             "rotation_in_progress": state.rotation_in_progress or self.admin.rotating,
             "snapshot": {

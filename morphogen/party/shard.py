@@ -17,6 +17,7 @@ import numpy as np
 from morphogen import engine as engines
 from morphogen.constants import PAGE_SIZE
 from morphogen.party.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
+from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import Change, ChangeBatch
 from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.protocol.identity import EpochIdentity
@@ -115,15 +116,18 @@ class ShardCore:
     def engine_name(self) -> str:
         return str(self.engine.name)
 
-    def scan(self, batch: KeyBatch) -> tuple[EpochIdentity, np.ndarray]:
-        """`(identity, (K, 4096) partial accumulators)` of every key over this shard's pages,
-        all of one epoch (the version current when the scan started)."""
-        identity, acc, _ = self.scan_timed(batch)
+    def scan(self, batch: KeyBatch,
+             table: TableSlice | None = None) -> tuple[EpochIdentity, np.ndarray]:
+        """`(identity, (K, 4096) partial accumulators)` of every key over this shard's pages
+        (with `table`: its pages inside that table), all of one epoch (the version current
+        when the scan started)."""
+        identity, acc, _ = self.scan_timed(batch, table)
         return identity, acc
 
-    def scan_timed(self, batch: KeyBatch) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
+    def scan_timed(self, batch: KeyBatch, table: TableSlice | None = None
+                   ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
         """`scan` plus its seconds by phase (device phases from a GPU engine)."""
-        identity, acc, phases = self.state.scan_timed(batch)
+        identity, acc, phases = self.state.scan_timed(batch, table)
         return identity, np.asarray(acc, dtype=np.uint8), phases
 
     # -- epochs (two-phase; see morphogen.party.epoch)

@@ -12,16 +12,18 @@ from collections.abc import Awaitable
 from typing import Any, Protocol
 
 from morphogen.party.combine import ShardFailure
+from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.dpf import KeyBatch
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.snapshot.tables import Table
 
 
 class ShardLink(Protocol):
     """One shard deployment as the party calls it (deployments/shard.py's methods)."""
 
     def scan(
-        self, batch: KeyBatch, want: EpochIdentity | None
+        self, batch: KeyBatch, want: EpochIdentity | None, table: TableSlice | None = None
     ) -> Awaitable[tuple[EpochIdentity, Any]]: ...
     def info(self) -> Awaitable[dict[str, Any]]: ...
     # the publication steps reach every replica of the shard
@@ -38,12 +40,13 @@ class ShardLink(Protocol):
 
 
 class Layout:
-    """What the shards serve together; checked to tile [0, num_pages) exactly."""
+    """What the shards serve together; checked to tile [0, num_pages) exactly. `tables`: the
+    snapshot's named tables, which every shard must report alike."""
 
     def __init__(self, infos: list[dict[str, Any]]) -> None:
         first = infos[0]
-        for key in ("num_pages", "domain_bits", "num_shards"):
-            if any(i[key] != first[key] for i in infos):
+        for key in ("num_pages", "domain_bits", "num_shards", "tables"):
+            if any(i.get(key) != first.get(key) for i in infos):
                 raise ShardFailure(f"shards disagree on {key}")
         if first["num_shards"] != len(infos):
             raise ShardFailure(f"{len(infos)} shard deployments for {first['num_shards']} shards")
@@ -54,9 +57,21 @@ class Layout:
             edge = i["stop_page"]
         if edge != first["num_pages"]:
             raise ShardFailure("shards do not cover every page")
+        self.ranges = [(int(i["first_page"]), int(i["stop_page"])) for i in infos]
+        self.tables = {name: Table(name, int(t["first_page"]), int(t["num_pages"]))
+                       for name, t in (first.get("tables") or {}).items()}
         self.num_pages: int = first["num_pages"]
         self.domain_bits: int = first["domain_bits"]
         self.num_shards: int = len(infos)
         self.checksum: str | None = first.get("checksum")
         self.identities = {i["identity"] for i in infos}
         self.epoch_id: int = max(int(i["epoch_id"]) for i in infos)
+
+    @property
+    def table_domains(self) -> dict[str, int]:
+        return {name: t.domain_bits for name, t in self.tables.items()}
+
+    @property
+    def shape(self) -> tuple[int, int, dict[str, Table]]:
+        """What keys are checked against: the matrix's size and domain, and the tables."""
+        return self.num_pages, self.domain_bits, self.tables

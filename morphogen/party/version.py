@@ -20,6 +20,7 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import ShardScanner
+from morphogen.party.tables import Loader, SubScanners, TableSlice
 from morphogen.protocol.changes import PageUpdate
 from morphogen.protocol.dpf import KeyBatch, eval_points
 from morphogen.protocol.identity import EpochIdentity
@@ -49,6 +50,7 @@ class Segment:
     pages: np.ndarray  # (n, 4096) uint8: a view of the snapshot or a private chunk copy
     scanner: ShardScanner
     lease: Lease = field(default_factory=Lease, repr=False)
+    subs: SubScanners = field(default_factory=SubScanners, repr=False)  # parts of tables
 
 
 @dataclass(frozen=True)
@@ -94,29 +96,58 @@ class Version:
         acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
         phases: dict[str, float] = {}
         for seg in self.segments:
-            timed = getattr(seg.scanner, "scan_timed", None)
-            if timed is not None:
-                part, t = timed(batch)
-                for name in ("h2d", "kernel", "d2h"):
-                    phases[name] = phases.get(name, 0.0) + getattr(t, f"{name}_ms") / 1000
-            else:
-                start = time.perf_counter()
-                part = seg.scanner.scan(batch)
-                phases["scan"] = phases.get("scan", 0.0) + time.perf_counter() - start
-            acc ^= part
-        if self.pending:
-            start = time.perf_counter()
-            # the same work for every key whatever its target: all pending pages, every key
-            pages, diffs = self._pending_arrays
-            masks = eval_points(batch, pages)  # (K, U, 16)
-            k = len(batch)
-            step = max(1, _PENDING_STEP_BYTES // (k * PAGE_SIZE))
-            for j0 in range(0, len(pages), step):
-                j1 = min(len(pages), j0 + step)
-                part = diffs[None, j0:j1] & masks[:, j0:j1, None, :]  # (K, u, 256, 16)
-                acc ^= np.bitwise_xor.reduce(part, axis=1).reshape(k, PAGE_SIZE)
-            phases["pending"] = time.perf_counter() - start
+            acc ^= _scan_one(seg.scanner, batch, phases)
+        pages, diffs = self._pending_arrays
+        _apply_pending(acc, batch, pages, diffs, phases)
         return acc, phases
+
+    def scan_table_timed(
+        self, batch: KeyBatch, part: TableSlice, load: Loader
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """`scan_timed` of this version's pages inside a table only, the keys evaluated at
+        `page - table.first_page` (`load` builds a segment's scanner of them, on first use)."""
+        table = part.table
+        lo, hi = part.pages
+        acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
+        phases: dict[str, float] = {}
+        for seg in self.segments:
+            scanner = seg.subs.get(table, seg.first_page, seg.pages, load)
+            if scanner is not None:
+                acc ^= _scan_one(scanner, batch, phases)
+        pages, diffs = self._pending_arrays
+        mine = (pages >= lo) & (pages < hi)
+        _apply_pending(acc, batch, pages[mine] - table.first_page, diffs[mine], phases)
+        return acc, phases
+
+
+def _scan_one(scanner: ShardScanner, batch: KeyBatch, phases: dict[str, float]) -> np.ndarray:
+    timed = getattr(scanner, "scan_timed", None)
+    if timed is not None:
+        part, t = timed(batch)
+        for name in ("h2d", "kernel", "d2h"):
+            phases[name] = phases.get(name, 0.0) + getattr(t, f"{name}_ms") / 1000
+        return part
+    start = time.perf_counter()
+    part = scanner.scan(batch)
+    phases["scan"] = phases.get("scan", 0.0) + time.perf_counter() - start
+    return part
+
+
+def _apply_pending(acc: np.ndarray, batch: KeyBatch, pages: np.ndarray, diffs: np.ndarray,
+                   phases: dict[str, float]) -> None:
+    """XOR into `acc` the pending updates' diffs at DPF indices `pages`."""
+    if not len(pages):
+        return
+    start = time.perf_counter()
+    # the same work for every key whatever its target: all pending pages, every key
+    masks = eval_points(batch, pages)  # (K, U, 16)
+    k = len(batch)
+    step = max(1, _PENDING_STEP_BYTES // (k * PAGE_SIZE))
+    for j0 in range(0, len(pages), step):
+        j1 = min(len(pages), j0 + step)
+        part = diffs[None, j0:j1] & masks[:, j0:j1, None, :]  # (K, u, 256, 16)
+        acc ^= np.bitwise_xor.reduce(part, axis=1).reshape(k, PAGE_SIZE)
+    phases["pending"] = time.perf_counter() - start
 
 
 def page_with(base: Version, pending: Sequence[PageUpdate], page: int) -> np.ndarray:

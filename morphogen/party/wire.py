@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,27 +43,33 @@ MSGPACK = "msgpack"
 
 # --------------------------------------------------------------------------- request models
 # Strict: a number where a string belongs is a 422, as with the reference's serde types.
-# Unknown fields are ignored, as serde does by default.
+# Unknown fields are ignored, as serde does by default. `table` is this project's: it names one
+# of the snapshot's tables (a page range with its own domain); absent, the query is of the whole
+# matrix, as every reference body is.
 
 
 class _HexQuery(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     keys: list[StrictStr]
+    table: StrictStr | None = None
 
 
 class _HexBatch(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     queries: list[_HexQuery]
+    table: StrictStr | None = None
 
 
 class _BinQuery(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     keys: list[StrictBytes]
+    table: StrictStr | None = None
 
 
 class _BinBatch(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     queries: list[_BinQuery]
+    table: StrictStr | None = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,7 @@ class ParsedQueries:
 
     keys: KeyBatch
     encoding: str  # JSON or MSGPACK: how the request came
+    table: str | None = None  # the table named, None for the whole matrix
 
     @property
     def num_queries(self) -> int:
@@ -124,7 +131,7 @@ def decode_body(body: bytes, encoding: str) -> Any:
         raise WireError(400, ErrorCode.BAD_REQUEST, f"request body is not valid {what}") from None
 
 
-def _check_key_size(raw: bytes, domain_bits: int, where: str) -> None:
+def _check_key_size(raw: bytes, domain_bits: int, where: str, table: str | None) -> None:
     """Length and domain byte of one key (PROTOCOL.md section 4, `d == advertised domain`);
     the flag bytes are checked for the whole request at once (`KeyBatch.from_rows`)."""
     if len(raw) < 19:
@@ -136,8 +143,9 @@ def _check_key_size(raw: bytes, domain_bits: int, where: str) -> None:
         raise WireError(
             400,
             ErrorCode.BAD_DOMAIN,
-            f"{where}: key domain bits {d}, this server's domain is {domain_bits} "
-            "(see GET /epoch)",
+            f"{where}: key domain bits {d}, "
+            + (f"table {table!r} has" if table is not None else "this server's domain is")
+            + f" {domain_bits} (see GET /epoch)",
         )
     if len(raw) != key_length(d):
         raise WireError(
@@ -165,8 +173,11 @@ def parse_queries(
     batch: bool,
     domain_bits: int,
     max_queries: int,
+    tables: Mapping[str, int] | None = None,
 ) -> ParsedQueries:
-    """Decode, type-check and validate a query or batch body; raises WireError."""
+    """Decode, type-check and validate a query or batch body; raises WireError. `tables`
+    maps each table's name to its domain: a body naming a table is checked against that,
+    and one naming no table against `domain_bits`, the whole matrix's."""
     encoding = request_encoding(content_type)
     data = decode_body(body, encoding)
     model: type[BaseModel]
@@ -179,11 +190,26 @@ def parse_queries(
     except ValidationError as exc:
         raise WireError(422, ErrorCode.INVALID_FIELD, validation_message(exc)) from None
     raw_queries = [q.keys for q in parsed.queries] if batch else [parsed.keys]  # type: ignore[attr-defined]
+    table: str | None = parsed.table  # type: ignore[attr-defined]
+    domain = table_domain(table, domain_bits, tables or {})
     return ParsedQueries(
-        validate_queries(raw_queries, encoding, domain_bits=domain_bits,
-                         max_queries=max_queries, batch=batch),
+        validate_queries(raw_queries, encoding, domain_bits=domain,
+                         max_queries=max_queries, batch=batch, table=table),
         encoding,
+        table,
     )
+
+
+def table_domain(table: str | None, domain_bits: int, tables: Mapping[str, int]) -> int:
+    """The domain keys of `table` must have (the whole matrix's for None); 400 naming an
+    unknown table."""
+    if table is None:
+        return domain_bits
+    if table not in tables:
+        listed = ", ".join(sorted(tables)) or "none"
+        raise WireError(400, ErrorCode.UNKNOWN_TABLE,
+                        f"unknown table {table!r} (tables served: {listed}; see GET /epoch)")
+    return tables[table]
 
 
 def validate_queries(
@@ -193,6 +219,7 @@ def validate_queries(
     domain_bits: int,
     max_queries: int,
     batch: bool = True,
+    table: str | None = None,
 ) -> KeyBatch:
     """Counts first (cheap), then every key, into one buffer that becomes the request's
     `KeyBatch`; nothing is scanned unless all of them pass."""
@@ -214,7 +241,7 @@ def validate_queries(
         for ki, item in enumerate(keys):
             where = _where(qi, ki, batch)
             raw = _key_bytes(item, encoding, where)
-            _check_key_size(raw, domain_bits, where)
+            _check_key_size(raw, domain_bits, where, table)
             raws.append(raw)
     rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
     try:
@@ -233,9 +260,11 @@ def _where(query: int, key: int | None, batch: bool) -> str:
 
 
 def handle_queries(
-    queries: Sequence[Sequence[bytes]], *, domain_bits: int, max_queries: int, batch: bool
+    queries: Sequence[Sequence[bytes]], *, domain_bits: int, max_queries: int, batch: bool,
+    table: str | None = None,
 ) -> KeyBatch:
-    """Validation for the handle API (raw key bytes from Python drivers)."""
+    """Validation for the handle API (raw key bytes from Python drivers); `domain_bits` is
+    the domain of `table` (resolved by the caller) or of the whole matrix."""
     if not isinstance(queries, Sequence) or isinstance(queries, bytes | str):
         raise WireError(422, ErrorCode.INVALID_FIELD, "queries must be a list of key lists")
     for qi, keys in enumerate(queries):
@@ -247,8 +276,10 @@ def handle_queries(
                     422, ErrorCode.INVALID_FIELD, f"query {qi} key {ki}: key must be bytes"
                 )
     raw = [[bytes(k) for k in keys] for keys in queries]
+    if table is not None and not isinstance(table, str):
+        raise WireError(422, ErrorCode.INVALID_FIELD, "table must be a string")
     return validate_queries(raw, MSGPACK, domain_bits=domain_bits, max_queries=max_queries,
-                            batch=batch)
+                            batch=batch, table=table)
 
 
 # --------------------------------------------------------------------------- responses

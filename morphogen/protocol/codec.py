@@ -39,6 +39,7 @@ class ErrorCode(StrEnum):
     BAD_KEY_COUNT = "bad_key_count"  # a query without exactly three keys
     BAD_KEY = "bad_key"  # malformed key bytes
     BAD_DOMAIN = "bad_domain"  # key domain differs from the advertised one
+    UNKNOWN_TABLE = "unknown_table"  # a query naming a table the snapshot does not have
     BAD_BATCH = "bad_batch"  # empty or oversized batch
     INVALID_FIELD = "invalid_field"  # wrong field types, bad hex
     PAYLOAD_TOO_LARGE = "payload_too_large"

@@ -8,7 +8,9 @@ configured snapshot and lost the updates since. An `EpochIdentity` names the dat
 
 The snapshot's root (`Snapshot.fingerprint`, the manifest's checksum) is the root of the BLAKE3
 hashes of its page chunks, and a shard scans only a private copy of its range checked against
-them, so the name is the bytes' own: not the manifest's word, not a sample of the file.
+them, so the name is the bytes' own: not the manifest's word, not a sample of the file. A
+snapshot that names tables (page ranges queried on their own) adds their digest to that name:
+the same bytes cut into other tables answer other queries.
 
 Equal identities mean equal matrices (up to a hash collision): every shard of a party derives
 the same identity for the same epoch (each receives the whole update batch, whatever pages it

@@ -20,6 +20,7 @@ The modules, each imported directly (this package re-exports nothing):
 
 - `layout`: the DPF domain a page count needs, and its split into shard ranges;
 - `manifest`: what ``manifest.json`` holds (`Manifest`) and `SnapshotError`;
+- `tables`: named tables, page ranges of the matrix queried on their own (`Table`);
 - `hashes`: chunk hashes and their root (BLAKE3);
 - `verified`: page ranges read into private memory, checked chunk by chunk;
 - `opened`: what every opened snapshot offers, local or remote (`OpenedSnapshot`);

@@ -32,6 +32,7 @@ from morphogen.snapshot.hashes import (
     root_hex,
 )
 from morphogen.snapshot.layout import domain_bits_for
+from morphogen.snapshot.tables import Table, TableError, parse_tables, tables_digest
 
 FORMAT_VERSION = 2
 LEGACY_FORMAT = 1  # no chunk hashes: read as a derived manifest (module docstring)
@@ -53,6 +54,8 @@ class Manifest:
     of ``chunk_pages`` pages (morphogen.snapshot.hashes), and ``checksum`` is
     ``"blake3-chunks:<root>"``, their root. A derived manifest (bare raw file, format 1) has no
     checksum, and no chunk hashes until the reader computes them from the bytes at open.
+    ``tables``: the named tables (morphogen.snapshot.tables), page ranges of this matrix;
+    None (the field absent from the file) when the snapshot names none.
     """
 
     format: int
@@ -67,6 +70,7 @@ class Manifest:
     source: str
     chunk_pages: int = DEFAULT_CHUNK_PAGES
     chunk_hashes: tuple[str, ...] | None = None
+    tables: tuple[Table, ...] | None = None
 
     def __post_init__(self) -> None:
         self._validate()
@@ -115,6 +119,12 @@ class Manifest:
             bad = next((h for h in self.chunk_hashes if not is_digest_hex(h)), None)
             if bad is not None:
                 raise SnapshotError(f"chunk hash {bad!r} is not 64 lowercase hex")
+        if self.tables is not None:
+            try:
+                # normalised here, so that a list of dicts is as good as a tuple of Tables
+                object.__setattr__(self, "tables", parse_tables(self.tables, self.num_pages))
+            except TableError as exc:
+                raise SnapshotError(str(exc)) from None
         if self.checksum is not None:
             if not (
                 self.checksum.startswith(CHECKSUM_PREFIX)
@@ -138,8 +148,26 @@ class Manifest:
             raise SnapshotError("no chunk hashes yet: the snapshot was not opened")
         return checksum_str(root_hex(self.num_pages, self.chunk_pages, self.chunk_hashes))
 
+    @cached_property
+    def fingerprint(self) -> str:
+        """What names this snapshot in an epoch identity: the root, plus a digest of the
+        tables when there are any. Tables decide which pages a query of each scans, so two
+        snapshots of the same bytes but other tables are other data to a client; without
+        tables the name is the root alone, as it always was."""
+        if not self.tables:
+            return self.root
+        return f"{self.root}+tables:{tables_digest(self.tables)}"
+
+    def table(self, name: str) -> Table | None:
+        return next((t for t in self.tables or () if t.name == name), None)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.tables is None:
+            del out["tables"]  # a manifest without tables reads exactly as before them
+        else:
+            out["tables"] = [asdict(t) for t in self.tables]
+        return out
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
@@ -158,6 +186,12 @@ class Manifest:
                         chunk_hashes=None)
         values: dict[str, Any] = {}
         for f in fields(cls):
+            if f.name == "tables":
+                value = data.get("tables")
+                if value is not None and not isinstance(value, list):
+                    raise SnapshotError(f"{where}: field 'tables' must be a list, got {value!r}")
+                values["tables"] = value
+                continue
             if f.name not in data:
                 raise SnapshotError(f"{where}: missing field {f.name!r}")
             value = data[f.name]

@@ -33,10 +33,11 @@ class OpenedSnapshot:
 
     def fingerprint(self) -> str:
         """What names this snapshot's data in an epoch identity: the root of its chunk hashes
-        (``blake3-chunks:<hex>``), which is the manifest's checksum when it has one. A shard
-        serves only bytes checked against these hashes (`read_verified`), so the name is the
-        bytes', whatever happens to the file or the object afterwards."""
-        return self.manifest.root
+        (``blake3-chunks:<hex>``), which is the manifest's checksum when it has one, plus its
+        tables' digest when it names tables (`Manifest.fingerprint`). A shard serves only
+        bytes checked against these hashes (`read_verified`), so the name is the bytes',
+        whatever happens to the file or the object afterwards."""
+        return self.manifest.fingerprint
 
     def _check_open(self) -> None:
         if self._closed:

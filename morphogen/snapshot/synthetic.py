@@ -4,7 +4,8 @@ tests and benchmarks."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -54,9 +55,10 @@ def build_synthetic(
     progress: Progress = True,
     overwrite: bool = False,
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
+    tables: Sequence[Any] | None = None,
 ) -> Manifest:
     """Write a synthetic snapshot of ``num_pages`` pages (``synthetic_pages(seed, 0, P)``),
-    hashed in chunks of ``chunk_pages`` pages."""
+    hashed in chunks of ``chunk_pages`` pages, naming ``tables`` (as `write_snapshot`)."""
     if not 1 <= num_pages <= MAX_PAGES:
         raise ValueError(f"num_pages must be in 1..{MAX_PAGES}, got {num_pages}")
     return write_snapshot(
@@ -68,4 +70,5 @@ def build_synthetic(
         num_pages=num_pages,
         overwrite=overwrite,
         chunk_pages=chunk_pages,
+        tables=tables,
     )

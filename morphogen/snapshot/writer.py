@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,6 +25,7 @@ from morphogen.snapshot.manifest import (
 )
 from morphogen.snapshot.progress import Meter, Progress
 from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.tables import Table, TableError, parse_tables
 from morphogen.storage.durable import fsync_dir
 
 PageSource = np.ndarray | Snapshot | Iterable[bytes | bytearray | memoryview | np.ndarray]
@@ -62,6 +63,7 @@ def write_snapshot(
     domain_bits: int | None = None,
     overwrite: bool = False,
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
+    tables: Sequence[Table | Mapping[str, Any]] | None = None,
 ) -> Manifest:
     """Write ``pages.bin`` and ``manifest.json`` into ``out_dir`` and return the manifest.
 
@@ -77,11 +79,20 @@ def write_snapshot(
 
     ``num_pages``, when given, is checked against what the source produced (and sizes progress
     for a chunk stream). ``domain_bits`` defaults to the smallest domain covering the pages.
+    ``tables``: the named tables (`Table`s or ``{"name", "first_page", "num_pages"}``), page
+    ranges of the matrix written; checked against it before anything is written when the page
+    count is known up front.
     """
     chunks, known_pages = _source_chunks(pages_source)
     if num_pages is not None and known_pages is not None and num_pages != known_pages:
         raise ValueError(f"num_pages={num_pages} but the source holds {known_pages} pages")
     expected_pages = known_pages if known_pages is not None else num_pages
+    table_list = None if tables is None else list(tables)
+    if table_list is not None and expected_pages is not None:
+        try:
+            parse_tables(table_list, expected_pages)
+        except TableError as exc:
+            raise SnapshotError(str(exc)) from None
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     data_path = out / DATA_FILE
@@ -143,6 +154,7 @@ def write_snapshot(
             source=source,
             chunk_pages=chunk_pages,
             chunk_hashes=digests,
+            tables=None if table_list is None else tuple(table_list),  # type: ignore[arg-type]
         )
         tmp_manifest.write_text(manifest.to_json(), encoding="utf-8")
         with open(tmp_manifest, "rb") as fh:
@@ -172,9 +184,10 @@ def import_raw(
     epoch_id: int = 1,
     progress: Progress = True,
     overwrite: bool = False,
+    tables: Sequence[Table | Mapping[str, Any]] | None = None,
 ) -> Manifest:
     """Turn a raw page file (the reference's format) into a snapshot, zero-padding a ragged
-    last page and checksumming as it copies."""
+    last page and checksumming as it copies; ``tables`` as for `write_snapshot`."""
     raw = Path(raw_path)
     try:
         size = raw.stat().st_size
@@ -195,4 +208,5 @@ def import_raw(
         progress=progress,
         num_pages=num_pages,
         overwrite=overwrite,
+        tables=tables,
     )

@@ -46,8 +46,8 @@ class ReplicaSet:
         self._next += 1
         return member
 
-    async def scan(self, batch, want):
-        return await self._pick().scan(batch, want)
+    async def scan(self, batch, want, table=None):
+        return await self._pick().scan(batch, want, table)
 
     async def info(self) -> dict[str, Any]:
         return await self._pick().info()

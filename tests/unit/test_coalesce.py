@@ -198,3 +198,17 @@ def test_no_more_calls_than_max_in_flight_whatever_the_submissions(window_s: flo
     assert [r for _, r in got] == [[i * 10] * n for i, n in enumerate(sizes)]
     if window_s == 0:
         assert len(rec.calls) == len(sizes)  # off: one call per submission
+
+
+def test_only_parts_of_one_group_share_a_call_and_others_keep_their_order() -> None:
+    rec = _Recorder()
+
+    async def main():
+        c = Coalescer(rec, window_s=0.02, max_items=100, max_in_flight=1, eager=False,
+                      group=lambda part: part[0] % 2)
+        return await asyncio.gather(*(c.submit([i, i]) for i in (1, 2, 3, 4, 5, 6)))
+
+    results = asyncio.run(main())
+    # odd parts first (the oldest is odd); the evens wait for the next call, in order
+    assert rec.calls == [[1, 1, 3, 3, 5, 5], [2, 2, 4, 4, 6, 6]]
+    assert [r for _, r in results] == [[i * 10] * 2 for i in (1, 2, 3, 4, 5, 6)]
