@@ -61,6 +61,12 @@ def big(serve_instance, tmp_path_factory):
         serve.delete(name)
 
 
+def _geometry(owner):
+    from morphogen.keyword.descriptor import unsigned
+
+    return unsigned(owner.pages()[-1]).geometry
+
+
 def _parties(big, cls=HttpParties):
     from morphogen.client.admin import AdminClient
 
@@ -81,7 +87,9 @@ def test_a_20000_page_version_publishes_whole_once_and_later_versions_follow(big
     changed = {k: rng.randbytes(VALUE_SIZE) for k in records}
     version, batch = owner.apply([Change("put", k, v) for k, v in changed.items()], big["key"],
                                  rng=rng.randrange)
-    assert len(batch) == RECORDS + 1  # every record's page and the descriptor
+    # every record's page, the tree pages on their paths (all of them here), the descriptor
+    levels = _geometry(owner).levels
+    assert len(batch) == RECORDS + sum(levels) + 1
 
     with pytest.raises(KeyboardInterrupt):
         publish(owner, _parties(big, DiesAfterA), snapshot_dir=str(big["root"] / "snaps"))

@@ -106,6 +106,37 @@ def test_present_and_absent_keys_over_http_and_handles(table) -> None:
     assert KeywordClient(handles, table["pub"]).get_many(present[:5]) == expected[:5]
 
 
+class Tables(httpx.HTTPTransport):
+    """Records the table each query request to one party names (None: the whole matrix)."""
+
+    def __init__(self, party: str) -> None:
+        super().__init__()
+        self.party, self.tables = party, []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and str(request.url).startswith(self.party):
+            self.tables.append(msgpack.unpackb(request.read()).get("table"))
+        return super().handle_request(request)
+
+
+def test_each_part_of_a_lookup_scans_its_own_table(table) -> None:
+    accounts = table["accounts"]
+    seen = Tables(table["urls"]["kwa"])
+    with _client(table, encoding="msgpack", transport=seen) as pir:
+        info = pir.info()
+        geometry = table["descriptor"].geometry
+        assert {name: (t.first_page, t.num_pages) for name, t in info.tables.items()} == {
+            t["name"]: (t["first_page"], t["num_pages"]) for t in geometry.tables()}
+        kc = KeywordClient(pir, table["pub"], whole_level_pages=1)
+        keys = sorted(accounts)[:8] + [b"\x02" * 20]
+        assert kc.get_many(keys) == [accounts.get(k) for k in keys]
+        # the descriptor, the top level whole; then the data and each level below the top
+        levels = [f"tree{k}" for k in range(1, len(geometry.levels))]
+        assert seen.tables[:2] == ["descriptor", f"tree{len(geometry.levels)}"]
+        assert sorted(seen.tables[2:]) == sorted(["data", *levels])
+        assert None not in seen.tables
+
+
 def test_a_tampered_party_gives_the_one_integrity_error_for_any_key(table) -> None:
     accounts = table["accounts"]
     tamper = Tamper(table["urls"]["kwb"])
@@ -187,6 +218,13 @@ def test_the_commands_build_apply_publish_and_look_up(table, tmp_path, capsys) -
     lines = capsys.readouterr().out.splitlines()
     assert lines == [f"0x{present.hex()}\t0x{accounts[present].hex()}",
                      f"0x{new.hex()}\t0x{'07' * 32}", f"0x{target.hex()}\tabsent"]
+    # a bound the served version does not meet: refused, nothing printed as a value
+    assert main(["lookup", "--server-a", urls[0], "--server-b", urls[1], "--public-key",
+                 str(table["pub"]), "--min-version", "99", "0x" + present.hex()]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "stale table" in captured.err and "version 99" in captured.err
+    assert main(["lookup", "--server-a", urls[0], "--server-b", urls[1], "--public-key",
+                 str(table["pub"]), "--max-age", "3600", "0x" + present.hex()]) == 0
 
 
 def test_build_records_command_writes_an_owner_directory(tmp_path, capsys) -> None:

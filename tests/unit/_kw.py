@@ -53,18 +53,14 @@ class TablePir:
         self.requests: list[tuple[str | None, list[int], int]] = []
 
     def tables(self) -> dict[str, dict[str, int]]:
-        from morphogen.keyword.descriptor import Descriptor as D
-        from morphogen.keyword.descriptor import MAGIC
+        from morphogen.keyword.descriptor import tables_of
 
-        raw = self.pages[-1].tobytes()
-        if not self.with_tables or raw[:len(MAGIC)] != MAGIC:
-            return {}
-        import json
-
-        size = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 4], "little")
-        g = D.from_dict(json.loads(raw[len(MAGIC) + 4:len(MAGIC) + 4 + size])).geometry
+        try:
+            found = tables_of(self.pages) if self.with_tables else []
+        except ValueError:  # no descriptor in the last page: served as pages, no tables
+            found = []
         return {t["name"]: {"first_page": t["first_page"], "num_pages": t["num_pages"]}
-                for t in g.tables()}
+                for t in found}
 
     def info(self, refresh: bool = False) -> Any:
         from types import SimpleNamespace
