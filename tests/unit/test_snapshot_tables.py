@@ -83,3 +83,14 @@ def test_tables_are_part_of_the_snapshots_identity(tmp_path):
         assert snap.fingerprint() == one.fingerprint
     with Snapshot.open(tmp_path / "plain") as snap:
         assert snap.fingerprint() == plain.root  # unchanged for snapshots without tables
+
+
+def test_the_build_command_takes_tables_as_name_first_count():
+    import argparse
+
+    from cluster.inputs import table_spec
+
+    assert table_spec("users=10:45") == {"name": "users", "first_page": 10, "num_pages": 45}
+    for bad in ("users", "users=10", "users=a:3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME=FIRST:COUNT"):
+            table_spec(bad)
