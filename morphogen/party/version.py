@@ -111,7 +111,13 @@ class Version:
         acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
         phases: dict[str, float] = {}
         for seg in self.segments:
-            scanner = seg.subs.get(table, seg.first_page, seg.pages, load)
+            if table.first_page == 0 and seg.first_page + seg.pages.shape[0] <= table.stop_page:
+                # a table from the matrix's first page numbers its pages as the matrix does:
+                # a segment wholly inside it is scanned by its own scanner (the device's, on
+                # a GPU shard), not by a second one over the same pages
+                scanner = seg.scanner
+            else:
+                scanner = seg.subs.get(table, seg.first_page, seg.pages, load)
             if scanner is not None:
                 acc ^= _scan_one(scanner, batch, phases)
         pages, diffs = self._pending_arrays

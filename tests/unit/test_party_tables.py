@@ -258,3 +258,29 @@ def test_scan_metrics_count_the_pages_a_table_query_scanned(tmp_path):
     asyncio.run(replica.scan(batch, None, TableSlice(BY_NAME["mid"], 48, 96)))
     asyncio.run(replica.scan(dpf.KeyBatch.from_keys([dpf.generate_keys(7, 3)[0]]), None))
     assert seen == [12, 48]  # pages [48, 60) of the table, then the shard's whole range
+
+
+def test_a_table_from_page_0_over_a_whole_segment_uses_the_segments_own_scanner(tmp_path):
+    """A keyword table's data starts at page 0: where a segment lies wholly inside such a
+    table, its own scanner (the device's on a GPU shard) scans it; only a segment the table
+    ends in gets a second scanner, over the table's part."""
+    build_synthetic(tmp_path / "s", 64, seed=5, epoch_id=1, progress=False,
+                    tables=[{"name": "data", "first_page": 0, "num_pages": 50}])
+    from morphogen.engine.reference import ReferenceEngine
+
+    model = synthetic_pages(5, 0, 64)
+    table = Table("data", 0, 50)
+    key, _ = dpf.generate_keys(table.domain_bits, 7)
+    batch = dpf.KeyBatch.from_keys([key])
+    inside = ShardState(ReferenceEngine(), Snapshot.open(tmp_path / "s"), 0, 32)
+    _, acc = inside.scan(batch, TableSlice(table, 0, 32))
+    assert np.array_equal(acc[0], np.bitwise_xor.reduce(
+        model[:32] & np.tile(np.stack([np.frombuffer(key.eval(i), np.uint8)
+                                       for i in range(32)]), (1, 256)), axis=0))
+    assert not inside.current.segments[0].subs._by_range  # no second scanner
+    ends = ShardState(ReferenceEngine(), Snapshot.open(tmp_path / "s"), 32, 64)
+    _, acc2 = ends.scan(batch, TableSlice(table, 32, 64))
+    assert np.array_equal(acc[0] ^ acc2[0], _expected(model, key, table))
+    assert list(ends.current.segments[0].subs._by_range) == [(0, 50)]
+    inside.close()
+    ends.close()
