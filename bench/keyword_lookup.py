@@ -111,9 +111,9 @@ def verify_time(runs: int, per_request: list[int]) -> dict:
     desc, pages = table.descriptor, table.pages
     g = desc.geometry
     out: dict = {"table_pages": g.num_pages, "levels": g.levels}
-    # the client's default (levels of up to 64 pages read whole once a version: the paths end
+    # the client's default (levels of up to 128 pages read whole once a version: the paths end
     # there), and every level but the top read privately, a page a candidate
-    for name, whole in (("default", 64), ("private_levels", 1)):
+    for name, whole in (("default", 128), ("private_levels", 1)):
         private = private_levels(desc, whole)
         t = time.perf_counter()
         proof = prove_whole(desc, private, {
@@ -150,8 +150,8 @@ def tree_scan_fraction(records: int) -> dict:
     out = {}
     for n in records:
         g = Geometry("page", 32, _sizes(n, "page", 32, 0, DEFAULT_LOAD["page"]))
-        private = [n_ for n_ in g.levels if n_ > 64]
-        whole = [n_ for n_ in g.levels if n_ <= 64]
+        private = [n_ for n_ in g.levels if n_ > 128]
+        whole = [n_ for n_ in g.levels if n_ <= 128]
         out[f"records_{n}"] = {
             "data_pages": g.data_pages, "levels": g.levels,
             "per_lookup": round(sum(private) / g.data_pages, 5),
@@ -169,7 +169,8 @@ def _rate(fn, seconds: float) -> tuple[float, int]:
     return done / (time.perf_counter() - t0), done
 
 
-def http_rates(sizes: list[int], seconds: float, per_request: list[int]) -> dict:
+def http_rates(sizes: list[int], seconds: float, per_request: list[int],
+               whole_level_pages: int) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from ray import serve
 
@@ -198,20 +199,21 @@ def http_rates(sizes: list[int], seconds: float, per_request: list[int]) -> dict
                                   graceful_shutdown_timeout_s=1.0)
                 serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
             out[f"records_{n}"] = _http_pair(cluster, key, accounts, keys, num_pages, rng,
-                                             seconds, per_request)
+                                             seconds, per_request, whole_level_pages)
             for name in ("a", "b"):
                 serve.delete(name)
     return out
 
 
 def _http_pair(cluster, key, accounts: dict, keys: list, num_pages: int, rng: random.Random,
-               seconds: float, per_request: list[int]) -> dict:
+               seconds: float, per_request: list[int], whole_level_pages: int) -> dict:
     from morphogen.client import PirClient
     from morphogen.keyword import KeywordClient
 
-    out: dict = {"table_pages": num_pages, "table_mib": round(num_pages * 4096 / 2**20, 1)}
+    out: dict = {"table_pages": num_pages, "table_mib": round(num_pages * 4096 / 2**20, 1),
+                 "whole_level_pages": whole_level_pages}
     with PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack") as pir:
-        kc = KeywordClient(pir, key.public_key())
+        kc = KeywordClient(pir, key.public_key(), whole_level_pages=whole_level_pages)
         kc.descriptor()
         for q_req in per_request:
             def pages_fn(q=q_req) -> int:
@@ -250,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="lookups (and three-page queries) per request, measured in turn")
     ap.add_argument("--parts", nargs="+", default=list(PARTS), choices=list(PARTS),
                     help="what to measure (all by default)")
+    ap.add_argument("--whole-level-pages", type=int, default=128,
+                    help="the client's whole_level_pages (1: every level but the top read "
+                         "privately, a page a candidate)")
     ap.add_argument("--runs", type=int, default=3, help="builds per layout (median)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "keyword.json"))
@@ -261,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
         "build": lambda: build_rates(args.records, args.runs),
         "max_load": lambda: max_load(args.load_records),
         "verification": lambda: verify_time(300, args.per_request),
-        "http": lambda: http_rates(args.http_records, args.seconds, args.per_request),
+        "http": lambda: http_rates(args.http_records, args.seconds, args.per_request,
+                                   args.whole_level_pages),
         "tree_scan": lambda: tree_scan_fraction([50_000, 1_000_000, 100_000_000]),
     }
     result: dict = {"machine": f"{os.cpu_count()} cpus"}

@@ -30,9 +30,11 @@ ANSWER_FAILED = ("an answer failed verification: the pages the servers returned 
 # batches from this many keys hash through the compiled twin (the scalar hash costs ~15 us a
 # candidate in Python; the twin's first call in a fresh process loads or compiles it)
 _VECTOR_FROM = 8
-# tree levels of at most this many pages are read whole, once per version (256 KiB at most,
-# at the scan cost of 64 queries over 64 pages); larger ones a page a candidate, privately
-WHOLE_LEVEL_PAGES = 64
+# Tree levels of at most this many pages are read whole, once per version: 128 queries over
+# 128 pages (16 k page scans, about one data scan of a 64 MiB table) against three more
+# queries and one more request in every lookup. A table up to 16 k data pages then costs a
+# lookup its data queries only; larger ones read their large levels a page per candidate.
+WHOLE_LEVEL_PAGES = 128
 
 
 @dataclass(frozen=True)
