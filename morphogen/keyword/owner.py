@@ -182,8 +182,10 @@ class OwnerTable:
             editor = _Editor(desc, pages, keys, rng)
             for change in changes:
                 editor.apply(change)
-            if not editor.dirty:
+            if not editor.dirty and anchor is None:
                 return self.current, []
+            # (a new anchor alone is a version: a block that changed nothing here still moves
+            # what the table reflects, and clients bounding blocks or age need to see it)
             g = desc.geometry
             # the changed pages' paths up to the root go in the same batch: a reader sees
             # the new pages with the new tree and descriptor, or none of them

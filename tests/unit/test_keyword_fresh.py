@@ -182,3 +182,16 @@ def test_a_party_left_behind_is_never_answered_from_silently(identity: bool) -> 
             assert isinstance(exc.value, expected), exc.value
     finally:
         pages.close()
+
+
+def test_a_block_that_changes_nothing_is_still_a_version(tmp_path: Path) -> None:
+    recs = records(200, seed=8)
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY), tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    assert owner.apply([], KEY) == (1, [])  # nothing to say: no version
+    version, batch = owner.apply([], KEY, anchor=Anchor(1, 7, H))
+    # the descriptor page alone
+    assert version == 2 and [i for i, _, _ in batch] == [owner.pages().shape[0] - 1]
+    kc = KeywordClient(TablePir(owner.pages()), PUB, min_block=7)
+    key = sorted(recs)[0]
+    assert kc.get(key) == recs[key] and kc.seen_block == 7
