@@ -158,6 +158,8 @@ class _Core:
         self.max_age = max_age
         self.trusted_version = trusted_version
         self.trusted_block = trusted_block
+        if _count("whole_level_pages", whole_level_pages) < 1:
+            raise ValueError("whole_level_pages is at least 1 (the top level is read whole)")
         self.whole_level_pages = whole_level_pages
         # the highest version and block accepted so far: the client never goes below them
         self.seen_version = 0
