@@ -127,26 +127,30 @@ class ChunkCache:
         return self.dir / ".uris" / hashlib.sha256(uri.encode()).hexdigest()[:32]
 
     def remember(self, uri: str, manifest: Manifest) -> None:
-        """Note that `uri` named `manifest` (its root), unless already noted."""
+        """Note that `uri` named `manifest` (its fingerprint: the root, and its tables when it
+        names any), unless already noted."""
         path = self._uri_file(uri)
-        root = manifest.root.encode()
+        name = manifest.fingerprint.encode()
         try:
-            if path.read_bytes() == root:
+            if path.read_bytes() == name:
                 return
         except FileNotFoundError:
             path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, root)
+        write_atomic(path, name)
 
     def manifest_for(self, uri: str) -> Manifest | None:
         """The manifest `uri` named when last read here, if its chunks' directory holds it
         (written once a fetch from it completed) and it still hashes to its name."""
         try:
-            root = self._uri_file(uri).read_text().strip()
+            name = self._uri_file(uri).read_text().strip()
+            root = name.split("+", 1)[0]
             raw = (self.dir / root / "manifest.json").read_bytes()
             manifest = Manifest.from_dict(json.loads(raw), where=f"{self.dir / root}")
         except (OSError, ValueError):
             return None
-        if manifest.chunk_hashes is None or manifest.root != root:
+        # the chunks are named by the data root alone, so another snapshot of the same bytes
+        # (other tables) may have left its manifest there: only the one the URI named will do
+        if manifest.chunk_hashes is None or manifest.fingerprint != name:
             return None
         return manifest
 

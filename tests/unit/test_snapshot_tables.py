@@ -12,6 +12,7 @@ import pytest
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.manifest import Manifest, SnapshotError
 from morphogen.snapshot.reader import Snapshot
+from morphogen.snapshot.synthetic import build_synthetic
 from morphogen.snapshot.tables import Table
 from morphogen.snapshot.writer import write_snapshot
 
@@ -94,3 +95,27 @@ def test_the_build_command_takes_tables_as_name_first_count():
     for bad in ("users", "users=10", "users=a:3"):
         with pytest.raises(argparse.ArgumentTypeError, match="NAME=FIRST:COUNT"):
             table_spec(bad)
+
+
+def test_a_node_cache_restores_only_the_manifest_its_uri_named(tmp_path) -> None:
+    """Chunks are named by the data root alone: two snapshots of the same bytes with other
+    tables share a cache directory, and a start while the store is down must not take the
+    other's manifest (its tables) for this URI's."""
+    from morphogen.snapshot.chunk_cache import ChunkCache
+
+    tables = [{"name": "t", "first_page": 0, "num_pages": 4}]
+    build_synthetic(tmp_path / "plain", 8, seed=1, epoch_id=1, progress=False)
+    build_synthetic(tmp_path / "named", 8, seed=1, epoch_id=1, progress=False, tables=tables)
+    plain = Snapshot.open(tmp_path / "plain").manifest
+    named = Snapshot.open(tmp_path / "named").manifest
+    assert plain.root == named.root and plain.fingerprint != named.fingerprint
+    cache = ChunkCache(tmp_path / "cache")
+    (cache.dir / plain.root).mkdir(parents=True)
+    cache.remember("s3://b/named", named)
+    cache.remember("s3://b/plain", plain)
+    (cache.dir / plain.root / "manifest.json").write_text(plain.to_json())
+    assert cache.manifest_for("s3://b/named") is None  # the other's manifest lies there
+    assert cache.manifest_for("s3://b/plain").fingerprint == plain.fingerprint
+    (cache.dir / plain.root / "manifest.json").write_text(named.to_json())
+    assert cache.manifest_for("s3://b/named").tables == named.tables
+    assert cache.manifest_for("s3://b/plain") is None
