@@ -235,11 +235,11 @@ class _Stream:
             elif self.kind == "storage":
                 yield from storage_records(account.address, account.storage)
             elif account.code:
-                records = code_records(account.code)
                 # contracts that share code share its records: each once
-                if records[0][0][:32] not in seen_code:
-                    seen_code.add(records[0][0][:32])
-                    yield from records
+                code_hash = keccak256(account.code)
+                if code_hash not in seen_code:
+                    seen_code.add(code_hash)
+                    yield from code_records(account.code)
 
 
 class StateRecords(NamedTuple):

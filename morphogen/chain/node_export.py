@@ -196,6 +196,7 @@ def _anvil(result: Any) -> tuple[int, list[AccountState]]:
         state = json.loads(gzip.decompress(bytes.fromhex(result[2:])))
     except (ValueError, OSError) as exc:
         raise ChainError(f"anvil_dumpState's answer is not gzip'd JSON ({exc})") from None
-    # the head block: the dump's "block" is the environment of the next block to mine
+    # the number of the head block whose state this is; the dump's "block" is anvil's block
+    # environment, not the header, whose hashes come from eth_getBlockByNumber
     number = _number(state.get("best_block_number"), "best_block_number")
     return number, [_geth_account(k, v) for k, v in _accounts_of(state, "anvil_dumpState")]

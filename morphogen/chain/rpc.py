@@ -125,7 +125,6 @@ class EthRpc:
         if isinstance(answer, list):
             raise NotJsonRpc(f"{self.shown} answered {method} with a list, not one reply: "
                              "not an Ethereum JSON-RPC endpoint")
-        self._check_reply(answer, method)
         if answer.get("id") != request_id:
             raise NotJsonRpc(f"{self.shown} answered {method} under id {answer.get('id')!r}, "
                              f"not {request_id}: not a JSON-RPC endpoint, or a proxy mixing "
@@ -150,15 +149,11 @@ class EthRpc:
         answer = self._post(body, label)
         if isinstance(answer, dict):
             # a node that refuses batches (or this one's size) answers one error object
-            self._check_reply(answer, label)
-            outcome = self._outcome(answer, "batch")
+            outcome = self._outcome(answer, label)
             if isinstance(outcome, ChainError):
                 raise outcome
             raise NotJsonRpc(f"{self.shown} answered {label} with one reply, not a list")
-        by_id: dict[Any, dict] = {}
-        for reply in answer:
-            self._check_reply(reply, label)
-            by_id[reply.get("id")] = reply
+        by_id = {reply.get("id"): reply for reply in answer}
         missing = [i for i in ids if i not in by_id]
         if missing:
             raise NotJsonRpc(f"{self.shown} left {len(missing)} of {label} unanswered")
@@ -220,18 +215,13 @@ class EthRpc:
                 f"{self.shown} is not an Ethereum JSON-RPC endpoint: it answered {label} with "
                 f"HTTP {response.status_code} and {kind}, not JSON (is the URL the node's RPC "
                 "port and path?)") from None
-        if not isinstance(answer, (dict, list)) or (
-                isinstance(answer, list) and not all(isinstance(r, dict) for r in answer)):
+        replies = answer if isinstance(answer, list) else [answer]
+        if not all(isinstance(r, dict) and r.get("jsonrpc") == "2.0"
+                   and ("result" in r or "error" in r) for r in replies):
             raise NotJsonRpc(f"{self.shown} is not an Ethereum JSON-RPC endpoint: it answered "
-                             f"{label} with HTTP {response.status_code} and JSON that is not a "
-                             "JSON-RPC reply")
+                             f"{label} with HTTP {response.status_code} and JSON without "
+                             "\"jsonrpc\": \"2.0\" and a result or error")
         return answer
-
-    def _check_reply(self, reply: dict, label: str) -> None:
-        if reply.get("jsonrpc") != "2.0" or ("result" not in reply and "error" not in reply):
-            raise NotJsonRpc(f"{self.shown} is not an Ethereum JSON-RPC endpoint: its answer to "
-                             f"{label} is JSON without \"jsonrpc\": \"2.0\" and a result or "
-                             "error")
 
     def _outcome(self, reply: dict, method: str) -> Any:
         if "error" not in reply or reply["error"] is None:
