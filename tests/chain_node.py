@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-INSTALLED = ROOT / ".tools/node_modules/@foundry-rs/anvil-linux-amd64/bin/anvil"
+# npm installs the platform's binary as an optional package: anvil-linux-amd64 here
+INSTALLED = ".tools/node_modules/@foundry-rs/anvil-*/bin/anvil"
 INSTALL = "npm install --no-audit --no-fund --prefix .tools @foundry-rs/anvil@1.7.1"
 # anvil's default mnemonic funds these ten with 10,000 ETH each; the first signs for
 # eth_sendTransaction without a key (anvil unlocks its own accounts)
@@ -39,8 +40,9 @@ def anvil_binary() -> str | None:
     named = os.environ.get("MORPHOGEN_ANVIL")
     if named:
         return named
-    if INSTALLED.is_file():
-        return str(INSTALLED)
+    installed = sorted(ROOT.glob(INSTALLED))
+    if installed:
+        return str(installed[0])
     return shutil.which("anvil")
 
 

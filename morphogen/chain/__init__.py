@@ -7,10 +7,10 @@ accounts, storage and code, and the state export file a table is built from.
 - `node_export`: an export taken from a node (geth's debug dumps or anvil's) and checked
   against the node's standard answers.
 
-The layer above `keyword` and `client`: it turns a chain into what a keyword table holds and
-reads tables back the way a wallet would. May use `morphogen.keyword`, `morphogen.client`,
-`morphogen.storage` and `morphogen.constants`; never Ray, so that a follower runs beside any
-node without the cluster's dependencies.
+The layer above `keyword` and `client`: it turns a chain into what keyword tables hold (a
+follower keeping them current and a wallet's endpoint reading them build on it). May use
+`morphogen.keyword`, `morphogen.client`, `morphogen.storage` and `morphogen.constants`; never
+Ray, so that a follower runs beside any node without the cluster's dependencies.
 """
 
 from morphogen.chain.export import (

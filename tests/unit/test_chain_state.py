@@ -42,7 +42,7 @@ ADDRESS = bytes.fromhex("f39fd6e51aad88f6f4ce6ab8827279cfffb92266")
 def test_keccak_of_nothing_is_the_well_known_empty_code_hash() -> None:
     assert EMPTY_CODE_HASH.hex() == (
         "c5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470")
-    # keccak-256, not NIST SHA3-256 (a5b6...), which differs in its padding
+    # keccak-256, not NIST SHA3-256 (3a985da7... for b"abc"), which differs in its padding
     assert keccak256(b"abc").hex().startswith("4e03657aea45a94f")
 
 
