@@ -118,7 +118,7 @@ class EthRpc:
     # -- calls ----------------------------------------------------------------------------------
 
     def call(self, method: str, *params: Any) -> Any:
-        """The result of one call, or the ChainError that says why there is none."""
+        """The result of one call; raises the ChainError that says why there is none."""
         request_id = next(self._ids)
         answer = self._post({"jsonrpc": "2.0", "id": request_id, "method": method,
                              "params": list(params)}, method)

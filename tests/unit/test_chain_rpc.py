@@ -30,6 +30,9 @@ PAGES = {
     "/html": (200, "text/html", b"<!doctype html><html><body>Welcome to nginx!</body></html>"),
     "/missing": (404, "text/html", b"<html><body>404 Not Found</body></html>"),
     "/json": (200, "application/json", b'{"status": "ok"}'),
+    # a provider that refuses batches answers a batch with one error
+    "/no-batches": (200, "application/json", b'{"jsonrpc": "2.0", "id": null, "error": '
+                    b'{"code": -32600, "message": "batch requests are\\nnot supported"}}'),
 }
 
 
@@ -128,6 +131,14 @@ def test_a_web_server_is_not_a_json_rpc_endpoint(web: str, path: str, said: str)
     assert said in text and "not an Ethereum JSON-RPC endpoint" in text and web in text
     with EthRpc(web + path, timeout_s=5) as rpc, pytest.raises(NotJsonRpc):
         rpc.batch([("eth_chainId", [])])
+
+
+def test_a_batch_refused_whole_raises(web: str) -> None:
+    with EthRpc(web + "/no-batches", timeout_s=5) as rpc, pytest.raises(RpcError) as caught:
+        rpc.batch([("eth_chainId", []), ("eth_blockNumber", [])])
+    assert one_line(caught.value).endswith(
+        "error -32600: batch requests are not supported")
+    assert "a batch of 2 calls (eth_chainId, ...)" in str(caught.value)
 
 
 def test_every_failure_is_a_chain_error() -> None:
