@@ -2,7 +2,7 @@
 
 The owner builds a signed table of accounts, both parties serve it (one shard each here),
 a client looks addresses up privately (present and absent) and checks every value; then the
-owner inserts, changes and deletes accounts, publishes the re-signed pages to both parties as
+owner inserts, changes and deletes accounts, publishes the changed pages to both parties as
 one batch each, and the client reads the new values back.
 """
 
@@ -40,7 +40,7 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
     table = build_table(accounts.items(), value_size=ACCOUNT_VALUE_SIZE, signing_key=signing_key)
     snapshot = create_owner_dir(table, root / "owner")
     pages = table.descriptor.geometry.num_pages
-    eprint(f"[demo] keyword table: {len(accounts)} accounts in {pages} signed pages "
+    eprint(f"[demo] keyword table: {len(accounts)} accounts in {pages} pages "
            f"({table.stats.load:.0%} full), built in {time.monotonic() - t:.1f}s")
     token = os.urandom(16).hex()
     (root / "token").write_text(token)
@@ -91,7 +91,8 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
             for a in admins:
                 a.close()
         eprint(f"[demo] owner: 20 inserts, 3 changes, 2 deletes -> version {version}, "
-               f"{len(batch)} re-signed pages published to both parties")
+               f"{len(batch)} pages (records, tree paths, signed descriptor) published to both "
+               "parties")
         accounts.update(new)
         accounts.update(changed)
         for k in deleted:
@@ -100,6 +101,6 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
                **dict.fromkeys(absent)})
     for name in parties:
         serve.delete(name)
-    print(f"{checked} keyword lookups verified against the owner's signatures, "
+    print(f"{checked} keyword lookups proven against the owner's signed root, "
           f"{checked - wrong} right, {wrong} wrong")
     return wrong == 0 and checked > 0
