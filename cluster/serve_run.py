@@ -191,6 +191,14 @@ def _stop(stopper: Stopper, plan: serve_plan.ServePlan, owns: bool,
         # a cluster stopped cleanly leaves little to end, gently; one abandoned, its workers
         grace = 2.0 if clean else 0.5
         left = processes.end(stopper.tracked, grace_s=min(grace, stopper.remaining()))
+        # a raylet stopped while it was starting workers (shards still waiting to be placed)
+        # leaves some that appear after the scan: scan again until none is new
+        for _ in range(5):
+            late = processes.descendants() - stopper.tracked
+            if not late:
+                break
+            stopper.tracked |= late
+            left |= processes.end(late, grace_s=min(0.5, stopper.remaining()))
         if left:
             eprint(f"[serve] {len(left)} process(es) would not end: "
                    f"{sorted(p for p, _ in left)}")
