@@ -142,10 +142,9 @@ class Descriptor:
             raise KeywordIntegrityError("the table descriptor is not signed by the trusted "
                                         "owner key (wrong key, not a keyword table, or a "
                                         "server answered wrongly)")
-        if body[:len(MAGIC)] != MAGIC:
+        raw = _text(body)
+        if raw is None:
             raise KeywordIntegrityError("the signed descriptor page has no descriptor")
-        size = int.from_bytes(body[len(MAGIC):len(MAGIC) + 4], "little")
-        raw = bytes(body[len(MAGIC) + 4:len(MAGIC) + 4 + size])
         try:
             desc = cls.from_dict(json.loads(raw))
         except (ValueError, KeyError, TypeError) as exc:
@@ -158,11 +157,19 @@ class Descriptor:
 def unsigned(page: bytes | memoryview) -> Descriptor:
     """The descriptor a page holds, its signature unchecked: for the owner's own copy (which
     tables a snapshot of its pages holds), never for what a server answered."""
-    raw = bytes(page)
-    if raw[:len(MAGIC)] != MAGIC:
+    raw = _text(page)
+    if raw is None:
         raise ValueError("the page holds no keyword descriptor")
-    size = int.from_bytes(raw[len(MAGIC):len(MAGIC) + 4], "little")
-    return Descriptor.from_dict(json.loads(raw[len(MAGIC) + 4:len(MAGIC) + 4 + size]))
+    return Descriptor.from_dict(json.loads(raw))
+
+
+def _text(body: bytes | memoryview) -> bytes | None:
+    """The JSON text a descriptor page's body holds after its magic and length, or None."""
+    body = bytes(body)
+    if body[:len(MAGIC)] != MAGIC:
+        return None
+    size = int.from_bytes(body[len(MAGIC):len(MAGIC) + 4], "little")
+    return body[len(MAGIC) + 4:len(MAGIC) + 4 + size]
 
 
 def tables_of(pages: np.ndarray) -> list[dict]:
