@@ -142,13 +142,13 @@ def cmd_admin(args: argparse.Namespace) -> int:
         # re-run of this command is always safe and ends with the parties on one identity.
         if args.action == "snapshot":
             pub = args.id or content_publication_id("snapshot", args.path.encode())
-            results = publish_to_parties(clients, lambda c: c.snapshot(args.path, pub),
-                                         retry_for_s=args.retry_for)
+            results = publish_to_parties(clients, lambda c, p: c.snapshot(args.path, pub, p),
+                                         retry_for_s=args.retry_for, publication=pub)
         else:
             with open(args.file, "rb") as fh:
                 pub = args.id or content_publication_id("updates", fh.read())
-            results = publish_to_parties(clients, lambda c: c.updates(changes, pub),
-                                         retry_for_s=args.retry_for)
+            results = publish_to_parties(clients, lambda c, p: c.updates(changes, pub, p),
+                                         retry_for_s=args.retry_for, publication=pub)
     except (PirError, OSError, httpx.HTTPError) as exc:
         eprint(f"error: {type(exc).__name__}: {exc}")
         return 1

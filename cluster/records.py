@@ -221,14 +221,14 @@ class HttpParties:
     def updates(self, publication, batch):
         from morphogen.client.admin import publish_to_parties
 
-        return publish_to_parties(self.clients, lambda c: c.updates(batch, publication),
-                                  retry_for_s=self.retry_for_s)
+        return publish_to_parties(self.clients, lambda c, p: c.updates(batch, publication, p),
+                                  retry_for_s=self.retry_for_s, publication=publication)
 
     def snapshot(self, publication, path):
         from morphogen.client.admin import publish_to_parties
 
-        return publish_to_parties(self.clients, lambda c: c.snapshot(path, publication),
-                                  retry_for_s=self.retry_for_s)
+        return publish_to_parties(self.clients, lambda c, p: c.snapshot(path, publication, p),
+                                  retry_for_s=self.retry_for_s, publication=publication)
 
 
 def _publish(owner, args: argparse.Namespace) -> None:

@@ -39,6 +39,7 @@ from morphogen.protocol.codec import (
     HEALTH_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
+    PARENT_HEADER,
     PUBLICATION_HEADER,
     QUERY_PATH,
     ErrorCode,
@@ -245,16 +246,17 @@ class Router:
         content_type = request.headers.get("content-type")
         wire.request_encoding(content_type)  # 415 before reading
         pub = admin_wire.publication_id(request.headers.get(PUBLICATION_HEADER))
+        parent = admin_wire.parent_identity(request.headers.get(PARENT_HEADER))
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
             requested = admin_wire.parse_snapshot_request(body, content_type)
-            return _json_response(await self._party.admin.snapshot(requested, pub))
+            return _json_response(await self._party.admin.snapshot(requested, pub, parent))
         # pages are checked against the page count of the epoch they apply to, under the
         # admin lock (admin_updates): a cached layout may predate a rotation
         changes = admin_wire.parse_updates(
             body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates
         )
-        return _json_response(await self._party.admin.updates(changes, pub))
+        return _json_response(await self._party.admin.updates(changes, pub, parent))
 
     async def __call__(self, request: Request) -> Response:
         start = time.perf_counter()

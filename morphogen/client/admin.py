@@ -21,6 +21,7 @@ from morphogen.protocol.codec import (
     ADMIN_UPDATES_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
+    PARENT_HEADER,
     PUBLICATION_HEADER,
 )
 
@@ -61,7 +62,7 @@ class AdminClient:
         self.close()
 
     def _send(self, path: str, obj: Any | None = None, body: bytes | None = None,
-              publication: str | None = None) -> dict:
+              publication: str | None = None, parent: str | None = None) -> dict:
         if obj is None and body is None:
             resp = self._http.get(path)
         else:
@@ -72,6 +73,8 @@ class AdminClient:
             headers = {"Content-Type": mt}
             if publication is not None:
                 headers[PUBLICATION_HEADER] = publication
+            if parent is not None:
+                headers[PARENT_HEADER] = parent
             resp = self._http.post(path, content=body, headers=headers)
         if resp.status_code != 200:
             err = _error_from_response(resp)
@@ -82,15 +85,22 @@ class AdminClient:
         return resp.json()
 
     def updates(self, changes: Sequence[tuple[int, str, bytes]],
-                publication: str | None = None) -> dict:
+                publication: str | None = None, parent: str | None = None) -> dict:
         """Publish the next epoch with these changes; `{"epoch_id", "identity", "applied",
-        "publication"}` (`"duplicate": true` when `publication` was committed before)."""
+        "publication"}` (`"duplicate": true` when `publication` was committed before). With
+        `parent`, the party applies it only on that identity (409 parent_mismatch else)."""
         return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding),
-                          publication=publication)
+                          publication=publication, parent=parent)
 
-    def snapshot(self, path: str, publication: str | None = None) -> dict:
+    def snapshot(self, path: str, publication: str | None = None,
+                 parent: str | None = None) -> dict:
         """Rotate to the snapshot at `path` (under the server's admin_snapshot_dir)."""
-        return self._send(ADMIN_SNAPSHOT_PATH, {"path": str(path)}, publication=publication)
+        return self._send(ADMIN_SNAPSHOT_PATH, {"path": str(path)}, publication=publication,
+                          parent=parent)
+
+    def head(self) -> tuple[str | None, list[str]]:
+        """The identity the party serves (its log's head) and its recent publication ids."""
+        return head_of(self.status())
 
     def status(self) -> dict:
         return self._send(ADMIN_STATUS_PATH)
@@ -117,39 +127,70 @@ class PartiesDiverged(PirError):
     """The parties answered one publication with different identities."""
 
 
+class PartiesApart(PirError):
+    """The parties serve different data before a publication, and it is not the one that
+    left them so: sending it would apply it on two different heads."""
+
+
+def head_of(status: dict) -> tuple[str | None, list[str]]:
+    """(identity served, recent publication ids) from a party's `GET /admin/status`."""
+    head = status.get("epoch_log_head") or {}
+    ident = head.get("identity") or (status.get("shards") or [{}])[0].get("identity")
+    return ident, [str(p) for p in status.get("recent_publications") or []]
+
+
+def parents_for(clients: Sequence[AdminClient], publication: str,
+                heads: Sequence[tuple[str | None, list[str]]]) -> list[str | None]:
+    """The parent each party must have for `publication`: the one head both serve; or, when
+    a publisher stopped between them, the heads as they are, provided the parties ahead
+    already hold `publication` (re-sending it completes it: they answer it as done). Any
+    other difference is refused: the parties hold different data."""
+    idents = [h[0] for h in heads]
+    if len(set(idents)) <= 1:
+        return idents
+    ahead = [publication in recent for _, recent in heads]
+    if any(ahead) and not all(ahead):
+        return idents  # each party behind gets it on its own head
+    raise PartiesApart(
+        "the parties serve different data before publication " + publication + ": "
+        + "; ".join(f"{c.url} at {i}" for c, i in zip(clients, idents, strict=True))
+        + ". Another publisher is mid-way or stopped between them: re-run the publication it "
+          "left half done (a party that has it answers it as done), or rotate both to one "
+          "snapshot (morphogen admin --server A --server B snapshot PATH)", 409,
+        "parties_apart")
+
+
 def publish_to_parties(
     clients: Sequence[AdminClient],
-    send: Callable[[AdminClient], dict],
+    send: Callable[..., dict],
     *,
     retry_for_s: float = 120.0,
     sleep: Callable[[float], None] = time.sleep,
+    publication: str | None = None,
 ) -> list[dict]:
     """`send` (one publication, one id) to every party in order, re-sending to a party that
     answers a 5xx or 429 (a 500 is what Serve answers when the router replica serving the
     request dies) or cannot be reached until `retry_for_s` is spent; a 4xx is final. Raises
     PartiesDiverged when the parties name different identities afterwards (they did not hold
     the same data before: see `compare_parties`). Safe to call again with the same id: a party
-    that has it answers it as done."""
+    that has it answers it as done.
+
+    With `publication` (its id), `send(client, parent)` names the parent identity each party
+    must serve (`parents_for`, read from every party before sending to any): of two
+    publishers sending at once, the second is refused by party A (409 parent_mismatch) before
+    it reaches B, so A and B apply one sequence, never two orders of it."""
     out = []
-    for client in clients:
-        deadline = time.monotonic() + retry_for_s
-        delay = 0.25
-        while True:
-            try:
-                out.append(send(client))
-                break
-            except (PirUnavailable, httpx.TransportError) as exc:
-                if time.monotonic() + delay > deadline:
-                    done = ", ".join(f"{c.url} at epoch {r.get('epoch_id')}"
-                                     for c, r in zip(clients, out, strict=False))
-                    raise PirUnavailable(
-                        f"{client.url} did not take the publication ({exc}); "
-                        + (f"applied on {done}; " if done else "")
-                        + "re-run the same command: it is safe, a party that has it answers "
-                          "it as done") from None
-                log.warning("%s: %s; re-sending in %.1fs", client.url, exc, delay)
-                sleep(delay)
-                delay = min(delay * 2, 5.0)
+    parents: list[str | None] = [None] * len(clients)
+    if publication is not None:
+        heads = [_with_retries(c, c.head, retry_for_s, sleep) for c in clients]
+        parents = parents_for(clients, publication, heads)
+    for client, parent in zip(clients, parents, strict=True):
+        if publication is None:
+            out.append(_with_retries(client, lambda c=client: send(c), retry_for_s, sleep,
+                                     clients, out))
+        else:
+            out.append(_with_retries(client, lambda c=client, p=parent: send(c, p),
+                                     retry_for_s, sleep, clients, out))
     identities = {r.get("identity") for r in out}
     if len(identities) > 1:
         raise PartiesDiverged(
@@ -159,6 +200,31 @@ def publish_to_parties(
             + ". They held different data before this publication; rotate both to one "
               "snapshot (morphogen admin --server A --server B snapshot PATH)")
     return out
+
+
+def _with_retries(client: AdminClient, call: Callable[[], Any], retry_for_s: float,
+                  sleep: Callable[[float], None], clients: Sequence[AdminClient] = (),
+                  out: Sequence[dict] = ()) -> Any:
+    """`call()`, re-sent on what a dead router replica (5xx, 429) or an unreachable party
+    answers until `retry_for_s` is spent; a 4xx is final. `out`: what `clients` answered
+    before, for the message."""
+    deadline = time.monotonic() + retry_for_s
+    delay = 0.25
+    while True:
+        try:
+            return call()
+        except (PirUnavailable, httpx.TransportError) as exc:
+            if time.monotonic() + delay > deadline:
+                done = ", ".join(f"{c.url} at epoch {r.get('epoch_id')}"
+                                 for c, r in zip(clients, out, strict=False))
+                raise PirUnavailable(
+                    f"{client.url} did not take the publication ({exc}); "
+                    + (f"applied on {done}; " if done else "")
+                    + "re-run the same command: it is safe, a party that has it answers "
+                      "it as done") from None
+            log.warning("%s: %s; re-sending in %.1fs", client.url, exc, delay)
+            sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def compare_parties(names: Sequence[str], statuses: Sequence[dict]) -> str | None:

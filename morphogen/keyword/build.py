@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numba
@@ -180,6 +180,7 @@ def build_table(
     dataset: bytes | None = None,
     version: int = 1,
     anchor: Anchor | None = None,
+    name: str = "",
 ) -> KeywordTable:
     """Place every record, hash the pages into the tree, sign the descriptor, and return the
     table.
@@ -189,6 +190,7 @@ def build_table(
     when three seed draws cannot place every record. `seeds` fixes the seeds (tests).
     `version` numbers the table (a rebuild continues its predecessor's numbering, so that
     clients that read the old table accept the new); `anchor` names the block it reflects.
+    `name` names it in a matrix of several (`join_tables`).
     """
     if version < 1:
         raise ValueError("a table's version is 1 or more")
@@ -222,7 +224,7 @@ def build_table(
                 attempts.append({"num_buckets": buckets, "placed": bool(left < 0)})
                 if left < 0:
                     return _finish(geometry, draw, dataset, keys, tags, values, occ, fill,
-                                   signing_key, attempts, t0, (version, anchor))
+                                   signing_key, attempts, t0, (version, anchor, name))
                 failed_at = wheres[int(left)]
         if fixed:
             raise TableFullError(
@@ -252,12 +254,32 @@ def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key
     for k, level in enumerate(levels, 1):
         first = geometry.level_first(k)
         pages[first:first + len(level)] = level
-    version, anchor = numbering
+    version, anchor, name = numbering
     desc = Descriptor(dataset, version, geometry, tuple(int(s) for s in seeds),
                       public_bytes(signing_key.public_key()), root_of(levels[-1][0]), len(keys),
-                      int(time.time()), anchor)
+                      int(time.time()), anchor, name)
     pages[geometry.descriptor_page] = np.frombuffer(desc.to_page(signing_key), np.uint8)
     stats = BuildStats(len(keys), geometry.capacity, len(keys) / geometry.capacity,
                        len(attempts), time.perf_counter() - t0, attempts)
     index = {tags[i].tobytes(): k for i, k in enumerate(keys)}
     return KeywordTable(desc, pages, index, stats)
+
+
+def join_tables(tables: Sequence[KeywordTable]) -> KeywordTable:
+    """One matrix holding `tables` back to back (`morphogen.keyword.descriptor.parts_of`),
+    each built with a name of its own, one owner key and one version: what one publication
+    changes together. The joined table's descriptor is the first's (the owner directory
+    names its dataset)."""
+    if not tables:
+        raise ValueError("join at least one table")
+    names = [t.descriptor.name for t in tables]
+    if len(tables) > 1 and (not all(names) or len(set(names)) != len(names)):
+        raise ValueError("joined tables each need a name of their own (build_table(name=..))")
+    if len({(t.descriptor.public_key, t.descriptor.version) for t in tables}) != 1:
+        raise ValueError("joined tables share one owner key and one version")
+    keys: dict[bytes, bytes] = {}
+    for t in tables:
+        keys.update(t.keys)
+    if len(keys) != sum(len(t.keys) for t in tables):
+        raise ValueError("two joined tables share a dataset id")  # tags would collide
+    return KeywordTable(tables[0].descriptor, np.concatenate([t.pages for t in tables]), keys)

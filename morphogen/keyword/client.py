@@ -40,7 +40,7 @@ from typing import Any
 
 from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError, StaleTableError
 from morphogen.keyword.freshness import Bounds, stale
-from morphogen.keyword.layout import DATA_TABLE, DESCRIPTOR_TABLE, level_table
+from morphogen.keyword.layout import DATA_TABLE, DESCRIPTOR_TABLE, level_table, part_table
 from morphogen.keyword.signing import load_public_key
 from morphogen.keyword.verify import (
     WHOLE_LEVEL_PAGES,
@@ -61,6 +61,10 @@ PAD_KEY_SIZE = 20
 
 View = tuple[int, "str | None"]
 _Machine = Generator[Any, Any, Any]
+
+
+class UnknownKeywordTable(ValueError):
+    """The servers name no keyword table of that name."""
 
 
 class TableChangingError(RuntimeError):
@@ -135,6 +139,19 @@ def _route(info: Any, name: str, first: int, size: int, pages: list[int]) -> _Ge
     return _Get([first + p for p in pages], info.num_pages, None)
 
 
+def _span(info: Any, table: str) -> tuple[int, int]:
+    """(first page, pages) of keyword table `table` in the matrix the servers serve: the
+    whole matrix for "", else from the `<table>.data` and `<table>.descriptor` tables they
+    name (what the table's signed descriptor then has to agree with)."""
+    if not table:
+        return 0, int(info.num_pages)
+    data = _served(info, part_table(table, DATA_TABLE))
+    desc = _served(info, part_table(table, DESCRIPTOR_TABLE))
+    if data is None or desc is None or desc[0] < data[0]:
+        raise UnknownKeywordTable(f"the servers serve no keyword table named {table!r}")
+    return data[0], desc[0] + 1 - data[0]
+
+
 def _count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} is a count (an int, 0 or more)")
@@ -146,8 +163,9 @@ class _Core:
                  trusted_version: Callable[[], Any] | None = None, min_block: int = 0,
                  trusted_block: Callable[[], Any] | None = None,
                  max_age: float | None = None,
-                 whole_level_pages: int = WHOLE_LEVEL_PAGES) -> None:
+                 whole_level_pages: int = WHOLE_LEVEL_PAGES, table: str = "") -> None:
         self.pir = pir
+        self.table = table
         self.trusted = (load_public_key(public_key)
                         if isinstance(public_key, (str, bytes)) or hasattr(public_key, "__fspath__")
                         else public_key)
@@ -198,8 +216,10 @@ class _Core:
             wanted, buckets = plan(proof, asked)
             info = yield _Info(False)
             g = proof.descriptor.geometry
-            gets = [_route(info, DATA_TABLE, 0, g.data_pages, wanted[0])] + [
-                _route(info, level_table(k), g.level_first(k), g.levels[k - 1], wanted[k])
+            base = _span(info, self.table)[0]
+            gets = [self._route(info, DATA_TABLE, base, g.data_pages, wanted[0])] + [
+                self._route(info, level_table(k), base + g.level_first(k), g.levels[k - 1],
+                            wanted[k])
                 for k in range(1, proof.private + 1)]
             try:
                 answers = yield _GetAll(gets)
@@ -242,7 +262,7 @@ class _Core:
             proof, view = state
             desc = proof.descriptor
             if (stale(desc, bounds, self.seen_version, self.seen_block) is None
-                    and info.num_pages == desc.geometry.num_pages
+                    and _span(info, self.table)[1] == desc.geometry.num_pages
                     and any(_same(v, view) for v in _views(info))):
                 return state
         return (yield from self._read_descriptor(bounds))
@@ -250,18 +270,23 @@ class _Core:
     def _read_descriptor(self, bounds: Bounds) -> _Machine:
         for _ in range(MOVES):
             info = yield _Info(True)
+            base, span = _span(info, self.table)
             try:
-                answer = yield _route(info, DESCRIPTOR_TABLE, info.num_pages - 1, 1, [0])
+                answer = yield self._route(info, DESCRIPTOR_TABLE, base + span - 1, 1, [0])
             except LookupError:
                 continue
-            desc = self._signed_descriptor(answer.pages[0], info.num_pages)
+            desc = self._signed_descriptor(answer.pages[0], span)
+            if desc.name != self.table:
+                raise KeywordIntegrityError(
+                    f"the servers answered the descriptor of keyword table {desc.name!r} for "
+                    f"{self.table!r}")
             self._admit(desc, bounds)
             view = (answer.epoch_id, answer.identity)
             private = private_levels(desc, self.whole_level_pages)
             wanted = whole_pages_wanted(desc, private)
             g, limit = desc.geometry, self._limit(info)
-            gets = [_route(info, level_table(k), g.level_first(k), n,
-                           list(range(at, min(n, at + limit))))
+            gets = [self._route(info, level_table(k), base + g.level_first(k), n,
+                                list(range(at, min(n, at + limit))))
                     for k, n in wanted.items() for at in range(0, n, limit)]
             try:
                 answers = yield _GetAll(gets)
@@ -278,6 +303,9 @@ class _Core:
             return self._state
         raise TableChangingError(f"the servers moved to other data at each of {MOVES} reads "
                                  "of the table's descriptor")
+
+    def _route(self, info: Any, name: str, first: int, size: int, pages: list[int]) -> _Get:
+        return _route(info, part_table(self.table, name), first, size, pages)
 
     def _signed_descriptor(self, page: bytes, num_pages: int) -> Descriptor:
         page = bytes(page)
@@ -337,7 +365,9 @@ class KeywordClient(_Core):
     them; `trusted_version` and `trusted_block`, called once per `get_many`, give a version
     (block) the caller trusts from elsewhere, or None; `max_age` refuses versions the owner
     made more than that many seconds ago. `whole_level_pages`: tree levels of at most that
-    many pages are read whole once per version, larger ones a page per candidate.
+    many pages are read whole once per version, larger ones a page per candidate. `table`
+    names one keyword table of a matrix that holds several (`join_tables`): its lookups read
+    its own data, levels and descriptor, whose signed name must be `table`.
     """
 
     def _run(self, machine: _Machine) -> Any:

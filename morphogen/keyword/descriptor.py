@@ -32,6 +32,7 @@ FORMAT = "morphogen-keyword/2"
 TAG_SCHEME = "blake3-128(domain|dataset|key)"
 BODY_SIZE = PAGE_SIZE - SIGNATURE_SIZE
 _HASH = re.compile(r"0x[0-9a-f]{64}")
+_NAME = re.compile(r"[a-z][a-z0-9_-]{0,20}")  # `<name>.descriptor` is a party table name
 
 
 class KeywordIntegrityError(RuntimeError):
@@ -76,6 +77,7 @@ class Descriptor:
     records: int
     time: int = 0  # when the owner made the version, Unix seconds
     anchor: Anchor | None = None
+    name: str = ""  # the table's name in a matrix of several (`parts_of`); "" when alone
 
     def to_dict(self) -> dict:
         return {
@@ -93,6 +95,7 @@ class Descriptor:
             "public_key": self.public_key.hex(),
             "root": self.root,
             "records": self.records,
+            **({"table": self.name} if self.name else {}),
         }
 
     @classmethod
@@ -112,9 +115,12 @@ class Descriptor:
         if len(dataset) != DATASET_SIZE:
             raise ValueError("a dataset id is 16 bytes")
         anchor = Anchor.from_dict(d["anchor"]) if d.get("anchor") is not None else None
+        name = str(d.get("table", ""))
+        if name and not _NAME.fullmatch(name):
+            raise ValueError(f"table name {name[:40]!r} is not a plain name")
         return cls(dataset, int(d["version"]), geometry, seeds,  # type: ignore[arg-type]
                    bytes.fromhex(d["public_key"]), str(d["root"]), int(d["records"]),
-                   int(d["time"]), anchor)
+                   int(d["time"]), anchor, name)
 
     def bumped(self, root: str, records: int, *, time: int, anchor: Anchor | None = None
                ) -> Descriptor:
@@ -172,7 +178,46 @@ def _text(body: bytes | memoryview) -> bytes | None:
     return body[len(MAGIC) + 4:len(MAGIC) + 4 + size]
 
 
+@dataclass(frozen=True)
+class Part:
+    """One keyword table of a matrix: its name, its first page, its current descriptor."""
+
+    name: str
+    first: int
+    descriptor: Descriptor
+
+    @property
+    def span(self) -> int:
+        return self.descriptor.geometry.num_pages
+
+
+def parts_of(pages: np.ndarray) -> list[Part]:
+    """The keyword tables a matrix holds, first to last, from their own descriptor pages.
+
+    A matrix holds one keyword table, or several back to back (accounts, storage and code of
+    one chain block, say), each ending with its descriptor: the last page is the last table's
+    descriptor, whose page count says where that table starts, and so on back to page 0. One
+    publication of the matrix changes them all at once."""
+    out: list[Part] = []
+    end = len(pages)
+    while end > 0:
+        desc = unsigned(pages[end - 1])
+        first = end - desc.geometry.num_pages
+        if first < 0:
+            raise ValueError("a keyword table's descriptor counts more pages than the matrix "
+                             "has before it")
+        out.append(Part(desc.name, first, desc))
+        end = first
+    out.reverse()
+    names = [p.name for p in out]
+    if len(out) > 1 and (not all(names) or len(set(names)) != len(names)):
+        raise ValueError("the keyword tables of one matrix each have a name of their own")
+    return out
+
+
 def tables_of(pages: np.ndarray) -> list[dict]:
-    """The party tables of a keyword table's matrix (`Geometry.tables`), from its own
-    descriptor page: what its snapshot's manifest names."""
-    return unsigned(pages[-1]).geometry.tables()
+    """The party tables of a keyword matrix (`Geometry.tables` of each keyword table, named
+    `<table>.data` etc. when the matrix holds several), from its own descriptor pages: what
+    its snapshot's manifest names."""
+    return [t for part in parts_of(pages)
+            for t in part.descriptor.geometry.tables(part.first, part.name)]

@@ -34,6 +34,11 @@ def level_table(level: int) -> str:
     return f"tree{level}"
 
 
+def part_table(name: str, part: str) -> str:
+    """The party table of part `part` (data, treeN, descriptor) of keyword table `name`."""
+    return f"{name}.{part}" if name else part
+
+
 @dataclass(frozen=True)
 class Geometry:
     layout: Layout
@@ -94,15 +99,18 @@ class Geometry:
     def descriptor_page(self) -> int:
         return self.num_pages - 1
 
-    def tables(self) -> list[dict]:
-        """The party tables the matrix holds: `data`, `tree1` .. `treeN`, `descriptor`, each a
-        page range the client reads with the scan of that range only."""
-        out = [{"name": DATA_TABLE, "first_page": 0, "num_pages": self.data_pages}]
+    def tables(self, first: int = 0, name: str = "") -> list[dict]:
+        """The party tables the keyword table holds: `data`, `tree1` .. `treeN`, `descriptor`,
+        each a page range the client reads with the scan of that range only. In a matrix of
+        several keyword tables, this one starts at page `first` and its parts are named
+        `<name>.data` etc."""
+        out = [{"name": part_table(name, DATA_TABLE), "first_page": first,
+                "num_pages": self.data_pages}]
         for k, size in enumerate(self.levels, 1):
-            out.append({"name": level_table(k), "first_page": self.level_first(k),
-                        "num_pages": size})
-        out.append({"name": DESCRIPTOR_TABLE, "first_page": self.descriptor_page,
-                    "num_pages": 1})
+            out.append({"name": part_table(name, level_table(k)),
+                        "first_page": first + self.level_first(k), "num_pages": size})
+        out.append({"name": part_table(name, DESCRIPTOR_TABLE),
+                    "first_page": first + self.descriptor_page, "num_pages": 1})
         return out
 
     @property

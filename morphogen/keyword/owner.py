@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock
 
 from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
-from morphogen.keyword.descriptor import Anchor, Descriptor, unsigned
+from morphogen.keyword.descriptor import Anchor, Descriptor, Part, parts_of
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
@@ -48,12 +48,16 @@ KEEP = 4  # published versions kept readable, besides every unpublished one
 
 @dataclass(frozen=True)
 class Change:
-    """`put` inserts or changes a key's value; `delete` removes the key."""
+    """`put` inserts or changes a key's value; `delete` removes the key (`delete_absent`
+    does, and is nothing when the table lacks the key: what a follower that knows only
+    "this key is empty now" sends). `table` names the keyword table of a matrix of several
+    (`parts_of`); "" is the matrix's only one."""
 
     op: str
     key: bytes
     value: bytes = b""
     where: str = ""
+    table: str = ""
 
 
 def read_changes(path: str | os.PathLike[str]) -> list[Change]:
@@ -155,14 +159,18 @@ class OwnerTable:
     def keys(self, version: int | None = None) -> dict[bytes, bytes]:
         return self.store.keys(version or self.current)
 
-    def _load(self) -> tuple[Descriptor, np.ndarray, dict[bytes, bytes]]:
-        pages = self.pages()
-        desc = unsigned(pages[-1])
-        return desc, pages, self.keys()
+    def parts(self, version: int | None = None) -> list[Part]:
+        """The keyword tables of a version's matrix (one, or several joined)."""
+        return parts_of(self.pages(version))
+
+    def descriptor(self, table: str = "") -> Descriptor:
+        """The current version's descriptor of keyword table `table` ("": the only one)."""
+        return _part(parts_of(self.pages()), table, "descriptor").descriptor
 
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
               rng: Callable[[int], int] | None = None, *, changes_id: str | None = None,
-              anchor: Anchor | None = None) -> tuple[int, list[tuple[int, str, bytes]]]:
+              anchor: Anchor | None = None, note: dict | None = None,
+              ) -> tuple[int, list[tuple[int, str, bytes]]]:
         """Apply `changes` in order to a copy of the current version and make it the next
         version. Returns (new version, its page-update batch). Nothing is written when any
         change fails (a full table, an absent key to delete, a wrong value size).
@@ -170,44 +178,64 @@ class OwnerTable:
         `changes_id` names the changes (a digest of their file): when the current version was
         made from the same id, nothing is applied and (current, []) is returned, so re-running
         the same command after it succeeded (or after a crash past the pointer's move) never
-        applies the changes twice. `anchor` names the chain block the new version reflects."""
+        applies the changes twice. `anchor` names the chain block the new version reflects;
+        `note` (JSON) goes into the owner's state in the same write that moves the pointer (a
+        follower's record of the blocks it applied)."""
         rng = rng or secrets.randbelow
         with self._lock:
             self.reload()
             if changes_id is not None and self.state.get("last_changes") == changes_id:
                 return self.current, []
-            desc, pages, keys = self._load()
-            if public_bytes(signing_key.public_key()) != desc.public_key:
+            pages, keys = self.pages(), self.keys()
+            parts = parts_of(pages)
+            if any(public_bytes(signing_key.public_key()) != p.descriptor.public_key
+                   for p in parts):
                 raise ValueError("this signing key is not the table's owner key")
-            editor = _Editor(desc, pages, keys, rng)
+            editors = {p.name: _Editor(p.descriptor, pages[p.first:p.first + p.span], keys, rng)
+                       for p in parts}
             for change in changes:
-                editor.apply(change)
-            if not editor.dirty and anchor is None:
+                editors[_part(parts, change.table, change.where).name].apply(change)
+            if not any(e.dirty for e in editors.values()) and anchor is None:
                 return self.current, []
             # (a new anchor alone is a version: a block that changed nothing here still moves
             # what the table reflects, and clients bounding blocks or age need to see it)
-            g = desc.geometry
-            # the changed pages' paths up to the root go in the same batch: a reader sees
-            # the new pages with the new tree and descriptor, or none of them
-            levels = [pages[g.level_first(k):g.level_first(k) + n]
-                      for k, n in enumerate(g.levels, 1)]
-            written = rehash(levels, pages[:g.data_pages], editor.dirty)
-            new_desc = desc.bumped(root_of(levels[-1][0]), len(keys), time=int(time.time()),
-                                   anchor=anchor)
-            pages[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
-            changed = sorted(editor.dirty) + [
-                g.level_first(k) + i for k, ws in enumerate(written, 1) for i in sorted(ws)
-            ] + [g.descriptor_page]
+            # Every keyword table of the matrix moves to the new version, changed or not, so
+            # that all of them name the same version and block.
+            changed: list[int] = []
+            now = int(time.time())
+            for part in parts:
+                changed += self._sign(part, pages, editors[part.name], signing_key, now, anchor)
             batch = [(i, "data", pages[i].tobytes()) for i in changed]
+            key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
+            key_dels = {t for e in editors.values() for t in e.key_dels}
             version = self.current + 1
             full = (version - 1) % int(self.state.get("full_every", FULL_EVERY)) == 0
-            self.store.write(version, pages, full=full, keys=keys, key_puts=editor.key_puts,
-                             key_dels=editor.key_dels, batch=batch)
+            self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
+                             key_dels=key_dels, batch=batch)
             self.state["current"] = version
             self.state["last_changes"] = changes_id  # moves with the pointer, in one write
+            if note is not None:
+                self.state.update(note)
             self.save()
             self._prune()
             return version, batch
+
+    @staticmethod
+    def _sign(part: Part, pages: np.ndarray, editor: _Editor, signing_key: Ed25519PrivateKey,
+              now: int, anchor: Anchor | None) -> list[int]:
+        """Rehash the paths of `editor`'s dirty pages and sign the part's next descriptor, in
+        `pages`; returns the matrix pages written (data, tree, descriptor, in order)."""
+        desc, g, at = part.descriptor, part.descriptor.geometry, part.first
+        sub = pages[at:at + part.span]
+        # the changed pages' paths up to the root go in the same batch: a reader sees the
+        # new pages with the new tree and descriptor, or none of them
+        levels = [sub[g.level_first(k):g.level_first(k) + n] for k, n in enumerate(g.levels, 1)]
+        written = rehash(levels, sub[:g.data_pages], editor.dirty)
+        new_desc = desc.bumped(root_of(levels[-1][0]), editor.records, time=now, anchor=anchor)
+        sub[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
+        return [at + i for i in sorted(editor.dirty)] + [
+            at + g.level_first(k) + i for k, ws in enumerate(written, 1) for i in sorted(ws)
+        ] + [at + g.descriptor_page]
 
     def _prune(self) -> None:
         """Drop what neither an unpublished version nor the last `keep` need (after the
@@ -235,19 +263,37 @@ class OwnerTable:
             self.save()
             self._prune()
 
-    def records(self) -> list[tuple[bytes, bytes]]:
-        """(key, value) of every record of the current version, by key."""
-        desc, pages, keys = self._load()
-        g = desc.geometry
-        slots = ((b, s) for b in range(g.num_buckets) for s in range(g.bucket_capacity(b)))
+    def records(self, table: str | None = None) -> list[tuple[bytes, bytes]]:
+        """(key, value) of every record of the current version, by key: of keyword table
+        `table`, or of all of them (None)."""
+        pages, keys = self.pages(), self.keys()
+        parts = parts_of(pages)
+        if table is not None:
+            parts = [_part(parts, table, "records")]
         out = []
-        for b, s in slots:
-            page, off = g.bucket_page(b), g.slot_offset(b, s)
-            raw = pages[page, off:off + g.slot_size].tobytes()
-            tag = raw[:TAG_SIZE]
-            if tag != EMPTY_TAG:
-                out.append((keys[tag], raw[TAG_SIZE:]))
+        for part in parts:
+            g = part.descriptor.geometry
+            sub = pages[part.first:part.first + part.span]
+            slots = ((b, s) for b in range(g.num_buckets) for s in range(g.bucket_capacity(b)))
+            for b, s in slots:
+                page, off = g.bucket_page(b), g.slot_offset(b, s)
+                raw = sub[page, off:off + g.slot_size].tobytes()
+                tag = raw[:TAG_SIZE]
+                if tag != EMPTY_TAG:
+                    out.append((keys[tag], raw[TAG_SIZE:]))
         return sorted(out)
+
+
+def _part(parts: list[Part], name: str, where: str) -> Part:
+    """The keyword table `name` of a matrix ("" names the only one)."""
+    if not name and len(parts) == 1:
+        return parts[0]
+    for p in parts:
+        if p.name == name:
+            return p
+    held = ", ".join(p.name or '""' for p in parts)
+    raise RecordError(f"{where}: no keyword table {name or chr(34) * 2} here (the matrix holds "
+                      f"{held})")
 
 
 class _Editor:
@@ -258,6 +304,7 @@ class _Editor:
         self.desc, self.pages, self.keys, self.rng = desc, pages, keys, rng
         self.g = desc.geometry
         self.dirty: set[int] = set()
+        self.records = desc.records
         self.key_puts: dict[bytes, bytes] = {}  # the key changes a diff version keeps
         self.key_dels: set[bytes] = set()
 
@@ -286,10 +333,13 @@ class _Editor:
         where = change.where or f"key 0x{change.key.hex()[:64]}"
         tag = tag_of(self.desc.dataset, change.key)
         at = self._find(change.key, tag)
-        if change.op == "delete":
+        if change.op in ("delete", "delete_absent"):
             if at is None:
+                if change.op == "delete_absent":
+                    return
                 raise RecordError(f"{where}: delete of a key the table does not hold")
             self._write(*at, EMPTY_TAG, bytes(self.g.value_size))
+            self.records -= 1
             del self.keys[tag]
             self.key_puts.pop(tag, None)
             self.key_dels.add(tag)
@@ -300,6 +350,7 @@ class _Editor:
         if at is not None:
             self._write(*at, tag, change.value)
             return
+        self.records += 1
         self.keys[tag] = change.key  # before the chain: it may evict this very record again
         self.key_puts[tag] = change.key
         self.key_dels.discard(tag)

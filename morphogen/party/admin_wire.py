@@ -22,6 +22,7 @@ from morphogen.protocol.codec import ErrorCode, WireError, from_hex
 # outcome and applies nothing twice (docs/publication.md).
 
 _PUBLICATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
+_IDENTITY = re.compile(r"0x[0-9a-f]{32}")
 
 
 class _HexChange(BaseModel):
@@ -108,6 +109,16 @@ def publication_id(header: str | None) -> str | None:
     if not _PUBLICATION_ID.fullmatch(header):
         raise WireError(400, ErrorCode.BAD_REQUEST,
                         "Idempotency-Key is 1..80 characters of A-Z a-z 0-9 _ . : -")
+    return header
+
+
+def parent_identity(header: str | None) -> str | None:
+    """The identity a publication names as its parent (None: it names none)."""
+    if header is None:
+        return None
+    if not _IDENTITY.fullmatch(header):
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        "Morphogen-Parent is an epoch identity: 0x and 32 lower-case hex digits")
     return header
 
 

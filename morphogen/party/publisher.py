@@ -87,6 +87,22 @@ def identity_of(info: dict[str, Any]) -> EpochIdentity:
     return ident
 
 
+class ParentMismatch(ValueError):
+    """A publication names a parent identity that is not the party's head."""
+
+
+def check_parent(base: EpochIdentity | None, parent: str | None) -> None:
+    """Refuse a publication whose named parent is not the head it would apply on: another
+    publisher got there first, and applying it anyway would order this party's publications
+    differently from the other party's."""
+    if parent is not None and (base is None or base.digest != parent):
+        head = base.digest if base is not None else "none"
+        raise ParentMismatch(
+            f"this party's head is {head}, not the parent {parent} the publication names: "
+            "another publisher published in between. Nothing was changed; read both parties' "
+            "heads (morphogen admin status) and publish on what they serve")
+
+
 def new_publication_id() -> str:
     return "p-" + secrets.token_hex(12)
 
@@ -177,6 +193,8 @@ class Publisher:
             except EpochLogConflict as exc:  # the head moved between two reads: build again
                 log.info("proposal of %s retried (%s)", pub, reason(exc))
                 await asyncio.sleep(0.01)
+            except ParentMismatch as exc:
+                raise WireError(409, ErrorCode.PARENT_MISMATCH, str(exc)) from None
             except ValueError as exc:
                 raise WireError(400, ErrorCode.BAD_REQUEST, str(exc)) from None
 
@@ -279,8 +297,10 @@ class Publisher:
         if not self.log.durable:
             raise WireError(403, ErrorCode.FORBIDDEN, ADMIN_NEEDS_LOG)
 
-    async def updates(self, changes: ChangeBatch, pub: str | None = None) -> dict[str, Any]:
-        """Publish `head + 1` = head + `changes` on every shard as one step."""
+    async def updates(self, changes: ChangeBatch, pub: str | None = None,
+                      parent: str | None = None) -> dict[str, Any]:
+        """Publish `head + 1` = head + `changes` on every shard as one step; with `parent`,
+        only when the head is that identity (`check_parent`)."""
         self._check_durable()
         layout = await self.party.layout()
         if changes.max_page() >= layout.num_pages:
@@ -298,6 +318,7 @@ class Publisher:
             base = head.epoch_identity() if head is not None else fallback
             if base is None:  # committed meanwhile and compacted away: cannot happen
                 raise EpochLogConflict("the log head moved")
+            check_parent(base, parent)
             epoch_id = base.epoch_id + 1
             target = base.after_updates(epoch_id, changes.digest)
             return updates_entry(epoch_id, base.epoch_id, changes, target, seq), changes
@@ -318,9 +339,11 @@ class Publisher:
             out["replicas_catching_up"] = behind
         return out
 
-    async def snapshot(self, requested: str, pub: str | None = None) -> dict[str, Any]:
+    async def snapshot(self, requested: str, pub: str | None = None,
+                       parent: str | None = None) -> dict[str, Any]:
         """Rotate every shard to the snapshot at `requested` (inside admin_snapshot_dir), its
-        checksum verified before any shard is touched."""
+        checksum verified before any shard is touched; with `parent`, only when the head is
+        that identity (`check_parent`)."""
         self._check_durable()
         path = admin.resolve_snapshot_path(requested, self.party.cfg.admin_snapshot_dir)
         started = time.monotonic()
@@ -338,6 +361,7 @@ class Publisher:
         fallback = await self._fallback_base()
 
         def build(head: LogEntry | None, seq: int) -> tuple[LogEntry, None]:
+            check_parent(head.epoch_identity() if head is not None else fallback, parent)
             current = head.epoch_id if head is not None else (
                 fallback.epoch_id if fallback is not None else 0)
             epoch_id = admin.rotation_epoch(current, manifest.epoch_id)

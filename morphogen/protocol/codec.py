@@ -29,6 +29,9 @@ ADMIN_SNAPSHOT_PATH = "/admin/snapshot"
 ADMIN_STATUS_PATH = "/admin/status"
 # The header naming a publication (the admin's idempotency key), sent to both parties.
 PUBLICATION_HEADER = "idempotency-key"
+# The identity a publication applies on (`GET /admin/status`'s head): a party whose head is
+# another refuses it (409 parent_mismatch), so two publishers never interleave A and B.
+PARENT_HEADER = "morphogen-parent"
 MAX_ADMIN_UPDATES = 1024  # default cap of updates per admin request
 
 
@@ -54,6 +57,7 @@ class ErrorCode(StrEnum):
     BAD_UPDATE = "bad_update"  # 400: page outside the matrix, wrong diff size, bad count
     BAD_SNAPSHOT = "bad_snapshot"  # 422: missing, truncated or wrong-checksum snapshot
     CONFLICT = "conflict"  # 409: another admin operation holds the shards' staging slot
+    PARENT_MISMATCH = "parent_mismatch"  # 409: the party's head is not the publication's parent
 
 
 class WireError(Exception):

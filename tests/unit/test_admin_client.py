@@ -15,6 +15,7 @@ from _party_world import make_party, make_world
 
 from morphogen.client.admin import (
     AdminClient,
+    PartiesApart,
     PartiesDiverged,
     compare_parties,
     content_publication_id,
@@ -58,7 +59,8 @@ class PartyServer:
                 changes = admin_wire.parse_updates(request.content,
                                                    request.headers.get("content-type"),
                                                    num_pages=1 << 20, max_updates=64)
-                out = asyncio.run(self.party.admin.updates(changes, pub))
+                parent = admin_wire.parent_identity(request.headers.get("morphogen-parent"))
+                out = asyncio.run(self.party.admin.updates(changes, pub, parent))
         except WireError as err:
             return httpx.Response(err.status, content=error_body(err))
         return httpx.Response(200, content=json.dumps(out).encode(),
@@ -133,3 +135,40 @@ def test_content_ids_are_stable_and_distinct() -> None:
     assert content_publication_id("updates", b"x") == content_publication_id("updates", b"x")
     assert content_publication_id("updates", b"x") != content_publication_id("updates", b"y")
     assert content_publication_id("updates", b"x") != content_publication_id("snapshot", b"x")
+
+
+def _send(changes, pub):
+    return lambda c, parent: c.updates(changes, pub, parent)
+
+
+def test_two_publishers_at_once_leave_both_parties_on_one_sequence(two_parties) -> None:
+    """Publisher 1 reaches A and stops (or is slow) before B; publisher 2 starts then: it
+    finds the parties apart and sends nothing. Publisher 1's re-run completes its own
+    publication on B, and publisher 2 then publishes on top of both."""
+    servers, clients = two_parties
+    one, two = _changes(7), _changes(8)
+    clients[0].updates(one, "pub-one", clients[0].head()[0])  # publisher 1, stopped after A
+    with pytest.raises(PartiesApart, match="different data before publication pub-two"):
+        publish_to_parties(clients, _send(two, "pub-two"), sleep=lambda s: None,
+                           publication="pub-two")
+    assert [c.head()[1][-1:] for c in clients] == [["pub-one"], []]
+    done = publish_to_parties(clients, _send(one, "pub-one"), sleep=lambda s: None,
+                              publication="pub-one")
+    assert done[0].get("duplicate") and done[0]["identity"] == done[1]["identity"]
+    out = publish_to_parties(clients, _send(two, "pub-two"), sleep=lambda s: None,
+                             publication="pub-two")
+    assert out[0]["identity"] == out[1]["identity"]
+    assert [c.head()[1][-2:] for c in clients] == [["pub-one", "pub-two"]] * 2
+
+
+def test_a_publisher_overtaken_at_party_a_never_reaches_party_b(two_parties) -> None:
+    """Both publishers read the same heads; the second to reach A is refused there (409), so
+    B never gets it and the two parties apply one sequence."""
+    servers, clients = two_parties
+    heads = [c.head()[0] for c in clients]
+    clients[0].updates(_changes(9), "pub-first", heads[0])
+    with pytest.raises(Exception, match="parent_mismatch|another publisher"):
+        clients[0].updates(_changes(10), "pub-second", heads[0])
+    assert clients[1].head()[0] == heads[1]  # B untouched by the refused one
+    clients[1].updates(_changes(9), "pub-first", heads[1])
+    assert clients[0].head()[0] == clients[1].head()[0]

@@ -447,3 +447,28 @@ def test_a_staged_version_that_is_not_the_committed_entry_is_replaced(world, op)
     assert core.identity == target and core.state.staged is None
     assert loads == {"prepare": 1, "open": 1 if op == "rotation" else 0}
     assert core.stop_page == (35 if op == "rotation" else 48)  # the committed entry's range
+
+
+def test_a_publication_naming_another_parent_is_refused_and_changes_nothing(world):
+    """Each publication may name the identity it applies on: a party whose head moved
+    (another publisher got there first) refuses it with 409, logs nothing and serves what it
+    served; a re-send of a publication it committed is still answered as done."""
+    root, snaps = world
+    party, links = make_party(snaps, root / "log", admin_lease_s=LEASE_S)
+    rng = np.random.default_rng(5)
+    x, y = random_batch(rng, 3, NUM_PAGES), random_batch(rng, 3, NUM_PAGES)
+    start = served(links).pop()
+    out_x = asyncio.run(party.admin.updates(x, "pub-x", start))
+    assert out_x["epoch_id"] == 2
+    for send in (lambda: party.admin.updates(y, "pub-y", start),
+                 lambda: party.admin.snapshot("next", "pub-rot", start)):
+        with pytest.raises(WireError) as err:
+            asyncio.run(send())
+        assert (err.value.status, err.value.code) == (409, "parent_mismatch")
+        assert out_x["identity"] in err.value.message and start in err.value.message
+    assert served(links) == {out_x["identity"]}
+    assert [e.pub for e in EpochLog(root / "log").live()] == ["pub-x"]
+    again = asyncio.run(party.admin.updates(x, "pub-x", start))  # a re-send: done before
+    assert again["duplicate"] and again["identity"] == out_x["identity"]
+    out_y = asyncio.run(party.admin.updates(y, "pub-y", out_x["identity"]))
+    assert out_y["epoch_id"] == 3 and served(links) == {out_y["identity"]}
