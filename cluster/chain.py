@@ -1,9 +1,10 @@
-"""`morphogen chain export|build`: a node's state at one block into keyword tables.
+"""`morphogen chain export|build|follow`: a node's state into keyword tables, block by block.
 
 `export` writes the state export file (`morphogen.chain.export`) from a node, checked against
-the node's standard answers; `build` turns one into the three owner directories of the
-accounts, storage and code tables, each version 1 anchored at the export's block (chain id,
-number, hash), ready to serve and to update."""
+the node's standard answers; `build` turns one into an owner directory holding the accounts,
+storage and code tables in one matrix, version 1 anchored at the export's block (chain id,
+number, hash); `follow` applies every later block to it and publishes each to both parties as
+one publication (`morphogen.chain.follow`)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from pathlib import Path
 
 from cluster.errors import CommandFailed, UsageError
 
-TABLES = ("accounts", "storage", "code")
-
 
 def cmd_chain(args: argparse.Namespace) -> int:
     if args.chain_action == "export":
         return _export(args)
+    if args.chain_action == "follow":
+        return _follow(args)
     return _build(args)
 
 
@@ -42,40 +43,87 @@ def _export(args: argparse.Namespace) -> int:
 
 def _build(args: argparse.Namespace) -> int:
     from morphogen.chain import ExportError, read_header, state_records
-    from morphogen.chain.state import ACCOUNT_VALUE_SIZE, CODE_VALUE_SIZE, STORAGE_VALUE_SIZE
-    from morphogen.keyword import build_table
+    from morphogen.chain.tables import build_chain_tables
     from morphogen.keyword.descriptor import Anchor
     from morphogen.keyword.owner import create_owner_dir
     from morphogen.keyword.signing import load_signing_key
 
     out = Path(args.out)
-    taken = [name for name in TABLES if (out / name).exists()]
-    if taken:
-        raise UsageError(f"--out {out}: {', '.join(taken)} already exist(s); build into a new "
-                         "directory")
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} is not empty; build into a new directory")
     try:
         key = load_signing_key(args.signing_key)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--signing-key {exc}") from None
     try:
         header = read_header(args.state)
-        records = state_records(args.state)
         anchor = Anchor(header.chain_id, header.block.number, header.block.hash)
-        sizes = {"accounts": ACCOUNT_VALUE_SIZE, "storage": STORAGE_VALUE_SIZE,
-                 "code": CODE_VALUE_SIZE}
-        for name in TABLES:
-            table = build_table(getattr(records, name), value_size=sizes[name],
-                                signing_key=key, anchor=anchor)
-            snapshot = create_owner_dir(table, out / name)
-            g = table.descriptor.geometry
-            print(f"{name}: {table.descriptor.records} records, {g.num_pages} pages; serve "
-                  f"{snapshot}")
+        table = build_chain_tables(state_records(args.state), key, anchor,
+                                   room=args.room, min_records=args.min_records)
+        snapshot = create_owner_dir(table, out)
     except (ExportError, OSError) as exc:
         raise UsageError(f"--state {args.state}: {exc}") from None
     except ValueError as exc:  # a record the table refuses (RecordError, TableFullError)
         raise UsageError(f"--state {args.state}: {exc}") from None
-    print(f"block {header.block.number} ({header.block.hash}) of chain {header.chain_id}; "
-          f"clients need the public key: {table.descriptor.public_key.hex()}")
+    from morphogen.keyword.descriptor import parts_of
+
+    for part in parts_of(table.pages):
+        d = part.descriptor
+        print(f"{d.name}: {d.records} records in {d.geometry.capacity} slots, "
+              f"{d.geometry.num_pages} pages")
+    print(f"block {header.block.number} ({header.block.hash}) of chain {header.chain_id}: "
+          f"serve {snapshot}; clients need the public key "
+          f"{table.descriptor.public_key.hex()}")
+    return 0
+
+
+def _follow(args: argparse.Namespace) -> int:
+    import httpx
+
+    from cluster.records import admin_parties
+    from morphogen.chain import ChainError, EthRpc
+    from morphogen.chain.follow import Follower, serve_metrics
+    from morphogen.client import PirError
+    from morphogen.keyword.owner import OwnerTable, WriterBusy, writer_lock
+    from morphogen.keyword.publishing import PublishError
+    from morphogen.keyword.signing import load_signing_key
+
+    try:
+        owner = OwnerTable(args.owner)
+        key = load_signing_key(args.signing_key)
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    parties = admin_parties([args.server_a, args.server_b], args)
+    try:
+        lock = writer_lock(owner.root)
+    except WriterBusy as exc:
+        raise CommandFailed(str(exc)) from None
+    blocks = args.blocks
+    try:
+        with lock, EthRpc(args.rpc, timeout_s=args.timeout) as rpc:
+            follower = Follower(rpc, owner, parties, key, confirmations=args.confirmations,
+                                keep=args.keep, snapshot_dir=args.snapshot_dir,
+                                report=lambda line: print(line, flush=True))
+            server = serve_metrics(follower.progress, args.metrics_port) \
+                if args.metrics_port is not None else None
+            number, digest = follower.tip()
+            print(f"following chain {follower.chain_id} from block {number} ({digest[:12]}..) "
+                  f"at {rpc.shown}", flush=True)
+            start = follower.progress.blocks
+            try:
+                follower.run(until=lambda: blocks is not None
+                             and follower.progress.blocks - start >= blocks,
+                             last=args.until_block, poll_s=args.poll)
+            finally:
+                if server is not None:
+                    server.shutdown()
+    except KeyboardInterrupt:
+        return 130
+    except (ChainError, PublishError, PirError, httpx.HTTPError, ValueError) as exc:
+        raise CommandFailed(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        for c in parties.clients:
+            c.close()
     return 0
 
 
@@ -102,11 +150,52 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                          "(default 64; all: every one)")
     ex.add_argument("--timeout", type=float, default=60.0, metavar="S",
                     help="seconds a node's answer may take")
-    bd = acts.add_parser("build", help="a state export -> accounts, storage and code tables")
+    bd = acts.add_parser("build", help="a state export -> the accounts, storage and code "
+                                       "tables in one owner directory")
     bd.add_argument("--state", required=True, metavar="FILE", help="a state export")
     bd.add_argument("--signing-key", required=True, metavar="FILE",
                     help="the owner's Ed25519 key (morphogen records keygen)")
     bd.add_argument("--out", required=True, metavar="DIR",
-                    help="where the accounts/, storage/ and code/ owner directories go")
+                    help="the owner directory to create (its v000001/snapshot is served)")
+    bd.add_argument("--room", type=float, default=4.0, metavar="X",
+                    help="slots for X times the records each table starts with, for the "
+                         "chain to grow into (default 4)")
+    bd.add_argument("--min-records", type=int, default=4096, metavar="N",
+                    help="slots for at least N records a table (default 4096)")
+    fw = acts.add_parser("follow", help="apply every new block to the tables and publish it "
+                                        "to both parties")
+    fw.add_argument("--rpc", required=True, metavar="URL", help="the node's JSON-RPC URL")
+    fw.add_argument("--owner", required=True, metavar="DIR",
+                    help="the owner directory `chain build` made")
+    fw.add_argument("--signing-key", required=True, metavar="FILE",
+                    help="the owner's Ed25519 key the tables were built with")
+    fw.add_argument("--server-a", required=True, metavar="URL", help="party A's URL")
+    fw.add_argument("--server-b", required=True, metavar="URL", help="party B's URL")
+    fw.add_argument("--token-file", metavar="FILE", default=None,
+                    help="file holding the parties' admin token")
+    fw.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN",
+                    help="variable holding the token when no file is given")
+    fw.add_argument("--confirmations", type=int, default=0, metavar="N",
+                    help="follow N blocks behind the head (default 0)")
+    fw.add_argument("--keep", type=int, default=64, metavar="K",
+                    help="blocks whose changes are kept to revert a reorg (default 64)")
+    fw.add_argument("--snapshot-dir", metavar="DIR|URI", default=None,
+                    help="where both parties' rotations read snapshots: a block changing "
+                         "more pages than one batch is published as a rotation written there")
+    fw.add_argument("--max-batch-pages", type=int, default=None, metavar="N",
+                    help="largest block sent as one batch (default: what the parties report)")
+    fw.add_argument("--retry-for", type=float, default=120.0, metavar="S",
+                    help="keep re-sending to an unavailable party this long (default 120)")
+    fw.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                    help="serve Prometheus metrics (head, served block, lag, blocks/s) on "
+                         "127.0.0.1:PORT/metrics")
+    fw.add_argument("--poll", type=float, default=0.5, metavar="S",
+                    help="seconds between looks at the node's head (default 0.5)")
+    fw.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                    help="seconds a node's answer may take")
+    fw.add_argument("--blocks", type=int, default=None, metavar="N",
+                    help="stop after N blocks (default: follow until stopped)")
+    fw.add_argument("--until-block", type=int, default=None, metavar="N",
+                    help="stop once block N is published")
     ch.set_defaults(func=cmd_chain)
     return [ch]

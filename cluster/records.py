@@ -159,10 +159,17 @@ def cmd_records(args: argparse.Namespace) -> int:
     if args.records_action == "export":
         _export(owner, args)
         return 0
-    if args.records_action == "apply":
-        _apply(owner, args)
-    if args.records_action == "publish" or args.server:
-        _publish(owner, args)
+    from morphogen.keyword.owner import WriterBusy, writer_lock
+
+    try:
+        lock = writer_lock(owner.root)
+    except WriterBusy as exc:
+        raise CommandFailed(str(exc)) from None
+    with lock:
+        if args.records_action == "apply":
+            _apply(owner, args)
+        if args.records_action == "publish" or args.server:
+            _publish(owner, args)
     return 0
 
 
@@ -219,36 +226,51 @@ class HttpParties:
         return self._max
 
     def updates(self, publication, batch):
-        from morphogen.client.admin import publish_to_parties
-
-        return publish_to_parties(self.clients, lambda c, p: c.updates(batch, publication, p),
-                                  retry_for_s=self.retry_for_s, publication=publication)
+        return self._publish(publication, lambda c, p: c.updates(batch, publication, p))
 
     def snapshot(self, publication, path):
+        return self._publish(publication, lambda c, p: c.snapshot(path, publication, p))
+
+    def _publish(self, publication, send):
+        from morphogen.chain.follow import crash_point
         from morphogen.client.admin import publish_to_parties
 
-        return publish_to_parties(self.clients, lambda c, p: c.snapshot(path, publication, p),
-                                  retry_for_s=self.retry_for_s, publication=publication)
+        def one(client, parent):
+            out = send(client, parent)
+            if client is self.clients[0]:
+                crash_point("sent-a")  # between the parties: A has it, B not yet
+            return out
+
+        return publish_to_parties(self.clients, one, retry_for_s=self.retry_for_s,
+                                  publication=publication)
+
+
+def admin_parties(servers: list[str], args: argparse.Namespace) -> HttpParties:
+    """Both parties' admin routes from the command's --server/--token-file/--token-env,
+    --retry-for and --max-batch-pages."""
+    from morphogen.client.admin import AdminClient
+
+    servers = [inputs.server_url("--server", u) for u in servers]
+    if len(servers) != 2:
+        raise UsageError("publish to both parties: --server URL_A --server URL_B")
+    token = (inputs.admin_token(args.token_file, args.token_env) if args.token_file
+             else os.environ.get(args.token_env, "").strip())
+    if not token:
+        raise UsageError(f"no admin token (--token-file, or ${args.token_env})")
+    return HttpParties([AdminClient(u, token) for u in servers], args.retry_for,
+                       args.max_batch_pages)
 
 
 def _publish(owner, args: argparse.Namespace) -> None:
     import httpx
 
     from morphogen.client import PirError
-    from morphogen.client.admin import AdminClient
     from morphogen.keyword.publishing import PublishError, publish
     from morphogen.snapshot.manifest import SnapshotError
     from morphogen.storage import StorageError
 
-    servers = [inputs.server_url("--server", u) for u in args.server or []]
-    if len(servers) < 2:
-        raise UsageError("publish to both parties: --server URL_A --server URL_B")
-    token = (inputs.admin_token(args.token_file, args.token_env) if args.token_file
-             else os.environ.get(args.token_env, "").strip())
-    if not token:
-        raise UsageError(f"no admin token (--token-file, or ${args.token_env})")
-    clients = [AdminClient(u, token) for u in servers]
-    parties = HttpParties(clients, args.retry_for, args.max_batch_pages)
+    parties = admin_parties(args.server or [], args)
+    clients, servers = parties.clients, [c.url for c in parties.clients]
     try:
         done = publish(owner, parties, snapshot_dir=args.snapshot_dir)
     except PublishError as exc:

@@ -33,10 +33,13 @@ def stale(desc: Descriptor, bounds: Bounds, seen_version: int, seen_block: int,
         who = ("this client has already read version" if seen_version >= bounds.version
                else "its caller trusts version")
         return f"the servers serve version {desc.version} of the table and {who} {floor}"
-    block = max(bounds.block, seen_block)
-    if block and desc.anchor is None:
+    # A newer version may name an older block than one seen: the chain reorganised and the
+    # owner signed the new branch (its version is what cannot go back). At the same version
+    # the block cannot differ, so one that does is a replay.
+    block = max(bounds.block, seen_block) if desc.version <= seen_version else bounds.block
+    if max(block, seen_block) and desc.anchor is None:
         return (f"the servers serve version {desc.version}, which names no chain block, and "
-                f"block {block} or later is wanted")
+                f"block {max(block, seen_block)} or later is wanted")
     if desc.anchor is not None and desc.anchor.number < block:
         who = ("this client has already read block" if seen_block >= bounds.block
                else "its caller trusts block")

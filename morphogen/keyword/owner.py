@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
 from morphogen.keyword.descriptor import Anchor, Descriptor, Part, parts_of
@@ -41,9 +41,29 @@ from morphogen.keyword.versions import VersionStore
 from morphogen.storage.durable import write_atomic
 
 OWNER_FILE = "owner.json"
+WRITER_LOCK = "writer.lock"
 OWNER_FORMAT = "morphogen-keyword-owner/1"
 FULL_EVERY = 8  # a full copy every this many versions; the others hold the changed pages
 KEEP = 4  # published versions kept readable, besides every unpublished one
+
+
+class WriterBusy(RuntimeError):
+    """Another writer (a chain follower, an owner command) holds the owner directory."""
+
+
+def writer_lock(root: str | os.PathLike[str]) -> FileLock:
+    """The owner directory's writer lock, taken without waiting (WriterBusy when held): one
+    follower or owner command changes and publishes a directory at a time. Held for a whole
+    run, unlike the short lock each step takes, so that a follower's blocks and an operator's
+    changes never interleave."""
+    lock = FileLock(str(Path(root) / WRITER_LOCK), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise WriterBusy(f"{root} is held by another writer (a `morphogen chain follow`, or a "
+                         "`morphogen records apply/publish`): one writer per owner directory; "
+                         "stop the other first") from None
+    return lock
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """`morphogen chain export` and `chain build` against a real anvil: the node's state at its
-head, in three owner directories anchored at that block; bad input, one line each."""
+head, in one owner directory of three tables anchored at that block; bad input, one line
+each."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from test_chain_export import INIT, RUNTIME, SLOT, WORD, wait_receipt
 from cluster.cli import main
 from morphogen.chain.rpc import EthRpc, quantity
 from morphogen.chain.state import decode_account, decode_storage_value, storage_key
-from morphogen.keyword.descriptor import unsigned
+from morphogen.keyword.descriptor import parts_of
 from morphogen.keyword.owner import OwnerTable
 
 
@@ -39,15 +40,16 @@ def test_export_then_build_gives_tables_anchored_at_the_block(tmp_path: Path, ca
                  str(tmp_path / "o.key"), "--out", str(tmp_path / "t")]) == 0
     out = capsys.readouterr().out
     assert "accounts:" in out and "storage:" in out and "code:" in out
+    owner = OwnerTable(tmp_path / "t")
+    pages = owner.pages()
     tables = {}
-    for name in ("accounts", "storage", "code"):
-        owner = OwnerTable(tmp_path / "t" / name)
-        pages = owner.pages()
-        desc = unsigned(pages[-1])
+    for part in parts_of(pages):
+        desc = part.descriptor
         assert desc.anchor is not None
         assert (desc.anchor.chain_id, desc.anchor.number, desc.anchor.hash) == (
             31337, 2, head["hash"])
-        tables[name] = (pages, desc)
+        tables[desc.name] = (pages[part.first:part.first + part.span], desc)
+    assert sorted(tables) == ["accounts", "code", "storage"]
     pages, desc = tables["accounts"]
     got = lookup(pages, desc, [bytes.fromhex(DEV_ACCOUNTS[2][2:])])[0]
     assert got is not None and decode_account(got).balance == DEV_BALANCE + 5
@@ -57,7 +59,7 @@ def test_export_then_build_gives_tables_anchored_at_the_block(tmp_path: Path, ca
     # built once: a second build into the same place is refused
     assert main(["chain", "build", "--state", str(tmp_path / "s.jsonl"), "--signing-key",
                  str(tmp_path / "o.key"), "--out", str(tmp_path / "t")]) == 2
-    assert "already exist" in capsys.readouterr().err
+    assert "not empty" in capsys.readouterr().err
 
 
 def test_bad_input_is_one_line_each(tmp_path: Path, capsys) -> None:

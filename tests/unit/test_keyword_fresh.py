@@ -195,3 +195,21 @@ def test_a_block_that_changes_nothing_is_still_a_version(tmp_path: Path) -> None
     kc = KeywordClient(TablePir(owner.pages()), PUB, min_block=7)
     key = sorted(recs)[0]
     assert kc.get(key) == recs[key] and kc.seen_block == 7
+
+
+def test_a_newer_version_may_name_an_older_block_after_a_reorg(big) -> None:
+    """The owner signs the new branch of a reorg under a higher version: the client follows
+    it even though its block number is lower; at the same version it would be a replay."""
+    recs, t = big
+    key = sorted(recs)[2]
+    pir = TablePir(resigned(t, version=5, anchor=Anchor(1, 110, H)))
+    kc = KeywordClient(pir, PUB)
+    assert kc.get(key) == recs[key]
+    pir.pages, pir.epoch = resigned(t, version=6, anchor=Anchor(1, 108, "0x" + "ee" * 32)), 2
+    assert kc.get(key) == recs[key] and kc.descriptor().anchor.number == 108
+    pir.pages, pir.epoch = resigned(t, version=6, anchor=Anchor(1, 107, H)), 3
+    with pytest.raises(StaleTableError, match="block 107 .* already read block 110"):
+        kc.get(key)
+    with pytest.raises(StaleTableError, match="caller trusts block 109"):
+        KeywordClient(TablePir(resigned(t, version=7, anchor=Anchor(1, 108, H))), PUB,
+                      min_block=109).get(key)

@@ -1,0 +1,337 @@
+"""Following a chain: every block's state into the owner's tables and both parties, in order.
+
+The owner directory (`morphogen chain build`) holds the accounts, storage and code tables of
+one chain in one matrix; each version reflects one block and every table names it (chain id,
+number, hash). For each new block the follower
+
+1. reads the block's header and checks that its parent is the last block applied (else: a
+   reorg, below);
+2. collects what the block changed (`morphogen.chain.blocks.touched_by`) and reads those
+   values at the block from the node, checked against the block's trace;
+3. applies them as ONE owner version (`OwnerTable.apply`, named by the block's hash so that a
+   re-run never applies a block twice), with the record of the last K blocks in the same
+   atomic write;
+4. publishes every unpublished version to both parties in order, each as one publication
+   that names its parent identity, so the parties apply one sequence.
+
+A crash at any point leaves the owner at the block before or the block after, and the next
+start first publishes what the parties lack, then goes on from the block after the owner's.
+
+**Reorgs.** The follower keeps the keys the last K blocks changed. A block whose parent is not
+the last applied block means the chain moved to another branch: the follower finds the
+newest kept block still on the node's chain (the common ancestor) and publishes one version
+reflecting the new branch's first block, with every key the orphaned blocks changed read
+again at that block. From then on no answer reflects an orphaned block. A branch that forks
+below the kept blocks is an error: the tables cannot be reverted without knowing what
+changed, so the follower stops and says how to rebuild.
+
+One follower per owner directory: it holds the directory's writer lock for as long as it runs,
+and `morphogen records apply/publish` take the same lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from morphogen.chain.blocks import Header, State, Touched, header, read_state, touched_by
+from morphogen.chain.rpc import ChainError, EthRpc
+from morphogen.chain.state import code_records, encode_account
+from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.owner import Change, OwnerTable
+from morphogen.keyword.pages import tag_of
+from morphogen.keyword.publishing import Parties, publish
+
+log = logging.getLogger(__name__)
+
+TABLES = ("accounts", "storage", "code")
+KEEP_BLOCKS = 64
+
+
+class FollowError(ChainError):
+    """The follower cannot go on (the message says why and what to do)."""
+
+
+class ChainMoved(ChainError):
+    """The node's chain changed while a step read it: the step is tried again."""
+
+
+CRASH_ENV = "MORPHOGEN_FOLLOW_CRASH"
+_reached: dict[str, int] = {}
+
+
+def crash_point(step: str) -> None:
+    """The crash tests' failpoint: with MORPHOGEN_FOLLOW_CRASH=STEP[:N] the process kills
+    itself (SIGKILL: no cleanup, no flush) the N-th time (default 1st) it reaches STEP."""
+    wanted = os.environ.get(CRASH_ENV)
+    if not wanted:
+        return
+    name, _, nth = wanted.partition(":")
+    if name != step:
+        return
+    _reached[step] = _reached.get(step, 0) + 1
+    if _reached[step] == int(nth or 1):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class Progress:
+    """What the follower reports, and exports as metrics."""
+
+    head: int = 0
+    served: int = 0
+    blocks: int = 0
+    records: int = 0
+    reorgs: int = 0
+    last_seconds: float = 0.0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def lag(self) -> int:
+        return max(0, self.head - self.served)
+
+    def rate(self) -> float:
+        return self.blocks / max(time.monotonic() - self.started, 1e-9)
+
+    def metrics(self) -> str:
+        lines = []
+        for name, kind, value, help_ in (
+                ("head_block", "gauge", self.head, "the node's head block"),
+                ("served_block", "gauge", self.served, "the block both parties serve"),
+                ("lag_blocks", "gauge", self.lag, "head minus served"),
+                ("blocks_total", "counter", self.blocks, "blocks published"),
+                ("records_total", "counter", self.records, "records changed by them"),
+                ("reorgs_total", "counter", self.reorgs, "reorgs followed"),
+                ("block_seconds", "gauge", round(self.last_seconds, 6),
+                 "seconds the last block took, read to published")):
+            lines += [f"# HELP morphogen_chain_{name} {help_}",
+                      f"# TYPE morphogen_chain_{name} {kind}",
+                      f"morphogen_chain_{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+
+class Follower:
+    """Follows `rpc`'s chain into the owner directory `owner` and publishes to `parties`."""
+
+    def __init__(self, rpc: EthRpc, owner: OwnerTable, parties: Parties, signing_key: Any, *,
+                 confirmations: int = 0, keep: int = KEEP_BLOCKS,
+                 snapshot_dir: str | None = None,
+                 report: Callable[[str], None] | None = None) -> None:
+        if confirmations < 0 or keep < 1:
+            raise ValueError("confirmations is 0 or more, keep 1 or more")
+        self.rpc, self.owner, self.parties = rpc, owner, parties
+        self.key = signing_key
+        self.confirmations, self.keep = confirmations, keep
+        self.snapshot_dir = snapshot_dir
+        self.report = report or (lambda line: None)
+        self.progress = Progress()
+        anchor = owner.descriptor(TABLES[0]).anchor
+        if anchor is None:
+            raise FollowError(f"{owner.root} names no chain block: build it with `morphogen "
+                              "chain build` from a state export")
+        self.chain_id = anchor.chain_id
+        got = rpc.chain_id()
+        if got != self.chain_id:
+            raise FollowError(f"the node at {rpc.shown} is on chain {got}; {owner.root} holds "
+                              f"chain {self.chain_id}")
+
+    # -- the record of applied blocks -----------------------------------------------------------
+
+    def _journal(self) -> list[dict]:
+        """The last applied blocks, oldest first: number, hash, touched keys."""
+        self.owner.reload()
+        kept = list((self.owner.state.get("chain") or {}).get("blocks") or [])
+        anchor = self.owner.descriptor(TABLES[0]).anchor
+        assert anchor is not None
+        if not kept or kept[-1]["hash"] != anchor.hash:
+            # the starting block (or a rebuild): nothing known of what it changed
+            kept = [{"number": anchor.number, "hash": anchor.hash, "touched": None}]
+        return kept
+
+    def tip(self) -> tuple[int, str]:
+        last = self._journal()[-1]
+        return int(last["number"]), str(last["hash"])
+
+    # -- one step -------------------------------------------------------------------------------
+
+    def publish_pending(self) -> int:
+        done = publish(self.owner, self.parties, snapshot_dir=self.snapshot_dir)
+        if done:
+            self.progress.served = self.tip()[0]
+        return len(done)
+
+    def step(self, last: int | None = None) -> bool:
+        """Publish what the parties lack, then apply and publish the next block when there is
+        one (up to block `last`); True when a block was applied."""
+        self.publish_pending()
+        number, digest = self.tip()
+        self.progress.served = number
+        self.progress.head = self.rpc.block_number()
+        target = self.progress.head - self.confirmations
+        if last is not None:
+            target = min(target, last)
+        if target <= number:
+            if target == number and header(self.rpc, number).hash != digest:
+                self._reorg(header(self.rpc, number))
+                return True
+            return False
+        nxt = header(self.rpc, number + 1)
+        if nxt.parent_hash != digest:
+            self._reorg(nxt)
+        else:
+            self._apply(nxt, touched_by(self.rpc, nxt), [])
+        return True
+
+    def run(self, *, until: Callable[[], bool] = lambda: False, last: int | None = None,
+            poll_s: float = 0.5, retry_s: float = 2.0) -> None:
+        """Follow until `until()` is true or block `last` is on both parties (each checked
+        after a step, so what a crash left unpublished is published first). A node or a
+        party that cannot be reached is waited for; what waiting cannot mend (a
+        disagreement with the trace, a reorg too deep, a full table, another publisher on
+        the parties) stops it."""
+        while True:
+            try:
+                moved = self.step(last)
+            except Exception as exc:
+                if not _passing(exc):
+                    raise
+                log.warning("following paused: %s; retrying in %.1f s", exc, retry_s)
+                self.report(f"waiting: {exc}")
+                time.sleep(retry_s)
+                continue
+            if until() or (last is not None and self.progress.served >= last):
+                return
+            if not moved:
+                time.sleep(poll_s)
+
+    # -- applying -------------------------------------------------------------------------------
+
+    def _apply(self, head: Header, touched: Touched, dropped: list[dict]) -> None:
+        started = time.monotonic()
+        crash_point("traced")
+        state = read_state(self.rpc, head, touched)
+        changes = self._changes(state)
+        crash_point("read")
+        kept = [b for b in self._journal() if b not in dropped]
+        kept.append({"number": head.number, "hash": head.hash, "touched": touched.to_json()})
+        kept = kept[-self.keep:]
+        version, batch = self.owner.apply(
+            changes, self.key, changes_id=f"block:{head.number}:{head.hash}",
+            anchor=Anchor(self.chain_id, head.number, head.hash),
+            note={"chain": {"chain_id": self.chain_id, "blocks": kept}})
+        crash_point("applied")
+        self.publish_pending()
+        crash_point("published")
+        p = self.progress
+        p.blocks += 1
+        p.records += len(changes)
+        p.served = head.number
+        p.last_seconds = time.monotonic() - started
+        self.report(f"block {head.number} ({head.hash[:12]}..): {len(changes)} records, "
+                    f"{len(batch)} pages, version {version} on both parties in "
+                    f"{p.last_seconds:.2f} s; head {p.head}, lag {p.lag}, "
+                    f"{p.rate():.2f} blocks/s")
+
+    def _changes(self, state: State) -> list[Change]:
+        owner_keys = self.owner.keys()
+        code_set = self.owner.descriptor("code").dataset
+        out: list[Change] = []
+        for address in sorted(state.accounts):
+            account, code = state.accounts[address]
+            if state.exists(address):
+                out.append(Change("put", address, encode_account(account), table="accounts"))
+            else:
+                out.append(Change("delete_absent", address, table="accounts"))
+            if code:
+                records = code_records(code)
+                if tag_of(code_set, records[0][0]) not in owner_keys:
+                    out += [Change("put", k, v, table="code") for k, v in records]
+                    owner_keys[tag_of(code_set, records[0][0])] = records[0][0]
+        for (address, slot), word in sorted(state.slots.items()):
+            if word:
+                out.append(Change("put", address + slot, word.to_bytes(32, "big"),
+                                  table="storage"))
+            else:
+                out.append(Change("delete_absent", address + slot, table="storage"))
+        return out
+
+    # -- reorgs ---------------------------------------------------------------------------------
+
+    def _reorg(self, new: Header) -> None:
+        """The node's chain no longer holds the last applied block: revert to the newest kept
+        block it still holds, as part of one version reflecting the new branch's next block."""
+        journal = self._journal()
+        ancestor = None
+        for i in range(len(journal) - 1, -1, -1):
+            entry = journal[i]
+            try:
+                ok = header(self.rpc, int(entry["number"])).hash == entry["hash"]
+            except ChainError:
+                ok = False
+            if ok:
+                ancestor = i
+                break
+        orphaned = journal[ancestor + 1:] if ancestor is not None else journal
+        if ancestor is None or any(b["touched"] is None for b in orphaned):
+            deepest = int(journal[0]["number"])
+            raise FollowError(
+                f"the chain reorganised below block {deepest}, the oldest of the {self.keep} "
+                "blocks kept: the tables cannot be reverted that far. Export the state again "
+                "and rebuild (morphogen chain export, chain build --after), or keep more "
+                "blocks (--keep)")
+        base = journal[ancestor]
+        first = header(self.rpc, int(base["number"]) + 1)
+        if first.parent_hash != base["hash"]:
+            raise ChainMoved(f"block {first.number}'s parent is not block {base['number']} "
+                             "on the node: the chain moved again mid-reorg")
+        touched = touched_by(self.rpc, first)
+        for b in orphaned:
+            touched.merge(Touched.from_json(b["touched"]))
+        self.progress.reorgs += 1
+        log.warning("reorg: blocks %s orphaned; block %d is the common ancestor",
+                    ", ".join(str(b["number"]) for b in orphaned), base["number"])
+        self.report(f"reorg: {len(orphaned)} block(s) after {base['number']} orphaned; "
+                    f"reverting with block {first.number} ({first.hash[:12]}..)")
+        self._apply(first, touched, orphaned)
+
+
+def _passing(exc: BaseException) -> bool:
+    """Whether `exc` is an outage worth waiting out: a node or party down or restarting."""
+    import httpx
+
+    from morphogen.chain.rpc import NodeUnreachable
+    from morphogen.client.wire import PirUnavailable
+
+    return isinstance(exc, (NodeUnreachable, ChainMoved, PirUnavailable, httpx.TransportError,
+                            OSError))
+
+
+def serve_metrics(progress: Progress, port: int, host: str = "127.0.0.1") -> Any:
+    """Prometheus text of `progress` at http://host:port/metrics, from a daemon thread; the
+    returned server's `shutdown()` stops it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            if self.path.split("?")[0] != "/metrics":
+                self.send_error(404)
+                return
+            body = progress.metrics().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True, name="chain-metrics").start()
+    return server

@@ -1,0 +1,301 @@
+"""Following a real chain (anvil) into two real parties (local Ray Serve, over HTTP): after
+every block, every account and slot it changed, the transactions' and the block's own, reads
+back privately through both parties exactly as the node answers at that block; reorgs; the
+follower SIGKILLed between its steps and restarted; a second writer refused."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import main
+from cluster.records import HttpParties
+from morphogen.chain.follow import CRASH_ENV, Follower
+from morphogen.chain.rpc import EthRpc, quantity
+from morphogen.chain.state import (
+    EMPTY_CODE_HASH,
+    code_chunks,
+    code_key,
+    code_length,
+    decode_account,
+    decode_storage_value,
+    join_code,
+    keccak256,
+)
+from morphogen.client import PirClient
+from morphogen.client.admin import AdminClient
+from morphogen.keyword import KeywordClient
+from morphogen.keyword.owner import OwnerTable, WriterBusy, writer_lock
+from morphogen.keyword.signing import load_signing_key
+from tests.chain_node import DEV_ACCOUNTS, running_anvil
+from tests.integration.conftest import deploy
+
+pytestmark = [pytest.mark.ray]
+
+TOKEN = "chain-admin-token-0123456789"
+ROOT = Path(__file__).resolve().parents[2]
+
+# A contract: with calldata (slot, word) it stores the word; without, it self-destructs to
+# the caller (EIP-6780: only its balance moves, unless created in the same transaction).
+# Its runtime is padded past one code chunk (1020 bytes), so its code takes three records.
+RUNTIME = bytes.fromhex("36600757" "33ff00" "5b" "602035" "600035" "55" "00") + bytes(2100)
+# init: SSTORE(1, 42), then return the runtime
+INIT = (bytes.fromhex("602a600155") + b"\x61" + len(RUNTIME).to_bytes(2, "big")
+        + bytes.fromhex("80" "6011" "6000" "39" "6000" "f3"))
+assert len(INIT) == 0x11
+DESTRUCT_AT_BIRTH = bytes.fromhex("33ff")  # init code that self-destructs at once
+
+
+def _send(rpc: EthRpc, **tx) -> str:
+    tx.setdefault("from", DEV_ACCOUNTS[0])
+    return rpc.call("eth_sendTransaction", {k: v for k, v in tx.items()})
+
+
+def _mine(rpc: EthRpc) -> dict:
+    rpc.call("evm_mine")
+    return rpc.block("latest")
+
+
+def _receipt(rpc: EthRpc, tx: str) -> dict:
+    got = rpc.call("eth_getTransactionReceipt", tx)
+    assert got is not None and got["status"] == "0x1", got
+    return got
+
+
+class Reader:
+    """Private, verified reads through both parties, compared with the node at a block."""
+
+    def __init__(self, urls: list[str], pub: Path) -> None:
+        self.pir = PirClient(*urls)
+        self.kc = {t: KeywordClient(self.pir, pub, table=t) for t in ("accounts", "storage",
+                                                                        "code")}
+
+    def close(self) -> None:
+        self.pir.close()
+
+    def check(self, rpc: EthRpc, block: dict, accounts: set[bytes],
+              slots: set[tuple[bytes, bytes]]) -> None:
+        number, at = int(block["number"], 16), {"blockHash": block["hash"]}
+        for t in self.kc.values():
+            anchor = t.descriptor(refresh=True).anchor
+            assert (anchor.number, anchor.hash) == (number, block["hash"])
+        addresses = sorted(accounts)
+        got = self.kc["accounts"].get_many(addresses)
+        for address, value in zip(addresses, got, strict=True):
+            shown = "0x" + address.hex()
+            balance = int(rpc.call("eth_getBalance", shown, at), 16)
+            nonce = int(rpc.call("eth_getTransactionCount", shown, at), 16)
+            code = bytes.fromhex(rpc.call("eth_getCode", shown, at)[2:])
+            if not (balance or nonce or code):
+                assert value is None, shown
+                continue
+            assert value is not None, shown
+            account = decode_account(value)
+            assert (account.balance, account.nonce) == (balance, nonce), shown
+            assert account.code_hash == (keccak256(code) if code else EMPTY_CODE_HASH)
+            if code:
+                first = self.kc["code"].get(code_key(account.code_hash, 0))
+                n = code_chunks(code_length(first))
+                rest = self.kc["code"].get_many([code_key(account.code_hash, i)
+                                                 for i in range(1, n)])
+                assert join_code(account.code_hash, [first, *rest]) == code
+        keys = sorted(slots)
+        words = self.kc["storage"].get_many([a + s for a, s in keys])
+        for (address, slot), value in zip(keys, words, strict=True):
+            node = int(rpc.call("eth_getStorageAt", "0x" + address.hex(), "0x" + slot.hex(),
+                                at), 16)
+            assert decode_storage_value(value) == node, ("0x" + address.hex(), slot.hex())
+
+
+@pytest.fixture(scope="module")
+def chain(serve_instance, tmp_path_factory):
+    root = tmp_path_factory.mktemp("chain")
+    with running_anvil() as url, EthRpc(url) as rpc:
+        rpc.call("evm_setAutomine", False)
+        assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
+        assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
+        assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
+                     str(root / "o.key"), "--out", str(root / "owner"),
+                     "--min-records", "1024"]) == 0
+        owner = OwnerTable(root / "owner")
+        (root / "token").write_text(TOKEN)
+        (root / "rot").mkdir()
+        urls = []
+        for name, shards in (("cfa", 2), ("cfb", 1)):
+            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)),
+                   num_shards=shards, admin_token_file=str(root / "token"),
+                   epoch_log_dir=str(root / f"log-{name}"), admin_snapshot_dir=str(root / "rot"))
+            urls.append(serve_instance.app_url(name))
+        yield {"url": url, "rpc": rpc, "root": root, "urls": urls, "owner": owner,
+               "key": load_signing_key(root / "o.key"), "pub": root / "o.pub"}
+
+
+def _follower(chain, **kw) -> Follower:
+    clients = [AdminClient(u, TOKEN) for u in chain["urls"]]
+    return Follower(chain["rpc"], OwnerTable(chain["root"] / "owner"),
+                    HttpParties(clients, 30.0, kw.pop("max_updates", None)), chain["key"],
+                    snapshot_dir=str(chain["root"] / "rot"), **kw)
+
+
+def _catch_up(follower: Follower) -> None:
+    for _ in range(50):
+        if not follower.step():
+            return
+    raise AssertionError("the follower did not catch up")
+
+
+def _touched(follower: Follower) -> tuple[set[bytes], set[tuple[bytes, bytes]]]:
+    from morphogen.chain.blocks import Touched
+
+    t = Touched.from_json(follower._journal()[-1]["touched"])
+    return t.accounts, t.slots
+
+
+def test_every_key_a_block_changes_reads_back_as_the_node_answers(chain) -> None:
+    rpc = chain["rpc"]
+    follower = _follower(chain)
+    reader = Reader(chain["urls"], chain["pub"])
+    fresh = [bytes([0x10 + i]) * 20 for i in range(3)]
+    try:
+        # transfers: to new accounts and to an existing one
+        _send(rpc, to="0x" + fresh[0].hex(), value=hex(10**18))
+        _send(rpc, to=DEV_ACCOUNTS[3], value="0x7", **{"from": DEV_ACCOUNTS[1]})
+        block = _mine(rpc)
+        _catch_up(follower)
+        accounts, slots = _touched(follower)
+        assert fresh[0] in accounts and bytes.fromhex(DEV_ACCOUNTS[3][2:]) in accounts
+        reader.check(rpc, block, accounts | set(fresh), slots)
+
+        # a deployment (code over one chunk, a constructor's store) and one that
+        # self-destructs in its creating transaction, with value
+        deploy_tx = _send(rpc, data="0x" + INIT.hex(), gas=quantity(3_000_000), value="0x99")
+        _send(rpc, data="0x" + DESTRUCT_AT_BIRTH.hex(), gas=quantity(200_000), value="0x5",
+              **{"from": DEV_ACCOUNTS[2]})
+        block = _mine(rpc)
+        contract = bytes.fromhex(_receipt(rpc, deploy_tx)["contractAddress"][2:])
+        _catch_up(follower)
+        accounts, slots = _touched(follower)
+        assert contract in accounts and (contract, (1).to_bytes(32, "big")) in slots
+        reader.check(rpc, block, accounts, slots)
+
+        # storage writes, then a write of zero and a self-destruct later (balance only);
+        # and an account emptied to zero balance (its nonce keeps it)
+        def store(slot: int, word: int, **kw) -> str:
+            return _send(rpc, to="0x" + contract.hex(), gas=quantity(100_000),
+                         data="0x" + slot.to_bytes(32, "big").hex()
+                         + word.to_bytes(32, "big").hex(), **kw)
+
+        store(5, 7)
+        store(6, 2**255 + 3)
+        block = _mine(rpc)
+        _catch_up(follower)
+        reader.check(rpc, block, *_touched(follower))
+        store(5, 0)
+        _send(rpc, to="0x" + contract.hex(), gas=quantity(100_000), data="0x")
+        price = 2 * int(rpc.block("latest")["baseFeePerGas"], 16)
+        _send(rpc, to="0x" + fresh[1].hex(), value=hex(10**18))
+        block = _mine(rpc)
+        _catch_up(follower)
+        reader.check(rpc, block, *_touched(follower))
+        balance = int(rpc.call("eth_getBalance", "0x" + fresh[1].hex(), "latest"), 16)
+        rpc.call("anvil_impersonateAccount", "0x" + fresh[1].hex())
+        _send(rpc, to=DEV_ACCOUNTS[4], value=hex(balance - 21000 * price), gas="0x5208",
+              maxFeePerGas=hex(price), maxPriorityFeePerGas=hex(price),
+              **{"from": "0x" + fresh[1].hex()})
+        block = _mine(rpc)
+        _catch_up(follower)
+        assert int(rpc.call("eth_getBalance", "0x" + fresh[1].hex(), "latest"), 16) == 0
+        accounts, slots = _touched(follower)
+        reader.check(rpc, block, accounts | {contract}, slots | {
+            (contract, s.to_bytes(32, "big")) for s in (1, 5, 6)})
+        # a block with no transaction still moves every table to it
+        block = _mine(rpc)
+        _catch_up(follower)
+        reader.check(rpc, block, {contract}, {(contract, (6).to_bytes(32, "big"))})
+    finally:
+        reader.close()
+
+
+def test_a_reorg_leaves_nothing_of_the_orphaned_blocks(chain) -> None:
+    rpc = chain["rpc"]
+    follower = _follower(chain)
+    reader = Reader(chain["urls"], chain["pub"])
+    lost = [bytes([0x40 + i]) * 20 for i in range(2)]
+    try:
+        _catch_up(follower)
+        for target in lost:
+            _send(rpc, to="0x" + target.hex(), value="0x1234")
+            _mine(rpc)
+        _catch_up(follower)
+        before = follower.progress.reorgs
+        kept = bytes([0x50]) * 20
+        # the last two blocks replaced by one transfer elsewhere
+        rpc.call("anvil_reorg", 2, [[{"from": DEV_ACCOUNTS[5], "to": "0x" + kept.hex(),
+                                      "value": "0x77"}, 0]])
+        block = rpc.block("latest")
+        _catch_up(follower)
+        assert follower.progress.reorgs == before + 1
+        assert follower.tip() == (int(block["number"], 16), block["hash"])
+        reader.check(rpc, block, set(lost) | {kept, bytes.fromhex(DEV_ACCOUNTS[0][2:])},
+                     set())
+        assert reader.kc["accounts"].get(lost[0]) is None
+    finally:
+        reader.close()
+
+
+def _follow_cli(chain, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, MORPHOGEN_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+    env.pop(CRASH_ENV, None)
+    if crash:
+        env[CRASH_ENV] = crash
+    return subprocess.run(
+        [sys.executable, "-m", "cluster.cli", "chain", "follow", "--rpc", chain["url"],
+         "--owner", str(chain["root"] / "owner"), "--signing-key", str(chain["root"] / "o.key"),
+         "--server-a", chain["urls"][0], "--server-b", chain["urls"][1],
+         "--snapshot-dir", str(chain["root"] / "rot"), "--poll", "0.1", *extra],
+        env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+def test_the_follower_killed_between_any_two_steps_resumes_without_a_gap(chain) -> None:
+    rpc = chain["rpc"]
+    rng = random.Random(3)
+    reader = Reader(chain["urls"], chain["pub"])
+    steps = ["traced", "read", "applied", "sent-a", "published"]
+    try:
+        _catch_up(_follower(chain))
+        start = _follower(chain).tip()[0]
+        for i, step in enumerate(steps + [rng.choice(steps) for _ in range(2)]):
+            _send(rpc, to="0x" + bytes([0x60 + i]).hex() * 20, value=hex(1000 + i))
+            block = _mine(rpc)
+            number = int(block["number"], 16)
+            died = _follow_cli(chain, "--until-block", str(number), crash=step)
+            assert died.returncode == -9, (step, died.stdout, died.stderr)
+            done = _follow_cli(chain, "--until-block", str(number))
+            assert done.returncode == 0, (step, done.stdout, done.stderr)
+            reader.check(rpc, block, {bytes([0x60 + i]) * 20}, set())
+        owner = OwnerTable(chain["root"] / "owner")
+        # one version a block: no block applied twice, none skipped
+        numbers = [int(b["number"]) for b in owner.state["chain"]["blocks"]]
+        assert numbers == sorted(set(numbers)) and numbers[-1] - numbers[0] + 1 == len(numbers)
+        assert numbers[-1] == start + len(steps) + 2
+        heads = [AdminClient(u, TOKEN).head() for u in chain["urls"]]
+        assert heads[0][0] == heads[1][0]  # both parties on one identity
+    finally:
+        reader.close()
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_owner(chain) -> None:
+    lock = writer_lock(chain["root"] / "owner")
+    try:
+        with pytest.raises(WriterBusy, match="one writer per owner directory"):
+            writer_lock(chain["root"] / "owner")
+        busy = _follow_cli(chain, "--blocks", "1")
+        assert busy.returncode == 1 and "one writer per owner directory" in busy.stderr
+        assert len(busy.stderr.strip().splitlines()) == 1
+    finally:
+        lock.release()
