@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 TABLES = ("accounts", "storage", "code")
 KEEP_BLOCKS = 64
+GROW_AT = 0.8  # a table is grown before a block would fill it past this
 
 
 class FollowError(ChainError):
@@ -215,8 +216,9 @@ class Follower:
         started = time.monotonic()
         crash_point("traced")
         state = read_state(self.rpc, head, touched)
-        changes = self._changes(state)
+        changes, inserts = self._changes(state)
         crash_point("read")
+        self._make_room(inserts)
         kept = [b for b in self._journal() if b not in dropped]
         kept.append({"number": head.number, "hash": head.hash, "touched": touched.to_json()})
         kept = kept[-self.keep:]
@@ -237,28 +239,51 @@ class Follower:
                     f"{p.last_seconds:.2f} s; head {p.head}, lag {p.lag}, "
                     f"{p.rate():.2f} blocks/s")
 
-    def _changes(self, state: State) -> list[Change]:
+    def _make_room(self, inserts: dict[str, int]) -> None:
+        """Grow each table the block's new records would fill past `GROW_AT`, to twice what
+        it then holds, as a version of its own before the block's (a rotation: the matrix
+        changes size)."""
+        for name, new in inserts.items():
+            d = self.owner.descriptor(name)
+            need = d.records + new
+            if need > GROW_AT * d.geometry.capacity:
+                version = self.owner.grow(name, self.key, records=2 * need)
+                grown = self.owner.descriptor(name).geometry
+                self.report(f"table {name} grown to {grown.capacity} slots ({need} records "
+                            f"after this block) as version {version}")
+
+    def _changes(self, state: State) -> tuple[list[Change], dict[str, int]]:
+        """The block's changes to the tables, and how many records each inserts."""
         owner_keys = self.owner.keys()
-        code_set = self.owner.descriptor("code").dataset
+        datasets = {name: self.owner.descriptor(name).dataset for name in TABLES}
+        inserts = dict.fromkeys(TABLES, 0)
+
+        def put(table: str, key: bytes, value: bytes) -> None:
+            tag = tag_of(datasets[table], key)
+            if tag not in owner_keys:
+                inserts[table] += 1
+                owner_keys[tag] = key
+            out.append(Change("put", key, value, table=table))
+
         out: list[Change] = []
         for address in sorted(state.accounts):
             account, code = state.accounts[address]
             if state.exists(address):
-                out.append(Change("put", address, encode_account(account), table="accounts"))
+                put("accounts", address, encode_account(account))
             else:
                 out.append(Change("delete_absent", address, table="accounts"))
             if code:
                 records = code_records(code)
-                if tag_of(code_set, records[0][0]) not in owner_keys:
-                    out += [Change("put", k, v, table="code") for k, v in records]
-                    owner_keys[tag_of(code_set, records[0][0])] = records[0][0]
+                # code is keyed by its hash: code the table holds is never written again
+                if tag_of(datasets["code"], records[0][0]) not in owner_keys:
+                    for k, v in records:
+                        put("code", k, v)
         for (address, slot), word in sorted(state.slots.items()):
             if word:
-                out.append(Change("put", address + slot, word.to_bytes(32, "big"),
-                                  table="storage"))
+                put("storage", address + slot, word.to_bytes(32, "big"))
             else:
                 out.append(Change("delete_absent", address + slot, table="storage"))
-        return out
+        return out, inserts
 
     # -- reorgs ---------------------------------------------------------------------------------
 

@@ -29,7 +29,13 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock, Timeout
 
-from morphogen.keyword.build import MAX_KICKS, KeywordTable, TableFullError
+from morphogen.keyword.build import (
+    DEFAULT_LOAD,
+    MAX_KICKS,
+    KeywordTable,
+    TableFullError,
+    build_table,
+)
 from morphogen.keyword.descriptor import Anchor, Descriptor, Part, parts_of
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
@@ -45,6 +51,7 @@ WRITER_LOCK = "writer.lock"
 OWNER_FORMAT = "morphogen-keyword-owner/1"
 FULL_EVERY = 8  # a full copy every this many versions; the others hold the changed pages
 KEEP = 4  # published versions kept readable, besides every unpublished one
+RESIZED = "resized"  # owner.json: versions whose matrix has another page count than the last
 
 
 class WriterBusy(RuntimeError):
@@ -240,6 +247,48 @@ class OwnerTable:
             self._prune()
             return version, batch
 
+    def grow(self, table: str, signing_key: Ed25519PrivateKey, *, records: int) -> int:
+        """Rebuild keyword table `table` with room for `records` records at the build's
+        default load, as the next version (the other tables re-signed as they are, every one
+        at the same block as before). Its matrix has another page count, so it is published
+        as a rotation to its full snapshot. Returns the new version."""
+        with self._lock:
+            self.reload()
+            pages, keys = self.pages(), self.keys()
+            parts = parts_of(pages)
+            grown = _part(parts, table, "grow")
+            d = grown.descriptor
+            g = d.geometry
+            buckets = max(g.num_buckets + 1, -(-records // int(
+                g.slots_per_bucket * DEFAULT_LOAD[g.layout] * g.rows_per_page))
+                * g.rows_per_page)
+            sub = pages[grown.first:grown.first + grown.span]
+            rebuilt = build_table(
+                _records_of(sub, d, keys), value_size=g.value_size, signing_key=signing_key,
+                layout=g.layout, row_size=g.row_size, num_buckets=buckets, dataset=d.dataset,
+                version=d.version + 1, anchor=d.anchor, name=d.name)
+            now, blocks = int(time.time()), []
+            for part in parts:
+                if part is grown:
+                    blocks.append(rebuilt.pages)
+                    continue
+                copy = pages[part.first:part.first + part.span].copy()
+                self._sign(Part(part.name, 0, part.descriptor), copy,
+                           _Editor(part.descriptor, copy, keys, secrets.randbelow),
+                           signing_key, now, part.descriptor.anchor)
+                blocks.append(copy)
+            new_pages = np.concatenate(blocks)
+            version = self.current + 1
+            batch = [(i, "data", new_pages[i].tobytes()) for i in range(len(new_pages))]
+            self.store.write(version, new_pages, full=True, keys=keys, key_puts={},
+                             key_dels=set(), batch=batch)
+            self.state["current"] = version
+            self.state["last_changes"] = None
+            self.state.setdefault(RESIZED, []).append(version)
+            self.save()
+            self._prune()
+            return version
+
     @staticmethod
     def _sign(part: Part, pages: np.ndarray, editor: _Editor, signing_key: Ed25519PrivateKey,
               now: int, anchor: Anchor | None) -> list[int]:
@@ -292,16 +341,23 @@ class OwnerTable:
             parts = [_part(parts, table, "records")]
         out = []
         for part in parts:
-            g = part.descriptor.geometry
-            sub = pages[part.first:part.first + part.span]
-            slots = ((b, s) for b in range(g.num_buckets) for s in range(g.bucket_capacity(b)))
-            for b, s in slots:
-                page, off = g.bucket_page(b), g.slot_offset(b, s)
-                raw = sub[page, off:off + g.slot_size].tobytes()
-                tag = raw[:TAG_SIZE]
-                if tag != EMPTY_TAG:
-                    out.append((keys[tag], raw[TAG_SIZE:]))
+            out += _records_of(pages[part.first:part.first + part.span], part.descriptor, keys)
         return sorted(out)
+
+
+def _records_of(pages: np.ndarray, desc: Descriptor, keys: dict[bytes, bytes]
+                ) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every record in one keyword table's pages."""
+    g = desc.geometry
+    out = []
+    for b in range(g.num_buckets):
+        page = pages[g.bucket_page(b)]
+        for s in range(g.bucket_capacity(b)):
+            off = g.slot_offset(b, s)
+            tag = page[off:off + TAG_SIZE].tobytes()
+            if tag != EMPTY_TAG:
+                out.append((keys[tag], page[off + TAG_SIZE:off + g.slot_size].tobytes()))
+    return out
 
 
 def _part(parts: list[Part], name: str, where: str) -> Part:

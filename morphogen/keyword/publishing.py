@@ -31,7 +31,7 @@ from typing import Protocol
 import numpy as np
 
 from morphogen.keyword.descriptor import tables_of
-from morphogen.keyword.owner import OwnerTable
+from morphogen.keyword.owner import RESIZED, OwnerTable
 from morphogen.keyword.versions import Batch
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
@@ -114,14 +114,17 @@ def _choose(owner: OwnerTable, version: int, batch: Batch, parties: Parties,
     chosen = modes.get(str(version))
     if chosen is not None:
         return dict(chosen)
-    if len(batch) <= parties.max_updates():
+    resized = version in owner.state.get(RESIZED, [])
+    if len(batch) <= parties.max_updates() and not resized:
         chosen = {"mode": "updates"}
     else:
         if not snapshot_dir:
+            why = ("has another page count than the version before (a table grew)" if resized
+                   else f"changed {len(batch)} pages, more than the parties take in one batch "
+                        f"({parties.max_updates()})")
             raise PublishError(
-                f"version {version} changed {len(batch)} pages, more than the parties take in "
-                f"one batch ({parties.max_updates()}): it is published as a rotation to its "
-                "full snapshot. Give --snapshot-dir (a directory or object-store prefix under "
+                f"version {version} {why}: it is published as a rotation to its full "
+                "snapshot. Give --snapshot-dir (a directory or object-store prefix under "
                 "both parties' admin_snapshot_dir) and publish again")
         chosen = {"mode": "rotation",
                   "path": stage_snapshot(owner, version, snapshot_dir)}
@@ -168,6 +171,7 @@ def _published(owner: OwnerTable, version: int) -> None:
                     shutil.rmtree(entry, ignore_errors=True)
     for k in [k for k, m in modes.items() if int(k) <= version and m.get("mode") == "updates"]:
         modes.pop(k)
+    owner.state[RESIZED] = [v for v in owner.state.get(RESIZED, []) if v > version]
     owner.mark_published(version, reload=False)
 
 

@@ -173,7 +173,8 @@ def test_every_key_a_block_changes_reads_back_as_the_node_answers(chain) -> None
 
         # a deployment (code over one chunk, a constructor's store) and one that
         # self-destructs in its creating transaction, with value
-        deploy_tx = _send(rpc, data="0x" + INIT.hex(), gas=quantity(3_000_000), value="0x99")
+        deploy_tx = _send(rpc, data="0x" + (INIT + RUNTIME).hex(), gas=quantity(3_000_000),
+                          value="0x99")
         _send(rpc, data="0x" + DESTRUCT_AT_BIRTH.hex(), gas=quantity(200_000), value="0x5",
               **{"from": DEV_ACCOUNTS[2]})
         block = _mine(rpc)
@@ -194,7 +195,11 @@ def test_every_key_a_block_changes_reads_back_as_the_node_answers(chain) -> None
         store(6, 2**255 + 3)
         block = _mine(rpc)
         _catch_up(follower)
-        reader.check(rpc, block, *_touched(follower))
+        accounts, slots = _touched(follower)
+        assert {(contract, s.to_bytes(32, "big")) for s in (5, 6)} <= slots
+        assert reader.kc["storage"].get(contract + (5).to_bytes(32, "big")) == \
+            (7).to_bytes(32, "big")
+        reader.check(rpc, block, accounts, slots)
         store(5, 0)
         _send(rpc, to="0x" + contract.hex(), gas=quantity(100_000), data="0x")
         price = 2 * int(rpc.block("latest")["baseFeePerGas"], 16)
@@ -213,6 +218,9 @@ def test_every_key_a_block_changes_reads_back_as_the_node_answers(chain) -> None
         accounts, slots = _touched(follower)
         reader.check(rpc, block, accounts | {contract}, slots | {
             (contract, s.to_bytes(32, "big")) for s in (1, 5, 6)})
+        assert reader.kc["storage"].get(contract + (5).to_bytes(32, "big")) is None  # zeroed
+        code = bytes.fromhex(rpc.call("eth_getCode", "0x" + contract.hex(), "latest")[2:])
+        assert code == RUNTIME  # a self-destruct after its creation leaves the code
         # a block with no transaction still moves every table to it
         block = _mine(rpc)
         _catch_up(follower)
@@ -299,3 +307,46 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_owner(chain) -> No
         assert len(busy.stderr.strip().splitlines()) == 1
     finally:
         lock.release()
+
+
+# stores word i + 1 in slots start .. start + n - 1 (calldata: start, n)
+FILL_RUNTIME = bytes.fromhex("60003560203581015b808210156" "01e57816001018255" "9060010190600856"
+                             "5b00")
+FILL_INIT = (b"\x61" + len(FILL_RUNTIME).to_bytes(2, "big")
+             + bytes.fromhex("80" "600c" "6000" "39" "6000" "f3"))
+
+
+def test_a_block_of_tens_of_thousands_of_records_is_one_publication(chain) -> None:
+    """20,000 new slots in one block: the storage table grows first (a version of its own,
+    the same block), then the block is one rotation; both parties serve it whole."""
+    rpc = chain["rpc"]
+    follower = _follower(chain)
+    reader = Reader(chain["urls"], chain["pub"])
+    try:
+        _catch_up(follower)
+        tx = _send(rpc, data="0x" + (FILL_INIT + FILL_RUNTIME).hex(), gas=quantity(500_000))
+        _mine(rpc)
+        filler = _receipt(rpc, tx)["contractAddress"]
+        _catch_up(follower)
+        rpc.call("evm_setBlockGasLimit", quantity(2_000_000_000))
+        n = 10_000
+        for start in (1_000, 1_000 + n):
+            _send(rpc, to=filler, gas=quantity(300_000_000),
+                  data="0x" + start.to_bytes(32, "big").hex() + n.to_bytes(32, "big").hex())
+        block = _mine(rpc)
+        assert len(block["transactions"]) == 2
+        parties = [AdminClient(u, TOKEN) for u in chain["urls"]]
+        _catch_up(follower)
+        accounts, slots = _touched(follower)
+        address = bytes.fromhex(filler[2:])
+        assert len([s for a, s in slots if a == address]) == 2 * n
+        # one publication for the growth, one for the block, on each party
+        owner = follower.owner
+        owner.reload()
+        wanted = [owner.publication_id(v) for v in (owner.current - 1, owner.current)]
+        assert [c.head()[1][-2:] for c in parties] == [wanted, wanted]
+        assert parties[0].head()[0] == parties[1].head()[0]
+        sample = set(random.Random(4).sample(sorted(slots), 150))
+        reader.check(rpc, block, accounts, sample)
+    finally:
+        reader.close()

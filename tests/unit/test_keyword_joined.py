@@ -122,3 +122,37 @@ def test_joining_needs_names_and_one_owner(tmp_path: Path) -> None:
                         signing_key=Ed25519PrivateKey.generate(), name="c")
     with pytest.raises(ValueError, match="one owner key"):
         join_tables([b, other])
+
+
+def test_a_table_grown_is_a_version_of_its_own_published_as_a_rotation(tmp_path: Path) -> None:
+    from test_keyword_versions import FakeParties
+
+    from morphogen.keyword.publishing import PublishError, publish
+
+    owner, recs = _joined(tmp_path)
+    parties = FakeParties(owner.pages(), cap=10_000)
+    before = len(owner.pages())
+    storage = owner.descriptor("storage")
+    version = owner.grow("storage", KEY, records=3 * storage.geometry.capacity)
+    assert version == 2 and len(owner.pages()) > before
+    grown = owner.descriptor("storage")
+    assert grown.geometry.capacity >= 3 * storage.geometry.capacity
+    assert (grown.dataset, grown.records, grown.anchor) == (storage.dataset, storage.records,
+                                                            ANCHOR)
+    assert {p.descriptor.version for p in owner.parts()} == {2}
+    assert dict(owner.records("storage")) == recs["storage"]
+    pages = owner.pages()
+    for name, want in recs.items():
+        keys = list(want)[:30]
+        assert _client(pages, name).get_many(keys) == [want[k] for k in keys]
+    # small enough for one batch, but its page count changed: only a rotation carries it
+    with pytest.raises(PublishError, match="another page count"):
+        publish(owner, parties)
+    done = publish(owner, parties, snapshot_dir=str(tmp_path / "snaps"))
+    assert [p.mode for p in done] == ["rotation"]
+    assert np.array_equal(parties.b.pages, pages)
+    # later versions go as batches again, into the grown table
+    word = next(iter(recs["storage"]))
+    owner.apply([Change("put", word, b"\7" * 32, table="storage")], KEY)
+    assert [p.mode for p in publish(owner, parties)] == ["updates"]
+    assert _client(parties.a.pages, "storage").get(word) == b"\7" * 32
