@@ -93,8 +93,8 @@ def cmd_lookup(args: argparse.Namespace) -> int:
     try:
         with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
             values = KeywordClient(pir, args.public_key, min_version=args.min_version,
-                                   min_block=args.min_block,
-                                   max_age=args.max_age).get_many(keys)
+                                   min_block=args.min_block, max_age=args.max_age,
+                                   table=args.table).get_many(keys)
     except StaleTableError as exc:
         raise CommandFailed(f"stale table: {exc}") from None
     except TableChangingError as exc:
@@ -356,6 +356,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                     help="refuse a table that reflects a block before N")
     lk.add_argument("--max-age", type=float, default=None, metavar="S",
                     help="refuse a version the owner made more than S seconds ago")
+    lk.add_argument("--table", default="", metavar="NAME",
+                    help="the keyword table to read where the parties serve several (a "
+                         "chain's accounts, storage, code)")
     lk.add_argument("keys", nargs="+", metavar="KEY", help="0x-hex or text")
     lk.set_defaults(func=cmd_lookup)
 

@@ -254,15 +254,16 @@ class Follower:
 
     def _changes(self, state: State) -> tuple[list[Change], dict[str, int]]:
         """The block's changes to the tables, and how many records each inserts."""
-        owner_keys = self.owner.keys()
+        held = self.owner.holds()
+        added: set[bytes] = set()
         datasets = {name: self.owner.descriptor(name).dataset for name in TABLES}
         inserts = dict.fromkeys(TABLES, 0)
 
         def put(table: str, key: bytes, value: bytes) -> None:
             tag = tag_of(datasets[table], key)
-            if tag not in owner_keys:
+            if tag not in held and tag not in added:
                 inserts[table] += 1
-                owner_keys[tag] = key
+                added.add(tag)
             out.append(Change("put", key, value, table=table))
 
         out: list[Change] = []
@@ -275,7 +276,8 @@ class Follower:
             if code:
                 records = code_records(code)
                 # code is keyed by its hash: code the table holds is never written again
-                if tag_of(datasets["code"], records[0][0]) not in owner_keys:
+                first = tag_of(datasets["code"], records[0][0])
+                if first not in held and first not in added:
                     for k, v in records:
                         put("code", k, v)
         for (address, slot), word in sorted(state.slots.items()):

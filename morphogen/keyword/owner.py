@@ -21,9 +21,10 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -152,6 +153,7 @@ class OwnerTable:
             raise ValueError(f"{path}: not a {OWNER_FORMAT} file")
         self.store = VersionStore(self.root)
         self._lock = FileLock(str(self.root / ".lock"))
+        self._cache: tuple[int, np.ndarray, dict[bytes, bytes]] | None = None
 
     @property
     def current(self) -> int:
@@ -180,11 +182,30 @@ class OwnerTable:
         return self.store.snapshot_of(version or self.current)
 
     def pages(self, version: int | None = None) -> np.ndarray:
-        """The pages of a retained version, the bytes its full copy holds."""
-        return self.store.pages(version or self.current)
+        """The pages of a retained version, the bytes its full copy holds (a copy of them:
+        the caller may change it)."""
+        if version is None or version == self.current:
+            return self._working()[0].copy()
+        return self.store.pages(version)
 
     def keys(self, version: int | None = None) -> dict[bytes, bytes]:
-        return self.store.keys(version or self.current)
+        if version is None or version == self.current:
+            return dict(self._working()[1])
+        return self.store.keys(version)
+
+    def holds(self) -> Mapping[bytes, bytes]:
+        """The current version's tag -> key index, read-only and not copied: whether a table
+        holds a key is `tag_of(its dataset, key) in owner.holds()`."""
+        return MappingProxyType(self._working()[1])
+
+    def _working(self) -> tuple[np.ndarray, dict[bytes, bytes]]:
+        """The current version's pages and keys, kept in memory between calls (a follower
+        changes the table every block: reading it from disk each time would cost more than
+        the block). Changed in place by `apply`, which drops them when it fails midway."""
+        if self._cache is None or self._cache[0] != self.current:
+            v = self.current
+            self._cache = (v, self.store.pages(v), self.store.keys(v))
+        return self._cache[1], self._cache[2]
 
     def parts(self, version: int | None = None) -> list[Part]:
         """The keyword tables of a version's matrix (one, or several joined)."""
@@ -192,7 +213,7 @@ class OwnerTable:
 
     def descriptor(self, table: str = "") -> Descriptor:
         """The current version's descriptor of keyword table `table` ("": the only one)."""
-        return _part(parts_of(self.pages()), table, "descriptor").descriptor
+        return _part(parts_of(self._working()[0]), table, "descriptor").descriptor
 
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
               rng: Callable[[int], int] | None = None, *, changes_id: str | None = None,
@@ -213,39 +234,51 @@ class OwnerTable:
             self.reload()
             if changes_id is not None and self.state.get("last_changes") == changes_id:
                 return self.current, []
-            pages, keys = self.pages(), self.keys()
-            parts = parts_of(pages)
-            if any(public_bytes(signing_key.public_key()) != p.descriptor.public_key
-                   for p in parts):
-                raise ValueError("this signing key is not the table's owner key")
-            editors = {p.name: _Editor(p.descriptor, pages[p.first:p.first + p.span], keys, rng)
-                       for p in parts}
-            for change in changes:
-                editors[_part(parts, change.table, change.where).name].apply(change)
-            if not any(e.dirty for e in editors.values()) and anchor is None:
-                return self.current, []
-            # (a new anchor alone is a version: a block that changed nothing here still moves
-            # what the table reflects, and clients bounding blocks or age need to see it)
-            # Every keyword table of the matrix moves to the new version, changed or not, so
-            # that all of them name the same version and block.
-            changed: list[int] = []
-            now = int(time.time())
-            for part in parts:
-                changed += self._sign(part, pages, editors[part.name], signing_key, now, anchor)
-            batch = [(i, "data", pages[i].tobytes()) for i in changed]
-            key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
-            key_dels = {t for e in editors.values() for t in e.key_dels}
-            version = self.current + 1
-            full = (version - 1) % int(self.state.get("full_every", FULL_EVERY)) == 0
-            self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
-                             key_dels=key_dels, batch=batch)
-            self.state["current"] = version
-            self.state["last_changes"] = changes_id  # moves with the pointer, in one write
-            if note is not None:
-                self.state.update(note)
-            self.save()
-            self._prune()
-            return version, batch
+            pages, keys = self._working()  # changed in place: dropped below if this fails
+            try:
+                return self._apply(pages, keys, changes, signing_key, rng, changes_id, anchor,
+                                   note)
+            except BaseException:
+                self._cache = None
+                raise
+
+    def _apply(self, pages: np.ndarray, keys: dict[bytes, bytes], changes: Iterable[Change],
+               signing_key: Ed25519PrivateKey, rng: Callable[[int], int],
+               changes_id: str | None, anchor: Anchor | None, note: dict | None,
+               ) -> tuple[int, list[tuple[int, str, bytes]]]:
+        parts = parts_of(pages)
+        if any(public_bytes(signing_key.public_key()) != p.descriptor.public_key
+               for p in parts):
+            raise ValueError("this signing key is not the table's owner key")
+        editors = {p.name: _Editor(p.descriptor, pages[p.first:p.first + p.span], keys, rng)
+                   for p in parts}
+        for change in changes:
+            editors[_part(parts, change.table, change.where).name].apply(change)
+        if not any(e.dirty for e in editors.values()) and anchor is None:
+            return self.current, []
+        # (a new anchor alone is a version: a block that changed nothing here still moves
+        # what the table reflects, and clients bounding blocks or age need to see it)
+        # Every keyword table of the matrix moves to the new version, changed or not, so
+        # that all of them name the same version and block.
+        changed: list[int] = []
+        now = int(time.time())
+        for part in parts:
+            changed += self._sign(part, pages, editors[part.name], signing_key, now, anchor)
+        batch = [(i, "data", pages[i].tobytes()) for i in changed]
+        key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
+        key_dels = {t for e in editors.values() for t in e.key_dels}
+        version = self.current + 1
+        full = (version - 1) % int(self.state.get("full_every", FULL_EVERY)) == 0
+        self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
+                         key_dels=key_dels, batch=batch)
+        self.state["current"] = version
+        self.state["last_changes"] = changes_id  # moves with the pointer, in one write
+        if note is not None:
+            self.state.update(note)
+        self.save()
+        self._cache = (version, pages, keys)
+        self._prune()
+        return version, batch
 
     def grow(self, table: str, signing_key: Ed25519PrivateKey, *, records: int) -> int:
         """Rebuild keyword table `table` with room for `records` records at the build's
