@@ -31,12 +31,14 @@ and `morphogen records apply/publish` take the same lock.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from morphogen.chain.blocks import Header, State, Touched, header, read_state, touched_by
@@ -46,11 +48,13 @@ from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.owner import Change, OwnerTable
 from morphogen.keyword.pages import tag_of
 from morphogen.keyword.publishing import Parties, publish
+from morphogen.storage.durable import write_atomic
 
 log = logging.getLogger(__name__)
 
 TABLES = ("accounts", "storage", "code")
 KEEP_BLOCKS = 64
+KEYS_DIR = "chain-keys"  # the keys each kept block changed, a file a block
 GROW_AT = 0.8  # a table is grown before a block would fill it past this
 
 
@@ -90,6 +94,7 @@ class Progress:
     records: int = 0
     reorgs: int = 0
     last_seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)  # the last block's, in seconds
     started: float = field(default_factory=time.monotonic)
 
     @property
@@ -113,7 +118,33 @@ class Progress:
             lines += [f"# HELP morphogen_chain_{name} {help_}",
                       f"# TYPE morphogen_chain_{name} {kind}",
                       f"morphogen_chain_{name} {value}"]
+        lines += ["# HELP morphogen_chain_phase_seconds the last block's seconds by phase "
+                  "(trace: header and trace; read: values from the node; apply: the owner's "
+                  "version; publish: both parties)",
+                  "# TYPE morphogen_chain_phase_seconds gauge"]
+        lines += [f'morphogen_chain_phase_seconds{{phase="{k}"}} {round(v, 6)}'
+                  for k, v in self.phases.items()]
         return "\n".join(lines) + "\n"
+
+
+class _Phases:
+    """Laps of one block's work: trace (from `started`), read, apply, publish."""
+
+    def __init__(self, started: float) -> None:
+        self.laps: dict[str, float] = {"trace": time.monotonic() - started}
+        self._at = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = now - self._at
+        self._at = now
+
+    def __str__(self) -> str:
+        return " ".join(f"{k} {v:.2f}" for k, v in self.laps.items())
+
+
+def _keys_file(number: int, digest: str) -> str:
+    return f"{number:012d}-{digest[2:18]}.json"
 
 
 class Follower:
@@ -178,14 +209,15 @@ class Follower:
             target = min(target, last)
         if target <= number:
             if target == number and header(self.rpc, number).hash != digest:
-                self._reorg(header(self.rpc, number))
+                self._reorg(header(self.rpc, number), time.monotonic())
                 return True
             return False
+        started = time.monotonic()
         nxt = header(self.rpc, number + 1)
         if nxt.parent_hash != digest:
-            self._reorg(nxt)
+            self._reorg(nxt, started)
         else:
-            self._apply(nxt, touched_by(self.rpc, nxt), [])
+            self._apply(nxt, touched_by(self.rpc, nxt), [], started)
         return True
 
     def run(self, *, until: Callable[[], bool] = lambda: False, last: int | None = None,
@@ -212,32 +244,63 @@ class Follower:
 
     # -- applying -------------------------------------------------------------------------------
 
-    def _apply(self, head: Header, touched: Touched, dropped: list[dict]) -> None:
-        started = time.monotonic()
+    def _apply(self, head: Header, touched: Touched, dropped: list[dict],
+               started: float) -> None:
+        clock = _Phases(started)
         crash_point("traced")
         state = read_state(self.rpc, head, touched)
         changes, inserts = self._changes(state)
+        clock.lap("read")
         crash_point("read")
         self._make_room(inserts)
+        # the keys go to a file of their own first (a crash before the pointer moves leaves
+        # a file nothing names); the owner's state names the kept blocks only
+        name = _keys_file(head.number, head.hash)
+        write_atomic(self._keys_dir() / name, json.dumps(touched.to_json()).encode())
         kept = [b for b in self._journal() if b not in dropped]
-        kept.append({"number": head.number, "hash": head.hash, "touched": touched.to_json()})
+        kept.append({"number": head.number, "hash": head.hash, "touched": name})
         kept = kept[-self.keep:]
         version, batch = self.owner.apply(
             changes, self.key, changes_id=f"block:{head.number}:{head.hash}",
             anchor=Anchor(self.chain_id, head.number, head.hash),
             note={"chain": {"chain_id": self.chain_id, "blocks": kept}})
+        clock.lap("apply")
         crash_point("applied")
         self.publish_pending()
+        clock.lap("publish")
         crash_point("published")
+        self._prune_keys(kept)
         p = self.progress
         p.blocks += 1
         p.records += len(changes)
         p.served = head.number
         p.last_seconds = time.monotonic() - started
+        p.phases = clock.laps
         self.report(f"block {head.number} ({head.hash[:12]}..): {len(changes)} records, "
                     f"{len(batch)} pages, version {version} on both parties in "
-                    f"{p.last_seconds:.2f} s; head {p.head}, lag {p.lag}, "
+                    f"{p.last_seconds:.2f} s ({clock}); head {p.head}, lag {p.lag}, "
                     f"{p.rate():.2f} blocks/s")
+
+    def _keys_dir(self) -> Path:
+        path = self.owner.root / KEYS_DIR
+        path.mkdir(exist_ok=True)
+        return path
+
+    def _touched_of(self, entry: dict) -> Touched | None:
+        """The keys a kept block changed (None for the starting block: not known)."""
+        name = entry.get("touched")
+        if name is None:
+            return None
+        try:
+            return Touched.from_json(json.loads((self._keys_dir() / name).read_text()))
+        except FileNotFoundError:
+            return None
+
+    def _prune_keys(self, kept: list[dict]) -> None:
+        names = {b.get("touched") for b in kept}
+        for path in self._keys_dir().iterdir():
+            if path.name not in names:
+                path.unlink(missing_ok=True)
 
     def _make_room(self, inserts: dict[str, int]) -> None:
         """Grow each table the block's new records would fill past `GROW_AT`, to twice what
@@ -289,7 +352,7 @@ class Follower:
 
     # -- reorgs ---------------------------------------------------------------------------------
 
-    def _reorg(self, new: Header) -> None:
+    def _reorg(self, new: Header, started: float) -> None:
         """The node's chain no longer holds the last applied block: revert to the newest kept
         block it still holds, as part of one version reflecting the new branch's next block."""
         journal = self._journal()
@@ -304,7 +367,7 @@ class Follower:
                 ancestor = i
                 break
         orphaned = journal[ancestor + 1:] if ancestor is not None else journal
-        if ancestor is None or any(b["touched"] is None for b in orphaned):
+        if ancestor is None or any(self._touched_of(b) is None for b in orphaned):
             deepest = int(journal[0]["number"])
             raise FollowError(
                 f"the chain reorganised below block {deepest}, the oldest of the {self.keep} "
@@ -318,13 +381,15 @@ class Follower:
                              "on the node: the chain moved again mid-reorg")
         touched = touched_by(self.rpc, first)
         for b in orphaned:
-            touched.merge(Touched.from_json(b["touched"]))
+            keys = self._touched_of(b)
+            assert keys is not None  # checked above
+            touched.merge(keys)
         self.progress.reorgs += 1
         log.warning("reorg: blocks %s orphaned; block %d is the common ancestor",
                     ", ".join(str(b["number"]) for b in orphaned), base["number"])
         self.report(f"reorg: {len(orphaned)} block(s) after {base['number']} orphaned; "
                     f"reverting with block {first.number} ({first.hash[:12]}..)")
-        self._apply(first, touched, orphaned)
+        self._apply(first, touched, orphaned, started)
 
 
 def _passing(exc: BaseException) -> bool:

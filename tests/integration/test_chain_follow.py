@@ -150,9 +150,8 @@ def _catch_up(follower: Follower) -> None:
 
 
 def _touched(follower: Follower) -> tuple[set[bytes], set[tuple[bytes, bytes]]]:
-    from morphogen.chain.blocks import Touched
-
-    t = Touched.from_json(follower._journal()[-1]["touched"])
+    t = follower._touched_of(follower._journal()[-1])
+    assert t is not None
     return t.accounts, t.slots
 
 
