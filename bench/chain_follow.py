@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import threading
@@ -167,10 +168,14 @@ def run(quick: bool) -> dict:
             urls.append(cluster.app_url(f"/{name}"))
         admins = [AdminClient(u, TOKEN) for u in urls]
         published: dict[int, float] = {}
+        phases: dict[int, dict] = {}
         follower = Follower(rpc.__class__(url), owner, HttpParties(admins, 120.0, None), key,
                             snapshot_dir=str(work / "snaps"))
-        follower.report = lambda line: published.__setitem__(follower.progress.served,
-                                                             time.monotonic())
+        def noted(line: str) -> None:
+            published[follower.progress.served] = time.monotonic()
+            phases[follower.progress.served] = dict(follower.progress.phases)
+
+        follower.report = noted
         stop = threading.Event()
 
         def following() -> None:
@@ -217,9 +222,12 @@ def run(quick: bool) -> dict:
                         time.sleep(0.002)
                 seconds = time.monotonic() - t0
                 done = follower.progress.records - records_before
+                last = [phases[n] for n in sorted(phases)[-blocks:]]
                 out["sustained"] = {"blocks": blocks, "records": done,
                                     "seconds": round(seconds, 2),
-                                    "records_per_s": round(done / seconds)}
+                                    "records_per_s": round(done / seconds),
+                                    "phase_s_median": {k: round(statistics.median(
+                                        p[k] for p in last if k in p), 3) for k in last[0]}}
                 _log(f"[bench] sustained {out['sustained']}")
                 out["readers"] = {"reads": readers.reads, "wrong": readers.wrong}
             # catch-up after missed blocks

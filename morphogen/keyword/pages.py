@@ -54,7 +54,20 @@ def find_values(geometry: Geometry, pages: Sequence[bytes], buckets: Sequence[in
     return [values[i].tobytes() if found[i] else None for i in range(m)]
 
 
-def slot_of(geometry: Geometry, page: bytes | memoryview, bucket: int, tag: bytes) -> int | None:
+def _page_tags(geometry: Geometry, page: np.ndarray) -> np.ndarray:
+    n, size = geometry.slots_per_bucket, geometry.slot_size
+    return page[:n * size].reshape(n, size)[:, :TAG_SIZE]
+
+
+def _first(hit: np.ndarray) -> int | None:
+    return int(hit.argmax()) if hit.any() else None
+
+
+def slot_of(geometry: Geometry, page: bytes | memoryview | np.ndarray, bucket: int, tag: bytes
+            ) -> int | None:
+    if geometry.layout == "page" and isinstance(page, np.ndarray):  # the owner's pages
+        want = np.frombuffer(tag, np.uint8)
+        return _first((_page_tags(geometry, page) == want).all(axis=1))
     page = memoryview(page)
     for slot in range(geometry.bucket_capacity(bucket)):
         off = geometry.slot_offset(bucket, slot)
@@ -63,7 +76,10 @@ def slot_of(geometry: Geometry, page: bytes | memoryview, bucket: int, tag: byte
     return None
 
 
-def free_slot(geometry: Geometry, page: bytes | memoryview, bucket: int) -> int | None:
+def free_slot(geometry: Geometry, page: bytes | memoryview | np.ndarray, bucket: int
+              ) -> int | None:
+    if geometry.layout == "page" and isinstance(page, np.ndarray):
+        return _first(~_page_tags(geometry, page).any(axis=1))
     page = memoryview(page)
     for slot in range(geometry.bucket_capacity(bucket)):
         off = geometry.slot_offset(bucket, slot)
