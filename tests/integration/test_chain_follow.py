@@ -349,3 +349,38 @@ def test_a_block_of_tens_of_thousands_of_records_is_one_publication(chain) -> No
         reader.check(rpc, block, accounts, sample)
     finally:
         reader.close()
+
+
+def test_a_party_restarted_mid_follow_catches_up(chain, serve_instance) -> None:
+    """Party B goes away while blocks come: the block is applied but cannot be published
+    (the parties' heads are read before either is sent anything, so A does not run ahead
+    alone); once B is back, from its own epoch log, the same publications reach both in
+    order. (A follower killed between A and B is the crash test's `sent-a`.)"""
+    from ray import serve
+
+    rpc = chain["rpc"]
+    follower = _follower(chain)
+    reader = Reader(chain["urls"], chain["pub"])
+    try:
+        _catch_up(follower)
+        serve.delete("cfb")
+        target = bytes([0x70]) * 20
+        _send(rpc, to="0x" + target.hex(), value="0x4242")
+        block = _mine(rpc)
+        follower.parties.retry_for_s = 1.0
+        with pytest.raises(Exception, match="404|did not take the publication"):
+            follower.step()
+        owner = follower.owner
+        assert owner.published < owner.current  # applied, not yet on the parties
+        deploy(serve_instance, "cfb", snapshot=str(owner.snapshot_dir(1)), num_shards=1,
+               admin_token_file=str(chain["root"] / "token"),
+               epoch_log_dir=str(chain["root"] / "log-cfb"),
+               admin_snapshot_dir=str(chain["root"] / "rot"))
+        follower.parties.retry_for_s = 60.0
+        _catch_up(follower)
+        assert owner.published == owner.current
+        reader.check(rpc, block, {target}, set())
+        heads = [AdminClient(u, TOKEN).head() for u in chain["urls"]]
+        assert heads[0][0] == heads[1][0]
+    finally:
+        reader.close()
