@@ -214,6 +214,9 @@ class HttpParties:
 
     def __init__(self, clients, retry_for_s: float, max_updates: int | None) -> None:
         self.clients, self.retry_for_s, self._max = clients, retry_for_s, max_updates
+        # the identities the last publication left on both parties: the next one's parents,
+        # without reading the heads again (a party that moved since refuses it)
+        self._heads: list[str] | None = None
 
     def max_updates(self) -> int:
         from morphogen.protocol.codec import MAX_ADMIN_UPDATES
@@ -241,8 +244,14 @@ class HttpParties:
                 crash_point("sent-a")  # between the parties: A has it, B not yet
             return out
 
-        return publish_to_parties(self.clients, one, retry_for_s=self.retry_for_s,
-                                  publication=publication)
+        try:
+            out = publish_to_parties(self.clients, one, retry_for_s=self.retry_for_s,
+                                     publication=publication, parents=self._heads)
+        except BaseException:
+            self._heads = None
+            raise
+        self._heads = [r.get("identity") for r in out]
+        return out
 
 
 def admin_parties(servers: list[str], args: argparse.Namespace) -> HttpParties:

@@ -167,6 +167,7 @@ def publish_to_parties(
     retry_for_s: float = 120.0,
     sleep: Callable[[float], None] = time.sleep,
     publication: str | None = None,
+    parents: Sequence[str | None] | None = None,
 ) -> list[dict]:
     """`send` (one publication, one id) to every party in order, re-sending to a party that
     answers a 5xx or 429 (a 500 is what Serve answers when the router replica serving the
@@ -178,10 +179,13 @@ def publish_to_parties(
     With `publication` (its id), `send(client, parent)` names the parent identity each party
     must serve (`parents_for`, read from every party before sending to any): of two
     publishers sending at once, the second is refused by party A (409 parent_mismatch) before
-    it reaches B, so A and B apply one sequence, never two orders of it."""
+    it reaches B, so A and B apply one sequence, never two orders of it. `parents` gives
+    them instead of reading them (a publisher that knows what its last publication left:
+    a party that moved since refuses, as it should)."""
     out = []
-    parents: list[str | None] = [None] * len(clients)
-    if publication is not None:
+    if publication is None:
+        parents = [None] * len(clients)
+    elif parents is None:
         heads = [_with_retries(c, c.head, retry_for_s, sleep) for c in clients]
         parents = parents_for(clients, publication, heads)
     for client, parent in zip(clients, parents, strict=True):
