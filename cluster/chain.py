@@ -115,6 +115,7 @@ def _follow(args: argparse.Namespace) -> int:
                              and follower.progress.blocks - start >= blocks,
                              last=args.until_block, poll_s=args.poll)
             finally:
+                follower.close()
                 if server is not None:
                     server.shutdown()
     except KeyboardInterrupt:

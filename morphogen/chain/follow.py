@@ -37,6 +37,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ from typing import Any
 from morphogen.chain.blocks import Header, State, Touched, header, read_state, touched_by
 from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
+from morphogen.chain.tables import TABLES
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.owner import Change, OwnerTable
 from morphogen.keyword.pages import tag_of
@@ -52,7 +54,6 @@ from morphogen.storage.durable import write_atomic
 
 log = logging.getLogger(__name__)
 
-TABLES = ("accounts", "storage", "code")
 KEEP_BLOCKS = 64
 KEYS_DIR = "chain-keys"  # the keys each kept block changed, a file a block
 GROW_AT = 0.8  # a table is grown before a block would fill it past this
@@ -162,6 +163,12 @@ class Follower:
         self.snapshot_dir = snapshot_dir
         self.report = report or (lambda line: None)
         self.progress = Progress()
+        # Block N is published from a thread of its own while block N + 1 is read and
+        # applied (at most one publication in flight; versions reach the parties in order).
+        # It reads the owner through an instance of its own: its own state and lock handle.
+        self._publishing = OwnerTable(owner.root)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="chain-publish")
+        self._inflight: Future[None] | None = None
         anchor = owner.descriptor(TABLES[0]).anchor
         if anchor is None:
             raise FollowError(f"{owner.root} names no chain block: build it with `morphogen "
@@ -192,17 +199,37 @@ class Follower:
     # -- one step -------------------------------------------------------------------------------
 
     def publish_pending(self) -> int:
-        done = publish(self.owner, self.parties, snapshot_dir=self.snapshot_dir)
-        if done:
-            self.progress.served = self.tip()[0]
+        """Wait for the publication in flight, then publish what the parties still lack."""
+        self.wait_published()
+        done = publish(self._publishing, self.parties, snapshot_dir=self.snapshot_dir)
+        self.progress.served = self.tip()[0]
         return len(done)
 
+    def wait_published(self) -> None:
+        """Wait for the publication in flight; raises what it raised."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def _drain(self) -> None:
+        """Let the publication in flight end, whatever its outcome (the next step re-sends
+        what it did not: a party that has a version answers it as done)."""
+        try:
+            self.wait_published()
+        except Exception:  # noqa: BLE001 - reported by the step that failed, or re-sent
+            pass
+
+    def close(self) -> None:
+        self._drain()
+        self._pool.shutdown(wait=True)
+
     def step(self, last: int | None = None) -> bool:
-        """Publish what the parties lack, then apply and publish the next block when there is
-        one (up to block `last`); True when a block was applied."""
-        self.publish_pending()
+        """Publish what the parties lack, then apply the next block when there is one (up to
+        block `last`), its publication started; True when a block was applied. A step with
+        no block to apply returns once everything applied is on both parties."""
+        if self._inflight is None:
+            self.publish_pending()  # a start, or the step after a failed publication
         number, digest = self.tip()
-        self.progress.served = number
         self.progress.head = self.rpc.block_number()
         target = self.progress.head - self.confirmations
         if last is not None:
@@ -211,6 +238,7 @@ class Follower:
             if target == number and header(self.rpc, number).hash != digest:
                 self._reorg(header(self.rpc, number), time.monotonic())
                 return True
+            self.wait_published()
             return False
         started = time.monotonic()
         nxt = header(self.rpc, number + 1)
@@ -231,6 +259,7 @@ class Follower:
             try:
                 moved = self.step(last)
             except Exception as exc:
+                self._drain()  # never two publications at once
                 if not _passing(exc):
                     raise
                 log.warning("following paused: %s; retrying in %.1f s", exc, retry_s)
@@ -238,6 +267,7 @@ class Follower:
                 time.sleep(retry_s)
                 continue
             if until() or (last is not None and self.progress.served >= last):
+                self.wait_published()
                 return
             if not moved:
                 time.sleep(poll_s)
@@ -265,19 +295,28 @@ class Follower:
             anchor=Anchor(self.chain_id, head.number, head.hash),
             note={"chain": {"chain_id": self.chain_id, "blocks": kept}})
         clock.lap("apply")
+        self._prune_keys(kept)
         crash_point("applied")
-        self.publish_pending()
+        self.wait_published()  # the block before: one publication in flight at most
+        self._inflight = self._pool.submit(self._publish_block, head, len(changes), version,
+                                           len(batch), clock, started)
+
+    def _publish_block(self, head: Header, records: int, version: int, pages: int,
+                       clock: _Phases, started: float) -> None:
+        """The publishing thread: every unpublished version up to this block's, then the
+        block's line and figures."""
+        clock.lap("wait")  # behind the block before's publication
+        publish(self._publishing, self.parties, snapshot_dir=self.snapshot_dir)
         clock.lap("publish")
         crash_point("published")
-        self._prune_keys(kept)
         p = self.progress
         p.blocks += 1
-        p.records += len(changes)
+        p.records += records
         p.served = head.number
         p.last_seconds = time.monotonic() - started
         p.phases = clock.laps
-        self.report(f"block {head.number} ({head.hash[:12]}..): {len(changes)} records, "
-                    f"{len(batch)} pages, version {version} on both parties in "
+        self.report(f"block {head.number} ({head.hash[:12]}..): {records} records, "
+                    f"{pages} pages, version {version} on both parties in "
                     f"{p.last_seconds:.2f} s ({clock}); head {p.head}, lag {p.lag}, "
                     f"{p.rate():.2f} blocks/s")
 

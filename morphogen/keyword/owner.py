@@ -352,10 +352,13 @@ class OwnerTable:
         oldest = max(1, min(self.published + 1, self.current - keep + 1))
         self.store.prune(oldest)
 
-    def unpublished(self) -> list[tuple[int, str, list[tuple[int, str, bytes]]]]:
-        """(version, publication id, batch) of every version the parties may not have yet."""
+    def unpublished(self, first_only: bool = False
+                    ) -> list[tuple[int, str, list[tuple[int, str, bytes]]]]:
+        """(version, publication id, batch) of every version the parties may not have yet
+        (of the first only, with `first_only`)."""
+        last = min(self.current, self.published + 1) if first_only else self.current
         return [(v, self.publication_id(v), self.store.batch(v))
-                for v in range(self.published + 1, self.current + 1)]
+                for v in range(self.published + 1, last + 1)]
 
     def publication_id(self, version: int) -> str:
         return f"kw-{self.dataset[:16]}-v{version}"

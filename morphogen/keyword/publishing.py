@@ -138,21 +138,31 @@ def publish(owner: OwnerTable, parties: Parties, *,
     """Send every unpublished version, in order, marking each published once both parties
     have it."""
     done = []
-    with owner.locked():
-        owner.reload()
-        for version, pub, batch in owner.unpublished():
+    while True:
+        # The lock covers the owner's state, read and written anew each time; not the sends,
+        # so that the next version can be made while this one travels (a follower's next
+        # block). Two publishers of one owner send the same versions under the same ids, in
+        # order: each party applies each once, the second sender is answered "duplicate".
+        with owner.locked():
+            owner.reload()
+            pending = owner.unpublished(first_only=True)
+            if not pending:
+                return done
+            version, pub, batch = pending[0]
             chosen = _choose(owner, version, batch, parties, snapshot_dir)
             if chosen["mode"] == "rotation":
                 path = str(chosen["path"])
                 if not is_remote(path) and not (Path(path) / "manifest.json").is_file():
                     # removed after it was recorded: write it again (the same bytes)
                     _write_or_reuse(Path(path), owner, version)
-                results = parties.snapshot(pub, path)
-            else:
-                results = parties.updates(pub, batch)
-            done.append(Published(version, chosen["mode"], len(batch), results))
+        if chosen["mode"] == "rotation":
+            results = parties.snapshot(pub, path)
+        else:
+            results = parties.updates(pub, batch)
+        done.append(Published(version, chosen["mode"], len(batch), results))
+        with owner.locked():
+            owner.reload()
             _published(owner, version)
-    return done
 
 
 def _published(owner: OwnerTable, version: int) -> None:

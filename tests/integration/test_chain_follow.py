@@ -369,7 +369,7 @@ def test_a_party_restarted_mid_follow_catches_up(chain, serve_instance) -> None:
         block = _mine(rpc)
         follower.parties.retry_for_s = 1.0
         with pytest.raises(Exception, match="404|did not take the publication"):
-            follower.step()
+            _catch_up(follower)
         owner = follower.owner
         assert owner.published < owner.current  # applied, not yet on the parties
         deploy(serve_instance, "cfb", snapshot=str(owner.snapshot_dir(1)), num_shards=1,
