@@ -15,8 +15,11 @@ The form (and, for a rotation, the path) is recorded in the owner's state before
 sent, and a re-run sends the recorded form under the same id: a party that has the version
 answers "duplicate", one that lacks it applies it. So re-running after a crash at any step
 (between the snapshot and the rotation, between the two parties, before the owner noted the
-version as published) applies nothing twice and skips nothing. The owner directory's lock is
-held throughout: two owner processes publish one after the other, never interleaved.
+version as published) applies nothing twice and skips nothing. The owner directory's lock
+covers its state (read before a version is sent, written after), not the sends: the next
+version can be made while one travels. Two publishers of one owner send the same versions
+under the same ids in the same order, so each party applies each once; the publishers' parent
+check (`morphogen.client.admin.publish_to_parties`) keeps A and B on one sequence.
 """
 
 from __future__ import annotations
