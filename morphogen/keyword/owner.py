@@ -209,7 +209,9 @@ class OwnerTable:
 
     def parts(self, version: int | None = None) -> list[Part]:
         """The keyword tables of a version's matrix (one, or several joined)."""
-        return parts_of(self.pages(version))
+        if version is None or version == self.current:
+            return parts_of(self._working()[0])  # read only: no copy of the matrix
+        return parts_of(self.store.pages(version))
 
     def descriptor(self, table: str = "") -> Descriptor:
         """The current version's descriptor of keyword table `table` ("": the only one)."""

@@ -8,7 +8,7 @@ import blake3
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
+from morphogen.keyword.layout import TAG_SIZE, Geometry
 
 TAG_DOMAIN = b"morphogen-keyword-tag-v1\0"
 
@@ -54,35 +54,24 @@ def find_values(geometry: Geometry, pages: Sequence[bytes], buckets: Sequence[in
     return [values[i].tobytes() if found[i] else None for i in range(m)]
 
 
-def _page_tags(geometry: Geometry, page: np.ndarray) -> np.ndarray:
-    n, size = geometry.slots_per_bucket, geometry.slot_size
-    return page[:n * size].reshape(n, size)[:, :TAG_SIZE]
+def _bucket_tags(geometry: Geometry, page: np.ndarray, bucket: int) -> np.ndarray:
+    """The tags of a bucket's slots in its page, a (slots, 16) view: every slot of the page
+    in the page layout, the bucket's one row in the row layout."""
+    n, size = geometry.bucket_capacity(bucket), geometry.slot_size
+    first = geometry.slot_offset(bucket, 0)
+    return page[first:first + n * size].reshape(n, size)[:, :TAG_SIZE]
 
 
 def _first(hit: np.ndarray) -> int | None:
     return int(hit.argmax()) if hit.any() else None
 
 
-def slot_of(geometry: Geometry, page: bytes | memoryview | np.ndarray, bucket: int, tag: bytes
-            ) -> int | None:
-    if geometry.layout == "page" and isinstance(page, np.ndarray):  # the owner's pages
-        want = np.frombuffer(tag, np.uint8)
-        return _first((_page_tags(geometry, page) == want).all(axis=1))
-    page = memoryview(page)
-    for slot in range(geometry.bucket_capacity(bucket)):
-        off = geometry.slot_offset(bucket, slot)
-        if page[off:off + TAG_SIZE] == tag:
-            return slot
-    return None
+def slot_of(geometry: Geometry, page: np.ndarray, bucket: int, tag: bytes) -> int | None:
+    """The slot of `bucket` (in `page`, a row of the owner's pages) holding `tag`, or None."""
+    want = np.frombuffer(tag, np.uint8)
+    return _first((_bucket_tags(geometry, page, bucket) == want).all(axis=1))
 
 
-def free_slot(geometry: Geometry, page: bytes | memoryview | np.ndarray, bucket: int
-              ) -> int | None:
-    if geometry.layout == "page" and isinstance(page, np.ndarray):
-        return _first(~_page_tags(geometry, page).any(axis=1))
-    page = memoryview(page)
-    for slot in range(geometry.bucket_capacity(bucket)):
-        off = geometry.slot_offset(bucket, slot)
-        if page[off:off + TAG_SIZE] == EMPTY_TAG:
-            return slot
-    return None
+def free_slot(geometry: Geometry, page: np.ndarray, bucket: int) -> int | None:
+    """The first empty slot of `bucket` in `page`, or None."""
+    return _first(~_bucket_tags(geometry, page, bucket).any(axis=1))
