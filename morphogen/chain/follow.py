@@ -121,7 +121,8 @@ class Progress:
                       f"morphogen_chain_{name} {value}"]
         lines += ["# HELP morphogen_chain_phase_seconds the last block's seconds by phase "
                   "(trace: header and trace; read: values from the node; apply: the owner's "
-                  "version; publish: both parties)",
+                  "version; wait: behind the block before's publication; publish: both "
+                  "parties)",
                   "# TYPE morphogen_chain_phase_seconds gauge"]
         lines += [f'morphogen_chain_phase_seconds{{phase="{k}"}} {round(v, 6)}'
                   for k, v in self.phases.items()]
@@ -129,7 +130,7 @@ class Progress:
 
 
 class _Phases:
-    """Laps of one block's work: trace (from `started`), read, apply, publish."""
+    """Laps of one block's work: trace (from `started`), read, apply, wait, publish."""
 
     def __init__(self, started: float) -> None:
         self.laps: dict[str, float] = {"trace": time.monotonic() - started}
@@ -234,16 +235,16 @@ class Follower:
         target = self.progress.head - self.confirmations
         if last is not None:
             target = min(target, last)
+        started = time.monotonic()
         if target <= number:
             if target == number and header(self.rpc, number).hash != digest:
-                self._reorg(header(self.rpc, number), time.monotonic())
+                self._reorg(started)
                 return True
             self.wait_published()
             return False
-        started = time.monotonic()
         nxt = header(self.rpc, number + 1)
         if nxt.parent_hash != digest:
-            self._reorg(nxt, started)
+            self._reorg(started)
         else:
             self._apply(nxt, touched_by(self.rpc, nxt), [], started)
         return True
@@ -345,8 +346,9 @@ class Follower:
         """Grow each table the block's new records would fill past `GROW_AT`, to twice what
         it then holds, as a version of its own before the block's (a rotation: the matrix
         changes size)."""
+        descriptors = {p.name: p.descriptor for p in self.owner.parts()}
         for name, new in inserts.items():
-            d = self.owner.descriptor(name)
+            d = descriptors[name]
             need = d.records + new
             if need > GROW_AT * d.geometry.capacity:
                 version = self.owner.grow(name, self.key, records=2 * need)
@@ -358,7 +360,7 @@ class Follower:
         """The block's changes to the tables, and how many records each inserts."""
         held = self.owner.holds()
         added: set[bytes] = set()
-        datasets = {name: self.owner.descriptor(name).dataset for name in TABLES}
+        datasets = {p.name: p.descriptor.dataset for p in self.owner.parts()}
         inserts = dict.fromkeys(TABLES, 0)
 
         def put(table: str, key: bytes, value: bytes) -> None:
@@ -391,7 +393,7 @@ class Follower:
 
     # -- reorgs ---------------------------------------------------------------------------------
 
-    def _reorg(self, new: Header, started: float) -> None:
+    def _reorg(self, started: float) -> None:
         """The node's chain no longer holds the last applied block: revert to the newest kept
         block it still holds, as part of one version reflecting the new branch's next block."""
         journal = self._journal()
@@ -406,7 +408,8 @@ class Follower:
                 ancestor = i
                 break
         orphaned = journal[ancestor + 1:] if ancestor is not None else journal
-        if ancestor is None or any(self._touched_of(b) is None for b in orphaned):
+        kept_keys = [self._touched_of(b) for b in orphaned]
+        if ancestor is None or any(keys is None for keys in kept_keys):
             deepest = int(journal[0]["number"])
             raise FollowError(
                 f"the chain reorganised below block {deepest}, the oldest of the {self.keep} "
@@ -419,8 +422,7 @@ class Follower:
             raise ChainMoved(f"block {first.number}'s parent is not block {base['number']} "
                              "on the node: the chain moved again mid-reorg")
         touched = touched_by(self.rpc, first)
-        for b in orphaned:
-            keys = self._touched_of(b)
+        for keys in kept_keys:
             assert keys is not None  # checked above
             touched.merge(keys)
         self.progress.reorgs += 1
