@@ -234,15 +234,13 @@ def _with_retries(client: AdminClient, call: Callable[[], Any], retry_for_s: flo
 def compare_parties(names: Sequence[str], statuses: Sequence[dict]) -> str | None:
     """None when every party serves one identity, else what differs and the command that
     brings them together."""
-    heads = [s.get("epoch_log_head") or {} for s in statuses]
-    idents = [h.get("identity") or (s.get("shards") or [{}])[0].get("identity")
-              for h, s in zip(heads, statuses, strict=True)]
+    idents = [head_of(s)[0] for s in statuses]
     if len(set(idents)) <= 1:
         return None
     lines = ["parties differ: " + "; ".join(
         f"{n} at epoch {s.get('epoch_id')} ({i})"
         for n, s, i in zip(names, statuses, idents, strict=True))]
-    recent = [list(s.get("recent_publications") or []) for s in statuses]
+    recent = [head_of(s)[1] for s in statuses]
     for n, mine in zip(names, recent, strict=True):
         for other in recent:
             if other is mine or (mine and mine[-1] not in other):
