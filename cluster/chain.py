@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from cluster.errors import CommandFailed, UsageError
+from cluster.records import add_publish_options
 
 
 def cmd_chain(args: argparse.Namespace) -> int:
@@ -172,21 +173,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                     help="the owner's Ed25519 key the tables were built with")
     fw.add_argument("--server-a", required=True, metavar="URL", help="party A's URL")
     fw.add_argument("--server-b", required=True, metavar="URL", help="party B's URL")
-    fw.add_argument("--token-file", metavar="FILE", default=None,
-                    help="file holding the parties' admin token")
-    fw.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN",
-                    help="variable holding the token when no file is given")
     fw.add_argument("--confirmations", type=int, default=0, metavar="N",
                     help="follow N blocks behind the head (default 0)")
     fw.add_argument("--keep", type=int, default=64, metavar="K",
                     help="blocks whose changes are kept to revert a reorg (default 64)")
-    fw.add_argument("--snapshot-dir", metavar="DIR|URI", default=None,
-                    help="where both parties' rotations read snapshots: a block changing "
-                         "more pages than one batch is published as a rotation written there")
-    fw.add_argument("--max-batch-pages", type=int, default=None, metavar="N",
-                    help="largest block sent as one batch (default: what the parties report)")
-    fw.add_argument("--retry-for", type=float, default=120.0, metavar="S",
-                    help="keep re-sending to an unavailable party this long (default 120)")
+    add_publish_options(fw)
     fw.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                     help="serve Prometheus metrics (head, served block, lag, blocks/s) on "
                          "127.0.0.1:PORT/metrics")

@@ -312,6 +312,24 @@ def _export(owner, args: argparse.Namespace) -> None:
           f"build --records {args.out} --value-size {len(pairs[0][1]) if pairs else 'N'} ...)")
 
 
+def add_publish_options(p: argparse.ArgumentParser) -> None:
+    """What `admin_parties` reads besides the servers: the token, the snapshot directory
+    for rotations, the batch size and how long to re-send."""
+    p.add_argument("--snapshot-dir", metavar="DIR|URI", default=None,
+                   help="where both parties' rotations read snapshots (under their "
+                        "admin_snapshot_dir): a version larger than one batch is "
+                        "published as a rotation to its snapshot written there")
+    p.add_argument("--max-batch-pages", type=inputs.positive_int, default=None,
+                   metavar="N", help="largest version sent as one batch (default: what "
+                                     "the parties report)")
+    p.add_argument("--token-file", metavar="FILE", default=None,
+                   help="file holding the parties' admin token")
+    p.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN",
+                   help="variable holding the token when no file is given")
+    p.add_argument("--retry-for", type=float, default=120.0, metavar="S",
+                   help="keep re-sending to an unavailable party this long (default 120)")
+
+
 def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclusiveGroup
                       ) -> None:
     src.add_argument("--records", metavar="FILE",
@@ -406,19 +424,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     for p in (ap, pb):
         p.add_argument("--server", action="append", metavar="URL",
                        help="a party's URL; twice (A, then B)")
-        p.add_argument("--snapshot-dir", metavar="DIR|URI", default=None,
-                       help="where both parties' rotations read snapshots (under their "
-                            "admin_snapshot_dir): a version larger than one batch is "
-                            "published as a rotation to its snapshot written there")
-        p.add_argument("--max-batch-pages", type=inputs.positive_int, default=None,
-                       metavar="N", help="largest version sent as one batch (default: what "
-                                         "the parties report)")
-        p.add_argument("--token-file", metavar="FILE", default=None,
-                       help="file holding the parties' admin token")
-        p.add_argument("--token-env", metavar="VAR", default="MORPHOGEN_ADMIN_TOKEN",
-                       help="variable holding the token when no file is given")
-        p.add_argument("--retry-for", type=float, default=120.0, metavar="S",
-                       help="keep re-sending to an unavailable party this long (default 120)")
+        add_publish_options(p)
     for p in (kg, sm, ex):
         p.set_defaults(server=None)
     rec.set_defaults(func=cmd_records)
