@@ -70,3 +70,25 @@ def build_updates(batch):
                              base.after_updates(epoch, batch.digest), seq), batch
 
     return build
+
+
+def serve_two_parties(cluster, snapshot, work: Path, *, admin: bool = True) -> list[str]:
+    """Parties a and b on a local cluster (`cluster.local.running`), one CPU shard each,
+    serving `snapshot`; with `admin`, publications take the token in `work/token`, logs go
+    under `work` and rotations read from `work/snaps`. Returns their URLs."""
+    from ray import serve
+
+    from deployments.app import build_app
+    from morphogen.config import PartyConfig
+
+    urls = []
+    for name in ("a", "b"):
+        extra = {"admin_token_file": str(work / "token"),
+                 "epoch_log_dir": str(work / f"log-{name}"),
+                 "admin_snapshot_dir": str(work / "snaps")} if admin else {}
+        cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
+                          engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
+                          graceful_shutdown_timeout_s=1.0, **extra)
+        serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
+        urls.append(cluster.app_url(f"/{name}"))
+    return urls

@@ -106,18 +106,17 @@ class Readers:
 
 
 def run(quick: bool) -> dict:
+    from _common import serve_two_parties
     from ray import serve
 
     from cluster import local
     from cluster.records import HttpParties
-    from deployments.app import build_app
     from morphogen.chain.export import state_records
     from morphogen.chain.follow import Follower
     from morphogen.chain.node_export import export_from_node
     from morphogen.chain.rpc import EthRpc, quantity
     from morphogen.chain.tables import build_chain_tables
     from morphogen.client.admin import AdminClient
-    from morphogen.config import PartyConfig
     from morphogen.keyword.descriptor import Anchor
     from morphogen.keyword.owner import OwnerTable, create_owner_dir
     from morphogen.keyword.signing import generate_key_files, load_signing_key
@@ -157,16 +156,7 @@ def run(quick: bool) -> dict:
         snapshot = owner.snapshot_dir(owner.current)
         (work / "token").write_text(TOKEN)
         (work / "snaps").mkdir()
-        urls = []
-        for name in ("a", "b"):
-            cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
-                              engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
-                              graceful_shutdown_timeout_s=1.0,
-                              admin_token_file=str(work / "token"),
-                              epoch_log_dir=str(work / f"log-{name}"),
-                              admin_snapshot_dir=str(work / "snaps"))
-            serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
-            urls.append(cluster.app_url(f"/{name}"))
+        urls = serve_two_parties(cluster, snapshot, work)
         admins = [AdminClient(u, TOKEN) for u in urls]
         published: dict[int, float] = {}
         phases: dict[int, dict] = {}

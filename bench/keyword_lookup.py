@@ -171,12 +171,11 @@ def _rate(fn, seconds: float) -> tuple[float, int]:
 
 def http_rates(sizes: list[int], seconds: float, per_request: list[int],
                whole_level_pages: int) -> dict:
+    from _common import serve_two_parties
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from ray import serve
 
     from cluster import local
-    from deployments.app import build_app
-    from morphogen.config import PartyConfig
     from morphogen.keyword import build_table
     from morphogen.keyword.accounts import synthetic_accounts
     from morphogen.keyword.owner import create_owner_dir
@@ -193,11 +192,7 @@ def http_rates(sizes: list[int], seconds: float, per_request: list[int],
             snapshot = create_owner_dir(table, work / f"owner-{n}")
             num_pages = table.descriptor.geometry.num_pages
             keys = sorted(accounts)
-            for name in ("a", "b"):
-                cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
-                                  engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
-                                  graceful_shutdown_timeout_s=1.0)
-                serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
+            serve_two_parties(cluster, snapshot, work, admin=False)
             out[f"records_{n}"] = _http_pair(cluster, key, accounts, keys, num_pages, rng,
                                              seconds, per_request, whole_level_pages)
             for name in ("a", "b"):

@@ -33,15 +33,14 @@ def _log(msg: str) -> None:
 
 
 def run(pages: int, runs: int) -> dict:
+    from _common import serve_two_parties
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from ray import serve
 
     from cluster import local
     from cluster.records import HttpParties
-    from deployments.app import build_app
     from morphogen.client import PirClient
     from morphogen.client.admin import AdminClient
-    from morphogen.config import PartyConfig
     from morphogen.keyword import KeywordClient, build_table
     from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
     from morphogen.keyword.publishing import publish
@@ -59,16 +58,7 @@ def run(pages: int, runs: int) -> dict:
                  "table_mib": round(table.descriptor.geometry.num_pages * 4096 / 2**20, 1),
                  "runs": []}
     with local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
-        urls = []
-        for name in ("a", "b"):
-            cfg = PartyConfig(snapshot=str(snapshot), cache_dir=str(work), num_shards=1,
-                              engine="cpu", shard_num_cpus=0.25, router_num_cpus=0.1,
-                              graceful_shutdown_timeout_s=1.0,
-                              admin_token_file=str(work / "token"),
-                              epoch_log_dir=str(work / f"log-{name}"),
-                              admin_snapshot_dir=str(work / "snaps"))
-            serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
-            urls.append(cluster.app_url(f"/{name}"))
+        urls = serve_two_parties(cluster, snapshot, work)
         owner = OwnerTable(work / "owner")
         token = (work / "token").read_text()
         for i in range(runs):
