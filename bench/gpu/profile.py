@@ -1,9 +1,9 @@
 r"""One scan each of 3, 24 and 96 keys over a random in-memory matrix, for Nsight Compute.
 
-    ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 2 \
+    ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip 3 \
         python bench/gpu/profile.py [GiB]
 
-Load warms every kernel variant (2 small launches for the default sliced kernel, 8 for
+Load warms every kernel variant (3 small launches for the default sliced kernel, 8 for
 MORPHOGEN_GPU_KERNEL=fused: skip as many); then one launch per key count.
 `dram__bytes_read.sum` against pages x 4096 says whether the key groups of a launch share each
 page through L2 (one HBM read) or each read it again.

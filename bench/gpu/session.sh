@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Everything a GPU machine is needed for, in one call, each phase logged on its own:
 #
-#   bash bench/gpu/session.sh check rates bench big prof
+#   bash bench/gpu/session.sh variants check rates bench big prof
 #
+#   variants  bench/gpu/variants.py: the sliced scan's tuning switches compared on $GIB GiB;
+#          the winner (written to $OUT/best.env) is the tuning of every later phase unless
+#          MORPHOGEN_GPU_TUNING is set
 #   check  nvidia-smi, versions, nvcc register report, tests/gpu, compute-sanitizer
 #          (memcheck, racecheck, synccheck) on bench/gpu/sanitize.py
 #   rates  bench/gpu/mma_rate.py: LOP3, 1-bit and int8 MMA, ChaCha8 rates of this card
@@ -45,6 +48,11 @@ cupy.cuda.runtime.runtimeGetVersion(), 'numpy', numpy.__version__, 'numba', numb
   return $rc
 }
 
+variants() {
+  phase "variants ${GIB} GiB"
+  python3 bench/gpu/variants.py --gib "$GIB" --out "$OUT"
+}
+
 rates() {
   phase rates
   python3 bench/gpu/mma_rate.py --out "$OUT"
@@ -65,10 +73,10 @@ big() {
 
 prof() {
   phase prof
-  # the load warms each kernel variant once: 8 fused (key groups), 2 sliced (n-tiles)
+  # the load warms each kernel variant once: 8 fused (key groups), 3 sliced (n-tiles, prefetch)
   # (each phase runs in its own subshell: the export stays here)
   if [ -n "${KERNEL:-}" ]; then export MORPHOGEN_GPU_KERNEL=$KERNEL; fi
-  local skip=2
+  local skip=3
   [ "${MORPHOGEN_GPU_KERNEL:-sliced}" = fused ] && skip=8
   local metrics=dram__bytes_read.sum,gpu__time_duration.sum
   metrics+=,dram__throughput.avg.pct_of_peak_sustained_elapsed
@@ -87,7 +95,10 @@ prof() {
 }
 
 status=0
+tuning_set=${MORPHOGEN_GPU_TUNING+set}
 for p in "$@"; do
+  if [ -z "$tuning_set" ] && [ -f "$OUT/best.env" ]; then export "$(cat "$OUT/best.env")"; fi
+  echo "== tuning: ${MORPHOGEN_GPU_TUNING:-the defaults}"
   "$p" 2>&1 | tee "$OUT/$p.log" || status=1
 done
 echo "== session done, status $status"

@@ -87,8 +87,8 @@ __all__ = ["GpuEngine", "GpuError", "GpuShard"]
 # (sliced_scan_kernel.cu, pages bit-sliced at load, tensor-core AND-popc). The layout is one per
 # shard (both would double the device memory a matrix needs), so the default is the kernel that
 # is best over the key counts a coalescing router sends: on an H100 (bench/results/
-# scan_gpu_h100_*.csv) sliced reads within 5 % of fused at 1-2 queries a call, both at the
-# card's read bandwidth, and serves 1.2x at 4, 1.7x at 8 and 2.2x at 32 queries a call.
+# scan_gpu_h100_*.csv) sliced reads within 3 % of fused at 1-2 queries a call, both at the
+# card's read bandwidth, and serves 1.3x at 4, 2.0x at 8 and 2.3x at 32 queries a call.
 SCAN_LAYOUTS = ("fused", "sliced")
 DEFAULT_LAYOUT = "sliced"
 LAYOUT_ENV = "MORPHOGEN_GPU_KERNEL"

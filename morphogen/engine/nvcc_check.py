@@ -1,6 +1,7 @@
 """Compile the GPU kernels with nvcc for Hopper and hold them to a clean register report.
 
     python -m morphogen.engine.nvcc_check [--arch sm_90] [--nvcc PATH] [--quiet]
+                                          [--tuning NAME=VALUE,...]
 
 nvcc compiles device code without a GPU, so CI runs this on every change: it builds a cubin of
 the program the engine compiles (gpu_kernels.kernel_source(): the generated geometry #defines,
@@ -117,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default=DEFAULT_ARCH, help="nvcc -arch target (default sm_90)")
     ap.add_argument("--nvcc", default=None, help="nvcc to use (default: $NVCC, PATH, CUDA)")
     ap.add_argument("--quiet", action="store_true", help="print only problems")
+    ap.add_argument("--tuning", default="", help="tuning switches to build with, as "
+                    f"{gpu_kernels.TUNING_ENV} takes them (default: the engine's)")
     args = ap.parse_args(argv)
+    try:
+        tuning = gpu_kernels.parse_tuning(args.tuning)
+    except ValueError as exc:
+        print(f"nvcc_check: {exc}", file=sys.stderr)
+        return 2
 
     nvcc = find_nvcc(args.nvcc)
     if nvcc is None:
@@ -131,17 +139,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
 
-    status, log, reports = run(nvcc, args.arch)
+    status, log, reports = run(nvcc, args.arch, gpu_kernels.kernel_source(tuning=tuning))
     if status != 0:
         print(f"nvcc_check: nvcc failed (exit {status}):\n{log}", file=sys.stderr)
         return 1
     if not args.quiet:
         names = " + ".join(p.name for p in gpu_kernels.KERNEL_SOURCES)
-        print(f"nvcc_check: {names} with {nvcc} -arch={args.arch}")
-        print(f"{'kernel':<24}{'regs':>6}{'smem':>7}{'stack':>7}{'spill st/ld':>13}")
+        built = ",".join(f"{k}={v}" for k, v in gpu_kernels.kernel_tuning(tuning).items())
+        print(f"nvcc_check: {names} with {nvcc} -arch={args.arch}, {built}")
+        print(f"{'kernel':<36}{'regs':>6}{'smem':>7}{'stack':>7}{'spill st/ld':>13}")
         for r in sorted(reports.values(), key=lambda r: r.name):
             print(
-                f"{r.name:<24}{r.registers:>6}{r.static_smem:>7}{r.stack_frame:>7}"
+                f"{r.name:<36}{r.registers:>6}{r.static_smem:>7}{r.stack_frame:>7}"
                 f"{f'{r.spill_stores}/{r.spill_loads}':>13}"
             )
     for line in log.splitlines():

@@ -32,8 +32,41 @@ SLICE_KERNEL = "morphogen_slice_pages"
 SLICE_THREADS = 256  # threads of a morphogen_slice_pages block
 # n-tiles of 8 keys per block -> kernel; a block takes at most 8 * max(N_TILES) keys
 N_TILES = (1, 2)
-SLICED_KERNELS = tuple(f"morphogen_sliced_scan_n{nt}" for nt in N_TILES)
+# The kernels: (n-tiles, L2 prefetch) each; the prefetching one only where it pays (see
+# PREFETCH_MAX_GROUPS), as a kernel of its own so the others keep their registers.
+SLICED_VARIANTS = ((1, False), (2, False), (2, True))
+
+
+def sliced_kernel_name(n_tiles: int, prefetch: bool) -> str:
+    return f"morphogen_sliced_scan_n{n_tiles}" + ("_prefetch" if prefetch else "")
+
+
+SLICED_KERNELS = tuple(sliced_kernel_name(nt, pf) for nt, pf in SLICED_VARIANTS)
 SLICED_MAX_GROUP_KEYS = 8 * max(N_TILES)
+
+# Tuning switches of the sliced scan, generated as #defines like the geometry. Each changes the
+# speed, never an answer; MORPHOGEN_GPU_TUNING overrides them for a run (gpu_kernels), which is
+# how bench/gpu/variants.py compares them and tests/gpu checks the ones it tries.
+# 1: the count parities are folded with IMADs (FMA pipe), two instructions an MMA on the integer
+# pipe instead of four, as that pipe is the one the PRG saturates; 0: with byte permutes.
+SLICED_FOLD_IMAD = 1
+# The prefetching kernel: a warp asks L2 for the first SLICED_PREFETCH_ROUNDS bit-position rounds
+# of a chunk's A fragments (8 KiB each) while the chunk's masks are expanded, then in each round
+# for the round that far ahead of its MMAs; with SLICED_PREFETCH_BULK in one bulk prefetch
+# (cp.async.bulk) by one lane, else a line prefetch per lane.
+SLICED_PREFETCH_ROUNDS = 2
+SLICED_PREFETCH_BULK = 1
+SLICED_TUNING = {
+    "SLICED_FOLD_IMAD": (0, 1),
+    "SLICED_PREFETCH_ROUNDS": tuple(range(1, 17)),
+    "SLICED_PREFETCH_BULK": (0, 1),
+}
+# Launches of 2 n-tiles and at most this many key groups prefetch. It pays where a chunk is read
+# by few key groups, whose MMAs would otherwise each wait out an HBM latency (24 keys, 2 groups
+# of 12, on an H100: 9.7 -> 9.0 ms on 16 GiB). With groups of 8 keys (two blocks an SM) the
+# prefetched lines are evicted before use and read twice (3 keys: 6.0 -> 9.3 ms); with many
+# groups L2 holds the chunk already (96 keys: 26.9 -> 27.8 ms). bench/gpu/NOTES.md.
+PREFETCH_MAX_GROUPS = 2
 
 
 def chunk_range(first_page: int, num_pages: int) -> tuple[int, int]:
@@ -121,6 +154,7 @@ class SlicedPlan(BlockGrid):
     num_groups: int
     page_blocks: int
     smem_bytes: int
+    prefetch: bool = False
 
 
 def plan_sliced_launch(
@@ -145,7 +179,8 @@ def plan_sliced_launch(
     groups = -(-num_keys // SLICED_MAX_GROUP_KEYS)
     per_group = -(-num_keys // groups)
     nt = min(t for t in N_TILES if 8 * t >= per_group)
-    kernel = f"morphogen_sliced_scan_n{nt}"
+    prefetch = nt > 1 and groups <= PREFETCH_MAX_GROUPS
+    kernel = sliced_kernel_name(nt, prefetch)
     smem = sliced_smem_bytes(nt)
     if page_blocks is None:
         resident = sm_count * max(1, int(blocks_per_sm(kernel, smem)))
@@ -154,4 +189,4 @@ def plan_sliced_launch(
         page_blocks = min(page_blocks, max(1, max_partial_rows // num_keys))
     if page_blocks < 1:
         raise ValueError("page_blocks must be at least 1")
-    return SlicedPlan(kernel, num_keys, nt, groups, page_blocks, smem)
+    return SlicedPlan(kernel, num_keys, nt, groups, page_blocks, smem, prefetch)

@@ -41,6 +41,10 @@
 //   4. warp w multiplies bit positions b in [16 w, 16 w + 16) for all 16 page-lane groups:
 //      one MMA per (b, G, n-tile) with C = 0, whose count parities (bit 0 of each s32) are
 //      folded into per-thread parity words. Counts never leave the registers.
+//      In the _prefetch kernel (the host's plan picks it: sliced.py PREFETCH_MAX_GROUPS) a warp
+//      asks L2 for its first SLICED_PREFETCH_ROUNDS rounds of a chunk's A fragments before step
+//      1, so they arrive while the masks are expanded, and in each round for the round that far
+//      ahead.
 // The parities are gathered through shared memory into natural answer rows at the end.
 
 #ifndef SLICE_PAGES
@@ -117,13 +121,64 @@ __device__ __forceinline__ void mma_and_popc(u32& d0, u32& d1, u32& d2, u32& d3,
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0u));
 }
 
+// The count parities of one MMA (D components d0..d3) into the two accumulator words of its
+// (n-tile, G), for bit position bl of the warp's 16 (a constant once the caller's loop is
+// unrolled); parity_bits() reads them back.
+// SLICED_FOLD_IMAD: acc[0] bit BL holds component 0's parity, bit 16 + BL component 1's; acc[1]
+// components 2 and 3. A count is at most 256, so d0 + (d1 << 16) is exact, and two IMADs (FMA
+// pipe) build each word, leaving one LOP3 a word to the integer pipe that the PRG saturates.
+// Otherwise: three byte permutes gather the four low bytes, a shift and a LOP3 place them; byte
+// r of acc[bl >> 3] holds component r at bit bl & 7 (four integer-pipe instructions an MMA).
+__device__ __forceinline__ void fold_parities(u32 (&acc)[2], const int bl, const u32 d0,
+                                              const u32 d1, const u32 d2, const u32 d3) {
+#if SLICED_FOLD_IMAD
+    const u32 keep = 0x00010001u << bl;
+    acc[0] ^= (d0 * (1u << bl) + d1 * (1u << (16 + bl))) & keep;
+    acc[1] ^= (d2 * (1u << bl) + d3 * (1u << (16 + bl))) & keep;
+#else
+    const u32 y = __byte_perm(__byte_perm(d0, d1, 0x0040u), __byte_perm(d2, d3, 0x0040u),
+                              0x5410u);
+    acc[bl >> 3] ^= (y << (bl & 7)) & (0x01010101u << (bl & 7));
+#endif
+}
+
+// The 16 parities of D component r (bit bl = the warp's bit position bl) from fold_parities'
+// words.
+__device__ __forceinline__ u32 parity_bits(const u32 (&acc)[2], const int r) {
+#if SLICED_FOLD_IMAD
+    return (acc[r >> 1] >> (16 * (r & 1))) & 0xFFFFu;
+#else
+    return ((acc[0] >> (8 * r)) & 0xFFu) | (((acc[1] >> (8 * r)) & 0xFFu) << 8);
+#endif
+}
+
+// L2 prefetch of `lines` 128-byte lines from p (lines a multiple of 32: each lane asks for
+// every 32nd), or with SLICED_PREFETCH_BULK one bulk prefetch by lane 0.
+__device__ __forceinline__ void prefetch_l2(const uint4* p, const u32 lines, const u32 lane) {
+#if SLICED_PREFETCH_BULK
+    if (lane == 0u) {
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(lines * 128u)
+                     : "memory");
+    }
+#else
+    const char* base = reinterpret_cast<const char*>(p);
+    for (u32 i = lane; i < lines; i += 32u) {
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(base + 128ull * i));
+    }
+#endif
+}
+
+// A fragments of one bit-position round of a warp (16 G x 32 lanes: 8 KiB), in uint4 and lines.
+constexpr u32 kRoundU4 = SLICE_U4 / 128u;
+constexpr u32 kRoundLines = kRoundU4 * 16u / 128u;
+
 // Dynamic shared memory of one block (sliced.py `sliced_smem_bytes` gives the same):
 //   tree   uint4 [SLICED_TREE_SLOTS][KG]   level l node n at slot n << (h - 1 - l)
 //   path_s uint4 [KG][PATH_SLOTS]
 //   mt     u32   [KG * 8][MT_STRIDE]       transposed masks; at the end, the answer rows
 //   tree_t u8    [SLICED_TREE_SLOTS][KG]
 //   path_t u8    [KG][PATH_SLOTS]
-template <int NT>
+template <int NT, bool PREFETCH>
 __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ sliced,
                                                  const u64 num_chunks, const u64 first_chunk,
                                                  const u32* __restrict__ keys, const u32 num_keys,
@@ -152,8 +207,8 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
     const u64 hi = num_chunks * (page_block + 1ull) / num_page_blocks;
     const u32* gkeys = keys + (u64)key0 * key_words;
 
-    // acc[nt][G][half]: byte r, bit (bl & 7) of word half = bl >> 3 is the parity of D
-    // component r of the MMA for bit position 16 warp + bl, page-lane group G, n-tile nt.
+    // acc[nt][G]: the parities of D components 0..3 of the MMAs for bit positions 16 warp + bl,
+    // page-lane group G, n-tile nt, laid out as fold_parities says.
     u32 acc[NT][16][2];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
@@ -168,6 +223,10 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
     }
     for (u64 c = lo; c < hi; ++c) {
         const u32 chunk = (u32)(first_chunk + c);  // the subtree root's index at root_depth
+        if (PREFETCH) {  // the head of this warp's share, while the masks expand
+            prefetch_l2(sliced + c * SLICE_U4 + 16u * warp * kRoundU4,
+                        SLICED_PREFETCH_ROUNDS * kRoundLines, lane);
+        }
 
         // 1. Root-to-chunk path: recompute only below the highest bit that changed.
         if (tid < nkeys) {
@@ -229,6 +288,10 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
 #pragma unroll
         for (int bl = 0; bl < 16; ++bl) {
             const u32 b = 16u * warp + bl;
+            if (PREFETCH && bl + SLICED_PREFETCH_ROUNDS < 16) {
+                prefetch_l2(a_base - lane + (b + SLICED_PREFETCH_ROUNDS) * kRoundU4, kRoundLines,
+                            lane);
+            }
             u32 b0[NT], b1[NT];
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
@@ -245,10 +308,7 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
                     if (nt > 0 && nkeys <= 8u * nt) continue;  // block-uniform: warps agree
                     u32 d0, d1, d2, d3;
                     mma_and_popc(d0, d1, d2, d3, a, b0[nt], b1[nt]);
-                    // bytes [d0, d1, d2, d3] (their low bytes), then bit 0 of each byte
-                    const u32 y = __byte_perm(__byte_perm(d0, d1, 0x0040u),
-                                              __byte_perm(d2, d3, 0x0040u), 0x5410u);
-                    acc[nt][G][bl >> 3] ^= (y << (bl & 7)) & (0x01010101u << (bl & 7));
+                    fold_parities(acc[nt][G], bl, d0, d1, d2, d3);
                 }
             }
         }
@@ -267,8 +327,7 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
             for (int r = 0; r < 4; ++r) {
                 const u32 ks = 8u * nt + 2u * tig + (r & 1);
                 const u32 plane = 16u * G + g + 8u * (r >> 1);
-                const u32 bits = ((acc[nt][G][0] >> (8 * r)) & 0xFFu) |
-                                 (((acc[nt][G][1] >> (8 * r)) & 0xFFu) << 8);
+                const u32 bits = parity_bits(acc[nt][G], r);
                 rows16[(ks * LANES_PER_PAGE + plane) * 8u + warp] = (unsigned short)bits;
             }
         }
@@ -282,15 +341,15 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
 
 // Registers: acc takes 32 NT, and the unrolled (b, G) loop keeps 16 A fragments in flight; n1
 // fits 128 registers (two blocks per SM), n2 needs about 240 (one). nvcc_check fails any spill.
-#define MG_SLICED_KERNEL(NT, MINB)                                                            \
+#define MG_SLICED_KERNEL(NT, MINB, PREFETCH, NAME)                                            \
     extern "C" __global__ void __launch_bounds__(SLICED_THREADS, MINB)                        \
-        morphogen_sliced_scan_n##NT(const uint4* __restrict__ sliced, const u64 num_chunks,   \
-                                    const u64 first_chunk, const u32* __restrict__ keys,      \
-                                    const u32 num_keys, const u32 domain_bits,                \
-                                    const u32 num_groups, uint4* __restrict__ partial) {      \
-        sliced_scan_body<NT>(sliced, num_chunks, first_chunk, keys, num_keys, domain_bits,    \
-                             num_groups, partial);                                            \
+        NAME(const uint4* __restrict__ sliced, const u64 num_chunks, const u64 first_chunk,   \
+             const u32* __restrict__ keys, const u32 num_keys, const u32 domain_bits,         \
+             const u32 num_groups, uint4* __restrict__ partial) {                             \
+        sliced_scan_body<NT, PREFETCH>(sliced, num_chunks, first_chunk, keys, num_keys,       \
+                                       domain_bits, num_groups, partial);                     \
     }
 
-MG_SLICED_KERNEL(1, 2)
-MG_SLICED_KERNEL(2, 1)
+MG_SLICED_KERNEL(1, 2, false, morphogen_sliced_scan_n1)
+MG_SLICED_KERNEL(2, 1, false, morphogen_sliced_scan_n2)
+MG_SLICED_KERNEL(2, 1, true, morphogen_sliced_scan_n2_prefetch)

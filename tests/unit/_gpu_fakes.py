@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import hashlib
 import itertools
+import re
 import shutil
 import subprocess
 import threading
@@ -123,6 +124,7 @@ class FakeBackend:
         self.streams: list[FakeStream] = []
         self.launches: list[Launch] = []
         self.compiles = 0
+        self.sources: list[str] = []
         self.allocated = 0
         self.pinned_allocated = 0
         self.max_dynamic_smem: dict[str, int] = {}
@@ -145,14 +147,17 @@ class FakeBackend:
 
     def compile(self, source: str, options: Any, names: Any) -> dict[str, FakeKernel]:
         self.compiles += 1
-        assert source == gpu_kernels.kernel_source()  # the generated program, defines first
+        self.sources.append(source)
+        # the generated program, defines first (with whatever tuning the engine was given)
+        defined = dict(re.findall(r"^#define (\w+) (\d+)$", source, re.M))
+        tuning = {name: int(defined[name]) for name in gpu_kernels.kernel_tuning()}
+        assert source == gpu_kernels.kernel_source(tuning=tuning)
         for name in names:  # variants are stamped out by MG_SCAN_KERNEL / MG_SLICED_KERNEL
             kg = name.removeprefix("morphogen_scan_k")
-            nt = name.removeprefix("morphogen_sliced_scan_n")
             if kg != name:
                 assert f"MG_SCAN_KERNEL({kg}," in source
-            elif nt != name:
-                assert f"MG_SLICED_KERNEL({nt}," in source
+            elif name in sliced.SLICED_KERNELS:
+                assert f", {name})" in source
             else:
                 assert f"{name}(" in source
         return {name: FakeKernel(name) for name in names}

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from morphogen.engine import gpu_kernels, nvcc_check
+from morphogen.engine import gpu_kernels, nvcc_check, sliced
 
 SAMPLE = """\
 ptxas info    : 0 bytes gmem
@@ -36,13 +36,21 @@ def test_parser_reads_ptxas_and_flags_spills():
     assert not nvcc_check.check({"morphogen_xor_reduce": red}, ("morphogen_xor_reduce",))
 
 
-def test_kernels_compile_without_spills():
+# The engine's program, and every tuning switch away from its default at once (the variants
+# bench/gpu/variants.py builds must compile as cleanly as the one the engine does).
+OTHER_TUNING = {"SLICED_FOLD_IMAD": 1 - sliced.SLICED_FOLD_IMAD,
+                "SLICED_PREFETCH_BULK": 1 - sliced.SLICED_PREFETCH_BULK,
+                "SLICED_PREFETCH_ROUNDS": 16}
+
+
+@pytest.mark.parametrize("tuning", [None, OTHER_TUNING], ids=["defaults", "other-tuning"])
+def test_kernels_compile_without_spills(tuning):
     nvcc = nvcc_check.find_nvcc()
     if nvcc is None:
         if os.environ.get(nvcc_check.SKIP_ENV) == "1":
             pytest.skip(f"nvcc not found and {nvcc_check.SKIP_ENV}=1")
         pytest.fail(f"nvcc not found; set {nvcc_check.SKIP_ENV}=1 only where that is expected")
-    status, log, reports = nvcc_check.run(nvcc)
+    status, log, reports = nvcc_check.run(nvcc, source=gpu_kernels.kernel_source(tuning=tuning))
     assert status == 0, log
     assert set(gpu_kernels.KERNEL_NAMES) <= set(reports), log
     problems = nvcc_check.check(reports, gpu_kernels.KERNEL_NAMES)

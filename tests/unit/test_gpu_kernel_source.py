@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _gpu_fakes import EMU_DIR, emulator_compiler
+from _gpu_fakes import EMU_DIR, FakeBackend, emulator_compiler, make_engine
 
 from morphogen.constants import MAX_DOMAIN_BITS, PAGE_SIZE
 from morphogen.engine import gpu_kernels, gpu_keys, gpu_plan, nvcc_check, sliced
@@ -25,7 +25,8 @@ OWNERS = {
     "REDUCE_SLICES": gpu_plan, "KEY_HEADER_WORDS": gpu_keys,
     "READ_BW_THREADS": gpu_kernels, "SLICE_PAGES": sliced, "SLICE_U4": sliced,
     "SLICE_THREADS": sliced, "SLICED_THREADS": sliced, "SLICED_TILE_BITS": sliced,
-    "SLICED_TREE_SLOTS": sliced, "MT_STRIDE": sliced,
+    "SLICED_TREE_SLOTS": sliced, "MT_STRIDE": sliced, "SLICED_FOLD_IMAD": sliced,
+    "SLICED_PREFETCH_ROUNDS": sliced, "SLICED_PREFETCH_BULK": sliced,
 }
 
 
@@ -104,18 +105,19 @@ def test_kernel_variants_match_the_python_tables():
     fused = gpu_kernels.KERNEL_SOURCE.read_text()
     variants = [int(kg) for kg in re.findall(r"^MG_SCAN_KERNEL\((\d+),", fused, re.M)]
     assert tuple(variants) == gpu_plan.KEY_GROUP_SIZES
-    tiles = re.findall(r"^MG_SLICED_KERNEL\((\d+),", gpu_kernels.SLICED_KERNEL_SOURCE.read_text(),
-                       re.M)
-    assert tuple(int(t) for t in tiles) == sliced.N_TILES
+    stamped_sliced = re.findall(r"^MG_SLICED_KERNEL\((\d+), \d+, (true|false), (\w+)\)$",
+                                gpu_kernels.SLICED_KERNEL_SOURCE.read_text(), re.M)
+    assert [(int(nt), pf == "true") for nt, pf, _ in stamped_sliced] == list(sliced.SLICED_VARIANTS)
+    assert tuple(name for *_, name in stamped_sliced) == sliced.SLICED_KERNELS
+    assert {nt for nt, _ in sliced.SLICED_VARIANTS} == set(sliced.N_TILES)
     harness = (EMU_DIR / "emu_harness.cpp").read_text()
     cases = [int(kg) for kg in re.findall(r"^\s+MG_CASE\((\d+)\)", harness, re.M)]
     assert tuple(cases) == gpu_plan.KEY_GROUP_SIZES
     source = gpu_kernels.kernel_source()
     for name in gpu_kernels.KERNEL_NAMES:
         kg = name.removeprefix("morphogen_scan_k")
-        nt = name.removeprefix("morphogen_sliced_scan_n")
         stamped = (f"MG_SCAN_KERNEL({kg}," if kg != name else
-                   f"MG_SLICED_KERNEL({nt}," if nt != name else f"{name}(")
+                   f", {name})" if name in sliced.SLICED_KERNELS else f"{name}(")
         assert stamped in source, name
 
 
@@ -133,3 +135,43 @@ def test_gpu_modules_import_without_cupy_ray_or_pydantic():
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["GpuEngine", "GpuError"]
+
+
+def test_tuning_switches_parse_and_override_in_order(monkeypatch):
+    monkeypatch.delenv(gpu_kernels.TUNING_ENV, raising=False)
+    defaults = gpu_kernels.kernel_tuning()
+    assert defaults == {name: getattr(sliced, name) for name in sliced.SLICED_TUNING}
+    assert gpu_kernels.parse_tuning(" SLICED_FOLD_IMAD=0 , SLICED_PREFETCH_ROUNDS=4,") == {
+        "SLICED_FOLD_IMAD": 0, "SLICED_PREFETCH_ROUNDS": 4}
+    monkeypatch.setenv(gpu_kernels.TUNING_ENV, "SLICED_FOLD_IMAD=0,SLICED_PREFETCH_BULK=0")
+    got = gpu_kernels.kernel_tuning({"SLICED_PREFETCH_BULK": 1})  # the argument wins
+    assert got == {**defaults, "SLICED_FOLD_IMAD": 0, "SLICED_PREFETCH_BULK": 1}
+    defines = generated_defines(gpu_kernels.kernel_source())
+    assert (defines["SLICED_FOLD_IMAD"], defines["SLICED_PREFETCH_BULK"]) == ("0", "0")
+
+
+@pytest.mark.parametrize("text, says", [
+    ("SLICED_FOLD_IMAD", "NAME=VALUE"),
+    ("MT_STRIDE=3", "NAME=VALUE"),  # geometry is not a tuning switch
+    ("SLICED_FOLD_IMAD=yes", "needs an integer"),
+    ("SLICED_FOLD_IMAD=2", "must be in 0..1"),
+    ("SLICED_PREFETCH_ROUNDS=0", "must be in 1..16"),
+])
+def test_bad_tuning_is_refused_naming_the_variable(monkeypatch, text, says):
+    with pytest.raises(ValueError, match=says) as info:
+        gpu_kernels.parse_tuning(text)
+    assert gpu_kernels.TUNING_ENV in str(info.value)
+    monkeypatch.setenv(gpu_kernels.TUNING_ENV, text)
+    with pytest.raises(ValueError, match=says):
+        gpu_kernels.kernel_source()
+
+
+def test_an_engine_compiles_the_tuning_of_its_environment(monkeypatch):
+    monkeypatch.setenv(gpu_kernels.TUNING_ENV, "SLICED_PREFETCH_ROUNDS=3")
+    backend = FakeBackend()
+    make_engine(backend, kernel="sliced")
+    assert generated_defines(backend.sources[-1])["SLICED_PREFETCH_ROUNDS"] == "3"
+    monkeypatch.delenv(gpu_kernels.TUNING_ENV)
+    compiled = gpu_kernels.compile_kernels(backend, {"SLICED_FOLD_IMAD": 0})
+    assert compiled.tuning["SLICED_FOLD_IMAD"] == 0
+    assert generated_defines(backend.sources[-1])["SLICED_FOLD_IMAD"] == "0"

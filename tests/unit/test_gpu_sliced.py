@@ -77,15 +77,21 @@ def test_chunks_are_global_aligned_and_zero_outside_the_shard(n, first):
 
 def test_plan_splits_keys_evenly_and_fills_one_wave():
     def occ(name, smem):
-        assert smem == sliced.sliced_smem_bytes(int(name[-1]))
+        nt = int(name.removeprefix("morphogen_sliced_scan_n").removesuffix("_prefetch"))
+        assert smem == sliced.sliced_smem_bytes(nt)
         return 2
 
     p = sliced.plan_sliced_launch(3, 10_000, 22, sm_count=132, blocks_per_sm=occ)
     assert (p.kernel, p.num_groups, p.page_blocks) == ("morphogen_sliced_scan_n1", 1, 264)
+    assert not p.prefetch  # groups of 8 keys, two blocks an SM: L2 would not hold the lines
     p = sliced.plan_sliced_launch(24, 10_000, 22, sm_count=132, blocks_per_sm=occ)
     assert (p.n_tiles, p.num_groups, p.page_blocks) == (2, 2, 132)  # 12 + 12 keys
+    assert (p.kernel, p.prefetch) == ("morphogen_sliced_scan_n2_prefetch", True)
+    p = sliced.plan_sliced_launch(12, 10_000, 22, sm_count=132, blocks_per_sm=occ)
+    assert (p.kernel, p.num_groups) == ("morphogen_sliced_scan_n2_prefetch", 1)
     p = sliced.plan_sliced_launch(96, 10_000, 22, sm_count=132, blocks_per_sm=occ)
     assert (p.n_tiles, p.num_groups) == (2, 6)
+    assert (p.kernel, p.prefetch) == ("morphogen_sliced_scan_n2", False)  # L2 holds the chunk
     p = sliced.plan_sliced_launch(17, 3, 22, sm_count=132, blocks_per_sm=occ)
     assert (p.n_tiles, p.num_groups, p.page_blocks) == (2, 2, 3)  # no more blocks than chunks
     p = sliced.plan_sliced_launch(5, 10_000, 22, sm_count=132, blocks_per_sm=occ,
@@ -118,8 +124,7 @@ def test_sliced_engine_matches_reference(num_pages, first_page, d, queries):
         assert sliced.SLICE_KERNEL in names
         assert names & set(sliced.SLICED_KERNELS)
         # above 48 KiB a kernel must have asked for its shared memory
-        for name in sliced.SLICED_KERNELS:
-            nt = int(name[-1])
+        for (nt, _), name in zip(sliced.SLICED_VARIANTS, sliced.SLICED_KERNELS, strict=True):
             assert backend.max_dynamic_smem[name] == sliced.sliced_smem_bytes(nt)
     finally:
         shard.close()
