@@ -1,5 +1,5 @@
 """The `morphogen` command line: demo, serve, metrics-url, build, get, admin, lookup, records,
-snapshot, chain.
+snapshot, chain, rpc.
 
 This module only parses: each command is a thin function over a `cluster` module. Errors are
 one line naming the input and the fix (`cluster.errors`), exit status 2 for bad input."""
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from cluster import admin_view, chain, inputs, records, snapshots
+from cluster import admin_view, chain, inputs, records, snapshots, wallet
 from cluster.errors import CommandFailed, UsageError, report
 from cluster.report import eprint
 from cluster.shutdown import StopRequested
@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     _admin_parser(sub)
     keyword_parsers = records.add_parsers(sub)
     for p in (demo, mu, bld, get, *keyword_parsers, *snapshots.add_parsers(sub),
-              *chain.add_parsers(sub),
+              *chain.add_parsers(sub), *wallet.add_parsers(sub),
               *(sub.choices[n] for n in ("serve", "admin"))):
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show the traceback of an unexpected error")

@@ -205,8 +205,33 @@ class _Core:
         limit = self._limit((yield _Info(False)))
         out: list[bytes | None] = []
         for size in request_sizes(len(keys), limit):
-            out += yield from self._lookup(keys[len(out):len(out) + size], size, bounds)
+            values, _ = yield from self._lookup(keys[len(out):len(out) + size], size, bounds)
+            out += values
         return out
+
+    def _read_at(self, keys: Sequence[bytes]) -> _Machine:
+        """(values, descriptor): every value proven against the one version the descriptor
+        names. A batch of several requests that straddles a publication is read again whole
+        (MOVES times at most), so a caller can hold reads of several tables to one block."""
+        keys = [bytes(k) for k in keys]
+        bounds = yield from self._bounds()
+        for _ in range(MOVES):
+            if not keys:
+                proof, _ = yield from self._current(bounds)
+                return [], proof.descriptor
+            limit = self._limit((yield _Info(False)))
+            out: list[bytes | None] = []
+            seen: Descriptor | None = None
+            for size in request_sizes(len(keys), limit):
+                values, desc = yield from self._lookup(keys[len(out):len(out) + size], size,
+                                                       bounds)
+                if seen is not None and desc != seen:
+                    break
+                seen, out = desc, out + values
+            else:
+                return out, seen
+        raise TableChangingError(f"a new version was published during each of {MOVES} tries "
+                                 "of one batch (the table changes faster than a batch is read)")
 
     def _lookup(self, keys: list[bytes], size: int, bounds: Bounds) -> _Machine:
         asked = keys + [secrets.token_bytes(PAD_KEY_SIZE) for _ in range(size - len(keys))]
@@ -232,7 +257,8 @@ class _Core:
             try:
                 # padding pages are checked too: a server that corrupted only them must get
                 # the same failure as any other, or it would learn which places were padding
-                return check(proof, asked, buckets, [a.pages for a in answers])[:len(keys)]
+                values = check(proof, asked, buckets, [a.pages for a in answers])[:len(keys)]
+                return values, proof.descriptor
             except KeywordIntegrityError as exc:
                 # Servers that publish no identity can serve a rebuilt table under the old
                 # epoch id; only the descriptor tells. One re-read, the same for any key and
@@ -418,6 +444,11 @@ class KeywordClient(_Core):
         lookups each."""
         return self._run(self._get_many(keys))
 
+    def read_at(self, keys: Sequence[bytes]) -> tuple[list[bytes | None], Descriptor]:
+        """Values in key order and the signed descriptor of the one version they were all
+        proven against (its anchor is the block they reflect)."""
+        return self._run(self._read_at(keys))
+
 
 class AsyncKeywordClient(_Core):
     """Lookups through an asyncio page client: `AsyncPirClient`, or a `HandlePirClient` from
@@ -464,6 +495,9 @@ class AsyncKeywordClient(_Core):
 
     async def get_many(self, keys: Sequence[bytes]) -> list[bytes | None]:
         return await self._run(self._get_many(keys))
+
+    async def read_at(self, keys: Sequence[bytes]) -> tuple[list[bytes | None], Descriptor]:
+        return await self._run(self._read_at(keys))
 
 
 async def _maybe(fn: Callable[[], Any] | None) -> Any:

@@ -1,0 +1,138 @@
+"""`morphogen rpc`: a wallet's Ethereum JSON-RPC endpoint over private, verified state.
+
+Point a wallet's or a library's RPC URL at it. Balances, nonces, storage words and code at the
+block the parties serve are read privately from the keyword tables a `chain follow` publishes,
+each answer proven against the owner's signed root; the chain id and block number are the
+signed block's. eth_call and eth_estimateGas run in a local EVM (revm) whose every read is
+such a lookup. Everything else (sending transactions, receipts, logs, other blocks) goes to
+--upstream when it is given, and that node sees it: it is not private. Without --upstream such
+a request is a JSON-RPC error naming the method. (`morphogen.wallet`.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from cluster import inputs
+from cluster.errors import CommandFailed, UsageError
+
+
+def cmd_rpc(args: argparse.Namespace) -> int:
+    from morphogen.chain.rpc import display_url
+    from morphogen.client import PirClient, PirError
+    from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
+    from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
+    from morphogen.wallet.methods import METHODS
+
+    url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
+    if args.max_age is not None and not args.max_age > 0:
+        raise UsageError("--max-age is a number of seconds above 0")
+    if args.max_batch < 1:
+        raise UsageError("--max-batch is at least 1")
+    if args.call_processes < 0:
+        raise UsageError("--call-processes is 0 (no eth_call here) or more")
+    with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
+        try:
+            state = PrivateState(pir, args.public_key, max_age=args.max_age,
+                                 min_block=args.min_block)
+            head = state.head()
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--public-key {exc}") from None
+        except (PirError, StaleTableError, KeywordIntegrityError, TableChangingError) as exc:
+            raise CommandFailed(f"the parties' chain tables: {exc}") from None
+        upstream = Upstream(args.upstream, args.timeout) if args.upstream else None
+        calls = CallService(state, processes=args.call_processes, timeout_s=args.timeout) \
+            if args.call_processes else None
+        endpoint = Endpoint(state, forward=upstream, max_batch=args.max_batch,
+                            calls=calls.calls if calls else None)
+        try:
+            server = RpcServer(endpoint, args.host, args.port, cors_origins=args.cors_origin)
+        except OSError as exc:
+            if calls is not None:
+                calls.close()
+            raise CommandFailed(f"cannot listen on {args.host}:{args.port}: "
+                                f"{exc.strerror or exc}") from None
+        print(f"[rpc] chain {head.chain_id}, block {head.number} ({head.hash}), served by "
+              f"{url_a} and {url_b}", flush=True)
+        private = [*METHODS, *(("eth_call", "eth_estimateGas") if calls else ())]
+        print(f"[rpc] answered privately and verified: {', '.join(private)} (latest block)",
+              flush=True)
+        if upstream is not None:
+            print(f"[rpc] every other request goes to {display_url(args.upstream)}, which sees "
+                  "it: NOT private", flush=True)
+        else:
+            print("[rpc] every other request is refused (no --upstream)", flush=True)
+        if args.cors_origin:
+            print(f"[rpc] browser origins allowed: {', '.join(args.cors_origin)}", flush=True)
+        print(f"[rpc] listening on {server.url}", flush=True)
+        try:
+            with _stop_on_term(server):
+                server.serve_forever()
+        except KeyboardInterrupt:
+            print("[rpc] stopped", flush=True)  # Ctrl-C or SIGTERM: a clean stop
+        finally:
+            server.server_close()
+            if calls is not None:
+                calls.close()
+            if upstream is not None:
+                upstream.close()
+    return 0
+
+
+@contextmanager
+def _stop_on_term(server) -> Iterator[None]:
+    """SIGTERM ends serve_forever as Ctrl-C does (shutdown() from a handler would deadlock the
+    thread that runs the loop, so the handler raises instead)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop) if _main_thread() else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    from morphogen.wallet.jsonrpc import MAX_BATCH
+
+    rpc = sub.add_parser("rpc", help="a wallet's Ethereum JSON-RPC endpoint, private and verified",
+                         description=__doc__,
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    rpc.add_argument("--server-a", required=True, metavar="URL", help="party A's URL")
+    rpc.add_argument("--server-b", required=True, metavar="URL", help="party B's URL")
+    rpc.add_argument("--public-key", required=True, metavar="FILE|HEX",
+                     help="the chain tables' owner key (owner.pub of chain build's key)")
+    rpc.add_argument("--upstream", default=None, metavar="URL",
+                     help="a node for every request not answered privately (it sees them)")
+    rpc.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
+                     "127.0.0.1: this machine only)")
+    rpc.add_argument("--port", type=int, default=8545, help="port (default 8545)")
+    rpc.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="a browser origin allowed to call it (repeat; * for any): none "
+                          "by default")
+    rpc.add_argument("--max-age", type=float, default=None, metavar="S",
+                     help="refuse state the owner made more than S seconds ago")
+    rpc.add_argument("--min-block", type=int, default=0, metavar="N",
+                     help="refuse state older than block N")
+    rpc.add_argument("--max-batch", type=int, default=MAX_BATCH, metavar="N",
+                     help=f"requests a batch may hold (default {MAX_BATCH})")
+    rpc.add_argument("--call-processes", type=int, default=2, metavar="N",
+                     help="processes running eth_call and eth_estimateGas (revm) over private "
+                          "state (default 2; 0: those go upstream or are refused)")
+    rpc.add_argument("--encoding", choices=("json", "msgpack"), default="json",
+                     help="encoding towards the parties (default json)")
+    rpc.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                     help="seconds a party's or the upstream's answer may take (default 30)")
+    rpc.set_defaults(func=cmd_rpc)
+    return [rpc]
+

@@ -1,0 +1,147 @@
+"""JSON-RPC 2.0 over the private methods: requests, batches, errors, and the upstream node.
+
+`Endpoint.handle(body)` takes an HTTP body and gives the body to answer (None: nothing, for
+notifications only). Every failure is a JSON-RPC error with an integer code, never an
+exception out of here and never a guess:
+
+  -32700  the body is not JSON
+  -32600  not a request object (or an empty batch)
+  -32601  a method this endpoint neither answers nor forwards (no --upstream), named
+  -32602  params that do not fit the method (an address, a slot, a block)
+  -32001  a block other than the one served, without an upstream
+  -32002  no verified, fresh answer: the parties are unreachable, an answer did not verify
+          against the owner's signed root, or the served block is older than the bounds
+  -32005  a batch over `max_batch` requests
+       3  eth_call / eth_estimateGas reverted (data: the revert data), as geth answers
+  -32000  eth_call / eth_estimateGas halted (out of gas, an invalid opcode)
+  -32603  anything else (a bug), the method named, nothing of the request
+
+Requests that are not answered privately (other methods, other blocks) go to the upstream node
+when one is configured, one request at a time, as they came. No address, slot or answer is ever
+logged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from morphogen.client import PirError
+from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
+from morphogen.wallet.evm import CallFailed
+from morphogen.wallet.methods import METHODS, InvalidParams, NotServed
+from morphogen.wallet.state import PrivateState
+
+log = logging.getLogger(__name__)
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+NOT_SERVED = -32001
+UNAVAILABLE = -32002
+LIMIT_EXCEEDED = -32005
+EXECUTION_REVERTED = 3  # geth's code for a reverted eth_call / eth_estimateGas
+CALL_HALTED = -32000  # a call that halted (out of gas, invalid opcode)
+MAX_BATCH = 100
+
+# forwards one request object to the upstream node and returns its response object
+Forward = Callable[[dict], dict]
+
+
+def error(rid: Any, code: int, message: str) -> dict:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
+class Endpoint:
+    def __init__(self, state: PrivateState, *, forward: Forward | None = None,
+                 calls: Any = None, max_batch: int = MAX_BATCH) -> None:
+        """`calls`: a `PrivateCalls` for eth_call and eth_estimateGas (else they are
+        forwarded or refused like any method not answered here)."""
+        if max_batch < 1:
+            raise ValueError("max_batch is at least 1")
+        self.state, self.forward, self.max_batch = state, forward, max_batch
+        self.methods = dict(METHODS)
+        if calls is not None:
+            self.methods["eth_call"] = lambda state, params: calls.eth_call(params)
+            self.methods["eth_estimateGas"] = lambda state, params: calls.eth_estimate_gas(params)
+
+    def handle(self, body: bytes) -> bytes | None:
+        try:
+            request = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return _dump(error(None, PARSE_ERROR, "the body is not JSON"))
+        if isinstance(request, list):
+            if not request:
+                return _dump(error(None, INVALID_REQUEST, "an empty batch"))
+            if len(request) > self.max_batch:
+                return _dump(error(None, LIMIT_EXCEEDED, f"a batch of {len(request)} requests "
+                                   f"is over this endpoint's limit of {self.max_batch}"))
+            answers = [a for a in (self.one(r) for r in request) if a is not None]
+            return _dump(answers) if answers else None
+        answer = self.one(request)
+        return None if answer is None else _dump(answer)
+
+    def one(self, request: Any) -> dict | None:
+        """The response object of one request (None for a notification)."""
+        if not isinstance(request, dict):
+            return error(None, INVALID_REQUEST, "a request is a JSON object")
+        rid = request.get("id")
+        if not isinstance(rid, (str, int, type(None))) or isinstance(rid, bool):
+            return error(None, INVALID_REQUEST, "id must be a string, a number or null")
+        method, params = request.get("method"), request.get("params", [])
+        if request.get("jsonrpc") != "2.0" or not isinstance(method, str):
+            return error(rid, INVALID_REQUEST, 'a request has "jsonrpc": "2.0" and a method')
+        answer = self._answer(rid, method, params, request)
+        return answer if "id" in request else None
+
+    def _answer(self, rid: Any, method: str, params: Any, request: dict) -> dict:
+        handler = self.methods.get(method)
+        try:
+            if handler is None:
+                raise NotServed(f"{method[:64]} is not answered privately")
+            if not isinstance(params, list):
+                raise InvalidParams(f"{method} takes positional params (a JSON array)")
+            return {"jsonrpc": "2.0", "id": rid, "result": handler(self.state, params)}
+        except NotServed as exc:
+            if self.forward is not None:
+                return self._forwarded(rid, method, request)
+            code = METHOD_NOT_FOUND if handler is None else NOT_SERVED
+            return error(rid, code, f"{exc}, and no --upstream node is set to send it to")
+        except InvalidParams as exc:
+            return error(rid, INVALID_PARAMS, f"{method}: {exc}")
+        except CallFailed as exc:  # as a node answers a reverted call: code 3 and its data
+            if exc.reason.startswith("Revert"):
+                return {"jsonrpc": "2.0", "id": rid, "error": {
+                    "code": EXECUTION_REVERTED, "message": "execution reverted",
+                    "data": "0x" + exc.data.hex()}}
+            return error(rid, CALL_HALTED, f"{method}: the call failed: {exc.reason[:200]}")
+        except StaleTableError as exc:
+            return error(rid, UNAVAILABLE, f"{method}: stale state: {exc}")
+        except (KeywordIntegrityError, TableChangingError) as exc:
+            return error(rid, UNAVAILABLE, f"{method}: no verified answer: {exc}")
+        except PirError as exc:
+            return error(rid, UNAVAILABLE, f"{method}: the parties did not answer: {exc}")
+        except Exception as exc:  # a bug: say so without the request's contents
+            log.error("%s failed: %s", method, type(exc).__name__)
+            return error(rid, INTERNAL_ERROR, f"{method}: internal error "
+                         f"({type(exc).__name__})")
+
+    def _forwarded(self, rid: Any, method: str, request: dict) -> dict:
+        assert self.forward is not None
+        try:
+            answer = self.forward(request)
+        except Exception as exc:
+            return error(rid, UNAVAILABLE, f"{method}: the upstream node did not answer "
+                         f"({type(exc).__name__})")
+        if not isinstance(answer, dict):
+            return error(rid, UNAVAILABLE, f"{method}: the upstream node's answer is not a "
+                         "JSON-RPC response")
+        return answer
+
+
+def _dump(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()

@@ -1,0 +1,347 @@
+"""`morphogen rpc` as a wallet meets it: a real chain (anvil) followed into two real parties
+(local Ray Serve, over HTTP), the endpoint on loopback, and web3.py talking to it. After each
+block of a mixed workload, every touched and some never-touched accounts and slots answer
+exactly as anvil answers at that block; after a reorg nothing of the orphaned blocks is
+answered; a lying party gives an error, never a number; bad input is an error and the endpoint
+serves on; the command itself starts, answers and stops."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cluster.cli import main
+from cluster.records import HttpParties
+from morphogen.chain.follow import Follower
+from morphogen.chain.rpc import EthRpc, quantity
+from morphogen.client import PirClient
+from morphogen.client.admin import AdminClient
+from morphogen.client.wire import Answer
+from morphogen.keyword.owner import OwnerTable
+from morphogen.keyword.signing import load_signing_key
+from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
+from tests.chain_node import DEV_ACCOUNTS, running_anvil
+from tests.integration.conftest import deploy
+
+web3 = pytest.importorskip("web3")
+
+pytestmark = [pytest.mark.ray]
+
+TOKEN = "wallet-admin-token-0123456789"
+ROOT = Path(__file__).resolve().parents[2]
+# A contract: with calldata (slot, word) it stores the word; without, it self-destructs to the
+# caller. Its runtime spans three code chunks. init stores 42 in slot 1.
+RUNTIME = bytes.fromhex("36600757" "33ff00" "5b" "602035" "600035" "55" "00") + bytes(2100)
+INIT = (bytes.fromhex("602a600155") + b"\x61" + len(RUNTIME).to_bytes(2, "big")
+        + bytes.fromhex("80" "6011" "6000" "39" "6000" "f3"))
+
+
+def _send(rpc: EthRpc, **tx) -> str:
+    tx.setdefault("from", DEV_ACCOUNTS[0])
+    return rpc.call("eth_sendTransaction", tx)
+
+
+def _mine(rpc: EthRpc) -> dict:
+    rpc.call("evm_mine")
+    return rpc.block("latest")
+
+
+def _catch_up(follower: Follower) -> None:
+    for _ in range(50):
+        if not follower.step():
+            return
+    raise AssertionError("the follower did not catch up")
+
+
+@pytest.fixture(scope="module")
+def wallet(serve_instance, tmp_path_factory):
+    from ray import serve
+
+    root = tmp_path_factory.mktemp("wallet")
+    with running_anvil() as url, EthRpc(url) as rpc:
+        rpc.call("evm_setAutomine", False)
+        assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
+        assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
+        assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
+                     str(root / "o.key"), "--out", str(root / "owner"),
+                     "--min-records", "1024"]) == 0
+        owner = OwnerTable(root / "owner")
+        (root / "token").write_text(TOKEN)
+        (root / "rot").mkdir()
+        urls = []
+        for name in ("wra", "wrb"):
+            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1,
+                   admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"),
+                   admin_snapshot_dir=str(root / "rot"))
+            urls.append(serve_instance.app_url(name))
+        follower = Follower(rpc, owner, HttpParties([AdminClient(u, TOKEN) for u in urls], 30.0,
+                                                    None),
+                            load_signing_key(root / "o.key"), snapshot_dir=str(root / "rot"))
+        pir = PirClient(*urls)
+        upstream = Upstream(url)
+        state = PrivateState(pir, root / "o.pub")
+        calls = CallService(state, processes=1)
+        server = RpcServer(Endpoint(state, forward=upstream, calls=calls.calls), "127.0.0.1", 0)
+        server.start()
+        try:
+            yield {"url": url, "rpc": rpc, "root": root, "urls": urls, "follower": follower,
+                   "server": server, "pir": pir,
+                   "w3": web3.Web3(web3.Web3.HTTPProvider(server.url))}
+        finally:
+            server.shutdown()
+            server.server_close()
+            calls.close()
+            upstream.close()
+            pir.close()
+            for name in ("wra", "wrb"):
+                serve.delete(name)
+
+
+def _post(url: str, body) -> httpx.Response:
+    return httpx.post(url, content=json.dumps(body).encode(), timeout=60,
+                      headers={"content-type": "application/json"})
+
+
+def _same_as_node(wallet, block: dict, addresses: list[str], slots: list[tuple[str, int]]):
+    """web3.py through the endpoint, single raw requests and one batch, against anvil at
+    `block`'s hash."""
+    rpc, w3, url = wallet["rpc"], wallet["w3"], wallet["server"].url
+    at = {"blockHash": block["hash"]}
+    number = int(block["number"], 16)
+    assert w3.eth.block_number == number
+    assert w3.eth.chain_id == int(rpc.call("eth_chainId"), 16)
+    batch, want = [], []
+    for i, a in enumerate(addresses):
+        cs = web3.Web3.to_checksum_address(a)
+        balance = int(rpc.call("eth_getBalance", a, at), 16)
+        nonce = int(rpc.call("eth_getTransactionCount", a, at), 16)
+        code = rpc.call("eth_getCode", a, at)
+        assert w3.eth.get_balance(cs) == balance, a
+        assert w3.eth.get_transaction_count(cs, number) == nonce, a
+        assert "0x" + w3.eth.get_code(cs, block["hash"]).hex() == code, a
+        batch += [{"jsonrpc": "2.0", "id": 3 * i + k, "method": m, "params": [a, "latest"]}
+                  for k, m in enumerate(("eth_getBalance", "eth_getTransactionCount",
+                                         "eth_getCode"))]
+        want += [hex(balance), hex(nonce), code]
+    for a, slot in slots:
+        node = rpc.call("eth_getStorageAt", a, hex(slot), at)
+        got = _post(url, {"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt",
+                          "params": [a, hex(slot), hex(number)]}).json()
+        assert got["result"] == node, (a, slot)
+        assert "0x" + w3.eth.get_storage_at(web3.Web3.to_checksum_address(a), slot).hex() == node
+    answers = sorted(_post(url, batch).json(), key=lambda r: r["id"])
+    assert [r["result"] for r in answers] == want
+
+
+def test_every_answer_is_the_nodes_at_the_served_block(wallet) -> None:
+    rpc, follower = wallet["rpc"], wallet["follower"]
+    fresh = ["0x" + bytes([0x60 + i]).hex() * 20 for i in range(3)]
+    never = ["0x" + bytes([0x70 + i]).hex() * 20 for i in range(2)]
+    _catch_up(follower)
+
+    _send(rpc, to=fresh[0], value=hex(10**18))
+    _send(rpc, to=DEV_ACCOUNTS[3], value="0x7", **{"from": DEV_ACCOUNTS[1]})
+    block = _mine(rpc)
+    _catch_up(follower)
+    _same_as_node(wallet, block, [fresh[0], DEV_ACCOUNTS[0], DEV_ACCOUNTS[1], DEV_ACCOUNTS[3],
+                                  *never], [])
+
+    tx = _send(rpc, data="0x" + (INIT + RUNTIME).hex(), gas=quantity(3_000_000), value="0x99")
+    block = _mine(rpc)
+    contract = rpc.call("eth_getTransactionReceipt", tx)["contractAddress"]
+    _catch_up(follower)
+    _same_as_node(wallet, block, [contract, DEV_ACCOUNTS[0], *never],
+                  [(contract, 1), (contract, 2), (never[0], 1)])
+
+    def store(slot: int, word: int) -> None:
+        _send(rpc, to=contract, gas=quantity(100_000),
+              data="0x" + slot.to_bytes(32, "big").hex() + word.to_bytes(32, "big").hex())
+
+    store(5, 7)
+    store(6, 2**255 + 3)
+    block = _mine(rpc)
+    _catch_up(follower)
+    _same_as_node(wallet, block, [contract], [(contract, 5), (contract, 6), (contract, 1)])
+    store(5, 0)  # zeroing removes the record: the endpoint answers the zero word
+    _send(rpc, to=contract, gas=quantity(100_000), data="0x")  # self-destruct (balance only)
+    _send(rpc, to=fresh[1], value="0x1")
+    block = _mine(rpc)
+    _catch_up(follower)
+    _same_as_node(wallet, block, [contract, fresh[1], DEV_ACCOUNTS[0], *never],
+                  [(contract, 5), (contract, 6)])
+    # the upstream answers what is not private, by its own lights
+    receipt = wallet["w3"].eth.get_transaction_receipt(tx)
+    assert receipt["contractAddress"].lower() == contract.lower()
+
+
+def test_no_answer_from_an_orphaned_block_after_a_reorg(wallet) -> None:
+    rpc, follower, w3 = wallet["rpc"], wallet["follower"], wallet["w3"]
+    lost = "0x" + "44" * 20
+    kept = "0x" + "55" * 20
+    _catch_up(follower)
+    _send(rpc, to=lost, value="0x1234")
+    _mine(rpc)
+    _catch_up(follower)
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(lost)) == 0x1234
+    rpc.call("anvil_reorg", 1, [[{"from": DEV_ACCOUNTS[5], "to": kept, "value": "0x77"}, 0]])
+    block = rpc.block("latest")
+    _catch_up(follower)
+    assert w3.eth.block_number == int(block["number"], 16)
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(lost)) == 0
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(kept)) == 0x77
+    _same_as_node(wallet, block, [lost, kept, DEV_ACCOUNTS[5]], [])
+
+
+CONTRACTS = json.loads((ROOT / "tests" / "vectors" / "wallet_contracts.json").read_text())
+
+
+def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
+    rpc, follower, w3 = wallet["rpc"], wallet["follower"], wallet["w3"]
+    owner = web3.Web3.to_checksum_address(DEV_ACCOUNTS[0])
+    node = web3.Web3(web3.Web3.HTTPProvider(wallet["url"]))
+    build = node.eth.contract(abi=CONTRACTS["Token"]["abi"],
+                              bytecode=CONTRACTS["Token"]["bytecode"])
+    deployed = rpc.call("eth_sendTransaction", {
+        "from": owner, "gas": hex(2_000_000),
+        "data": build.constructor(10**24).data_in_transaction})
+    multi_tx = rpc.call("eth_sendTransaction", {"from": DEV_ACCOUNTS[1], "gas": hex(1_000_000),
+                                                "data": CONTRACTS["Multicall"]["bytecode"]})
+    _mine(rpc)
+    token_at = rpc.call("eth_getTransactionReceipt", deployed)["contractAddress"]
+    multi_at = rpc.call("eth_getTransactionReceipt", multi_tx)["contractAddress"]
+    token = node.eth.contract(address=web3.Web3.to_checksum_address(token_at),
+                              abi=CONTRACTS["Token"]["abi"])
+    holders = [web3.Web3.to_checksum_address(a) for a in DEV_ACCOUNTS[2:7]]
+    for i, h in enumerate(holders):
+        data = token.functions.transfer(h, (i + 1) * 10**18)._encode_transaction_data()
+        rpc.call("eth_sendTransaction", {"from": owner, "to": token_at, "data": data,
+                                         "gas": hex(100_000)})
+    data = token.functions.approve(holders[0], 5)._encode_transaction_data()
+    rpc.call("eth_sendTransaction", {"from": owner, "to": token_at, "data": data,
+                                     "gas": hex(100_000)})
+    block = _mine(rpc)
+    _catch_up(follower)
+    number = int(block["number"], 16)
+    private = w3.eth.contract(address=token.address, abi=CONTRACTS["Token"]["abi"])
+    never = web3.Web3.to_checksum_address("0x" + "77" * 20)
+    for h in [owner, *holders, never]:
+        want = token.functions.balanceOf(h).call(block_identifier=number)
+        assert private.functions.balanceOf(h).call() == want, h
+    assert private.functions.allowance(owner, holders[0]).call() == 5
+    assert private.functions.symbol().call() == "TST"
+    multi = w3.eth.contract(address=web3.Web3.to_checksum_address(multi_at),
+                            abi=CONTRACTS["Multicall"]["abi"])
+    calls = [(token.address, token.functions.balanceOf(h)._encode_transaction_data())
+             for h in holders]
+    got = multi.functions.aggregate(calls).call()
+    want = node.eth.contract(address=multi.address, abi=CONTRACTS["Multicall"]["abi"]
+                             ).functions.aggregate(calls).call(block_identifier=number)
+    assert got == want and all(ok for ok, _ in got)
+    # a revert is the node's error: code 3 and the revert data
+    bad = token.functions.transfer(holders[1], 10**30)._encode_transaction_data()
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+            "params": [{"from": holders[0], "to": token_at, "data": bad}, "latest"]}
+    mine, theirs = _post(wallet["server"].url, body).json(), _post(wallet["url"], body).json()
+    assert mine["error"]["code"] == theirs["error"]["code"] == 3
+    assert mine["error"]["data"] == theirs["error"]["data"]
+    # a gas estimate as the node makes it
+    move = {"from": holders[0], "to": token.address,
+            "data": token.functions.transfer(holders[1], 10**18)._encode_transaction_data()}
+    assert w3.eth.estimate_gas(move) == node.eth.estimate_gas(move, number)
+
+
+class Lying:
+    """A page client whose answers have one byte flipped, as a party that lies makes them."""
+
+    def __init__(self, pir: PirClient) -> None:
+        self.pir = pir
+
+    def info(self, refresh: bool = False):
+        return self.pir.info(refresh=refresh)
+
+    def get_pinned(self, pages, num_pages=None, table=None) -> Answer:
+        a = self.pir.get_pinned(pages, num_pages, table=table)
+        flipped = bytearray(a.pages[0])
+        flipped[100] ^= 0x01
+        return Answer(a.epoch_id, a.identity, [bytes(flipped), *a.pages[1:]])
+
+
+def test_a_lying_or_stale_party_is_an_error_never_a_number(wallet) -> None:
+    pub = wallet["root"] / "o.pub"
+    alice = DEV_ACCOUNTS[2]
+    for state in (PrivateState(Lying(wallet["pir"]), pub),
+                  PrivateState(wallet["pir"], pub, min_block=10**6)):
+        endpoint = Endpoint(state)
+        for method, params in (("eth_getBalance", [alice, "latest"]),
+                               ("eth_getCode", [alice, "latest"]),
+                               ("eth_getStorageAt", [alice, "0x0", "latest"]),
+                               ("eth_blockNumber", [])):
+            answer = json.loads(endpoint.handle(json.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()))
+            assert "result" not in answer, (method, answer)
+            assert answer["error"]["code"] == -32002, answer
+
+
+def test_bad_input_is_an_error_and_the_endpoint_serves_on(wallet) -> None:
+    url = wallet["server"].url
+    cases = [
+        b"{not json", b"[]", b'{"jsonrpc": "2.0", "id": 1}',
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance",
+                    "params": ["0x12", "latest"]}).encode(),
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_getStorageAt",
+                    "params": [DEV_ACCOUNTS[0], "0x" + "1" * 65, "latest"]}).encode(),
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance",
+                    "params": [7, []]}).encode(),
+        json.dumps([{"jsonrpc": "2.0", "id": i, "method": "eth_chainId"}
+                    for i in range(1000)]).encode(),
+    ]
+    for body in cases:
+        r = httpx.post(url, content=body, timeout=30)
+        assert r.status_code == 200
+        assert isinstance(r.json()["error"]["code"], int), body[:60]
+    assert wallet["w3"].eth.chain_id == int(wallet["rpc"].call("eth_chainId"), 16)
+
+
+def test_the_command_serves_and_stops(wallet, tmp_path) -> None:
+    port = _free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "cluster.cli", "rpc", "--server-a", wallet["urls"][0],
+           "--server-b", wallet["urls"][1], "--public-key", str(wallet["root"] / "o.pub"),
+           "--port", str(port)]
+    log = tmp_path / "rpc.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        w3 = web3.Web3(web3.Web3.HTTPProvider(f"http://127.0.0.1:{port}"))
+        deadline = time.monotonic() + 60
+        while not w3.is_connected():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        cs = web3.Web3.to_checksum_address(DEV_ACCOUNTS[9])
+        assert w3.eth.get_balance(cs) == int(wallet["rpc"].call(
+            "eth_getBalance", DEV_ACCOUNTS[9], "latest"), 16)
+        with pytest.raises(Exception, match="eth_sendRawTransaction"):
+            w3.eth.send_raw_transaction(b"\x01")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    text = log.read_text()
+    assert "refused (no --upstream)" in text and "listening on" in text
+    assert DEV_ACCOUNTS[9][2:] not in text.lower()  # no address in the log
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
