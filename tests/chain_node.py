@@ -96,3 +96,20 @@ def running_anvil(chain_id: int = 31337, *, start_s: float = 30.0) -> Iterator[s
         proc.wait(timeout=10)
         if proc.stderr:
             proc.stderr.close()
+
+
+VIEM_INSTALLED = ROOT / ".tools" / "node_modules" / "viem" / "_esm" / "index.js"
+VIEM_INSTALL = "npm install --no-audit --no-fund --prefix .tools viem@2.57.20"
+
+
+def need_viem() -> str:
+    """A file URL of viem's ESM entry (and node on PATH), or this test skipped (failed where CI
+    is set, as for anvil)."""
+    named = os.environ.get("MORPHOGEN_VIEM")
+    found = Path(named) if named else VIEM_INSTALLED
+    if found.is_file() and shutil.which("node"):
+        return found.as_uri()
+    reason = f"viem or node not found: install it with `{VIEM_INSTALL}` or set MORPHOGEN_VIEM"
+    if os.environ.get("CI"):
+        pytest.fail(reason + "; CI must run the wallet tests", pytrace=False)
+    pytest.skip(reason)

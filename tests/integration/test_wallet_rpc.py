@@ -28,7 +28,7 @@ from morphogen.client.wire import Answer
 from morphogen.keyword.owner import OwnerTable
 from morphogen.keyword.signing import load_signing_key
 from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
-from tests.chain_node import DEV_ACCOUNTS, running_anvil
+from tests.chain_node import DEV_ACCOUNTS, need_viem, running_anvil
 from tests.integration.conftest import deploy
 
 web3 = pytest.importorskip("web3")
@@ -256,6 +256,25 @@ def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
     move = {"from": holders[0], "to": token.address,
             "data": token.functions.transfer(holders[1], 10**18)._encode_transaction_data()}
     assert w3.eth.estimate_gas(move) == node.eth.estimate_gas(move, number)
+
+    # a dapp's reads through viem (node), the token balance through eth_call
+    viem = need_viem()
+    addresses = [owner, *holders[:2], never, token.address]
+    proc = subprocess.run(["node", str(ROOT / "tests" / "integration" / "wallet_viem.mjs"),
+                           wallet["server"].url, token.address, *addresses],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, VIEM=viem))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout)
+    at = {"blockHash": block["hash"]}
+    assert (seen["chainId"], int(seen["blockNumber"])) == (31337, number)
+    for a in addresses:
+        got = seen["accounts"][a]
+        assert int(got["balance"]) == int(rpc.call("eth_getBalance", a, at), 16), a
+        assert got["nonce"] == int(rpc.call("eth_getTransactionCount", a, at), 16), a
+        assert got["code"] == rpc.call("eth_getCode", a, at), a
+        assert got["slot0"] == rpc.call("eth_getStorageAt", token_at, "0x0", at)
+        assert int(got["token"]) == token.functions.balanceOf(a).call(block_identifier=number)
 
 
 class Lying:
