@@ -11,7 +11,8 @@ new block. pyrevm holds the interpreter lock while it waits on its HTTP requests
 worker processes (`CallWorkers`), never in the process that answers them.
 
 Padding. Within a call each account is read once (one accounts lookup: balance, nonce and code
-hash), each contract's code once (one request of CODE_READ_CHUNKS chunks) and each word once.
+hash), each contract's code once (one request of CODE_READ_CHUNKS chunks) and each word once;
+what a call at the same version already read is not asked again (`PrivateState.call_cache`).
 After the run the count of requests of each table is raised to the next of CALL_BUCKETS with
 lookups of random keys, asked and verified as real ones: the parties learn the bucket of each
 count, not which contract was called nor how many reads it took. The order and timing of the
@@ -37,7 +38,7 @@ from morphogen.chain.state import (
     word_bytes,
 )
 from morphogen.wallet.methods import InvalidParams, NotServed, block_param, quantity
-from morphogen.wallet.state import PrivateState, Served, served_of
+from morphogen.wallet.state import PrivateState, Served
 
 CALL_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 SPEC = "PRAGUE"
@@ -71,9 +72,9 @@ class CallReads:
 
     def __init__(self, state: PrivateState, served: Served) -> None:
         self.state, self.served = state, served
-        self.accounts: dict[bytes, Account | None] = {}
-        self.code: dict[bytes, bytes] = {}
-        self.words: dict[tuple[bytes, bytes], int] = {}
+        # shared with the other calls at this version: what one read, the next need not ask
+        cache = state.call_cache(served)
+        self.accounts, self.code, self.words = cache.accounts, cache.code, cache.words
         self.requests = {"accounts": 0, "storage": 0, "code": 0}
         self.moved = False
         self.failure: Exception | None = None  # a read that failed: the call's answer
@@ -290,7 +291,7 @@ class PrivateCalls:
         if len(params) > 2 and params[2] not in (None, {}):
             raise NotServed("state overrides are not run privately")
         for _ in range(TRIES):
-            served = served_of(self.state.clients["accounts"].descriptor(refresh=True))
+            served = self.state.head()
             wanted.check(served)
             reads = CallReads(self.state, served)
             token = self.routes.open(reads)

@@ -69,52 +69,79 @@ def served_of(desc: Descriptor) -> Served:
 
 
 class PrivateState:
-    """Private, verified state reads at the block the parties serve. Thread-safe (one read at
-    a time: the clients keep the version they read last)."""
+    """Private, verified state reads at the block the parties serve. Thread-safe: each thread
+    reads through clients of its own (a client keeps the version it read last), all bound
+    below by the newest version and block any of them has accepted, so no answer goes back in
+    time once another has shown a later block."""
 
     def __init__(self, pir: Any, public_key: Any, *, max_age: float | None = None,
                  min_block: int = 0) -> None:
-        self.clients = {t: KeywordClient(pir, public_key, table=t, max_age=max_age,
-                                         min_block=min_block) for t in TABLES}
+        self.pir, self.public_key, self.max_age = pir, public_key, max_age
+        self.seen_version, self.seen_block = 0, min_block
+        self._local = threading.local()
         self._lock = threading.Lock()
+        self._calls: tuple[tuple[int, str], CallCache] | None = None
+        self.clients  # noqa: B018 - this thread's clients: a bad key fails here, not later
+
+    @property
+    def clients(self) -> dict[str, KeywordClient]:
+        """This thread's clients, one a table."""
+        mine = getattr(self._local, "clients", None)
+        if mine is None:
+            mine = self._local.clients = {
+                t: KeywordClient(self.pir, self.public_key, table=t, max_age=self.max_age,
+                                 trusted_version=lambda: self.seen_version,
+                                 trusted_block=lambda: self.seen_block) for t in TABLES}
+        return mine
+
+    def _accepted(self, desc: Descriptor) -> Served:
+        served = served_of(desc)
+        with self._lock:
+            self.seen_version = max(self.seen_version, served.version)
+            self.seen_block = max(self.seen_block, served.number)
+        return served
 
     def head(self) -> Served:
         """The block the parties serve now (the accounts table's signed descriptor, read
         again)."""
-        with self._lock:
-            return served_of(self.clients["accounts"].descriptor(refresh=True))
+        return self._accepted(self.clients["accounts"].descriptor(refresh=True))
 
     def accounts(self, addresses: Sequence[bytes | str]) -> tuple[list[Account | None], Served]:
         keys = [address_bytes(a) for a in addresses]
-        with self._lock:
-            values, desc = self.clients["accounts"].read_at(keys)
-        return [None if v is None else decode_account(v) for v in values], served_of(desc)
+        values, desc = self.clients["accounts"].read_at(keys)
+        return [None if v is None else decode_account(v) for v in values], self._accepted(desc)
 
     def storage(self, pairs: Sequence[tuple[bytes | str, int | bytes | str]]
                 ) -> tuple[list[int], Served]:
         keys = [storage_key(a, s) for a, s in pairs]
+        values, desc = self.clients["storage"].read_at(keys)
+        return [decode_storage_value(v) for v in values], self._accepted(desc)
+
+    def call_cache(self, served: Served) -> CallCache:
+        """What calls at `served`'s version have read, shared by the calls at that version (a
+        wallet's calls to twenty tokens read the caller and the common code once)."""
+        key = (served.version, served.hash)
         with self._lock:
-            values, desc = self.clients["storage"].read_at(keys)
-        return [decode_storage_value(v) for v in values], served_of(desc)
+            if self._calls is None or self._calls[0] != key:
+                self._calls = (key, CallCache())
+            return self._calls[1]
 
     def code(self, address: bytes | str) -> tuple[bytes, Served]:
         """The account's code (empty for none), checked against its code hash."""
         key = address_bytes(address)
-        with self._lock:
-            for _ in range(TRIES):
-                (value,), desc = self.clients["accounts"].read_at([key])
-                code_hash = EMPTY_CODE_HASH if value is None else decode_account(value).code_hash
-                chunks, code_desc = self._chunks(code_hash)
-                if _same_version(desc, code_desc):
-                    return self._joined(code_hash, chunks), served_of(desc)
+        for _ in range(TRIES):
+            (value,), desc = self.clients["accounts"].read_at([key])
+            code_hash = EMPTY_CODE_HASH if value is None else decode_account(value).code_hash
+            chunks, code_desc = self._chunks(code_hash)
+            if _same_version(desc, code_desc):
+                return self._joined(code_hash, chunks), self._accepted(desc)
         raise TableChangingError(f"a new version was published between the account and its "
                                  f"code at each of {TRIES} tries")
 
     def code_by_hash(self, code_hash: bytes) -> tuple[bytes, Served]:
         """The code under a hash an account read named (one code request)."""
-        with self._lock:
-            chunks, desc = self._chunks(code_hash)
-        return self._joined(code_hash, chunks), served_of(desc)
+        chunks, desc = self._chunks(code_hash)
+        return self._joined(code_hash, chunks), self._accepted(desc)
 
     def dummy(self, table: str) -> None:
         """One request of `table` as a real read of it is shaped, for random keys (padding):
@@ -122,8 +149,7 @@ class PrivateState:
         sizes = {"accounts": (1, ADDRESS_SIZE), "storage": (1, STORAGE_KEY_SIZE),
                  "code": (CODE_READ_CHUNKS, CODE_KEY_SIZE)}
         count, size = sizes[table]
-        with self._lock:
-            self.clients[table].read_at([secrets.token_bytes(size) for _ in range(count)])
+        self.clients[table].read_at([secrets.token_bytes(size) for _ in range(count)])
 
     def _chunks(self, code_hash: bytes) -> tuple[list[bytes | None], Descriptor]:
         code = self.clients["code"]
@@ -154,6 +180,15 @@ class PrivateState:
             return join_code(code_hash, [c for c in chunks if c is not None])
         except ValueError as exc:
             raise KeywordIntegrityError(f"code read from the table: {exc}") from None
+
+
+class CallCache:
+    """Accounts, code and words read at one version, for the calls at that version."""
+
+    def __init__(self) -> None:
+        self.accounts: dict[bytes, Account | None] = {}
+        self.code: dict[bytes, bytes] = {}
+        self.words: dict[tuple[bytes, bytes], int] = {}
 
 
 def _same_version(a: Descriptor, b: Descriptor) -> bool:

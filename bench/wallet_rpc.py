@@ -1,0 +1,238 @@
+"""`morphogen rpc` against a real chain (anvil) followed into two real parties (local Ray Serve).
+
+Three measurements, one run, every answer checked against anvil's:
+
+- **eth_getBalance** through the endpoint (HTTP, one at a time): requests/s, p50/p99 latency,
+  against the yardstick measured in the same run: one plain private page read of the same
+  parties (`PirClient.get`).
+- **eth_call of balanceOf**: latency p50/p99 and the private requests one call makes (accounts,
+  storage, code, padding included), for the first call at a new version (cold: nothing of the
+  version read yet) and for the next calls at it (warm).
+- **A wallet's opening burst** at a new version: chain id, block number, balance, nonce and 20
+  token balances (20 eth_calls to 20 tokens), sent at once as a wallet does (8 in flight), end
+  to end; target p50 <= 300 ms.
+
+    python bench/wallet_rpc.py [--runs 200]
+Results: bench/results/wallet_rpc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import serve_two_parties  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+TOKEN = "wallet-bench-token-0123456789"
+TOKENS = 20
+CONTRACTS = json.loads((ROOT / "tests" / "vectors" / "wallet_contracts.json").read_text())
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _summary(ms: list[float]) -> dict:
+    return {"n": len(ms), "p50_ms": round(_pct(ms, 0.5), 2), "p99_ms": round(_pct(ms, 0.99), 2),
+            "per_s": round(len(ms) / (sum(ms) / 1e3), 1)}
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(runs: int) -> dict:
+    from cluster import local
+    from cluster.records import HttpParties
+    from morphogen.chain import EthRpc, export_from_node, state_records
+    from morphogen.chain.follow import Follower
+    from morphogen.chain.tables import build_chain_tables
+    from morphogen.client import PirClient
+    from morphogen.client.admin import AdminClient
+    from morphogen.keyword.descriptor import Anchor
+    from morphogen.keyword.owner import OwnerTable, create_owner_dir
+    from morphogen.keyword.signing import generate_key_files, load_signing_key
+    from morphogen.wallet import CallService, Endpoint, RpcServer
+    from tests.chain_node import DEV_ACCOUNTS, running_anvil
+
+    work = Path(tempfile.mkdtemp(prefix="morphogen-walletbench-"))
+    key_path, pub_path = generate_key_files(work / "owner.key")
+    key = load_signing_key(key_path)
+    wallet = DEV_ACCOUNTS[3]
+    out: dict = {"machine_cpus": os.cpu_count()}
+    with running_anvil() as url, EthRpc(url) as rpc, \
+            local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
+        rpc.call("evm_setAutomine", False)
+        deploys = [rpc.call("eth_sendTransaction", {
+            "from": DEV_ACCOUNTS[0], "gas": hex(2_000_000),
+            "data": CONTRACTS["Token"]["bytecode"] + f"{10**24 + i:064x}"})
+            for i in range(TOKENS)]
+        rpc.call("evm_mine")
+        tokens = [rpc.call("eth_getTransactionReceipt", t)["contractAddress"] for t in deploys]
+        for i, t in enumerate(tokens):  # transfer(wallet, i + 1)
+            rpc.call("eth_sendTransaction", {
+                "from": DEV_ACCOUNTS[0], "to": t, "gas": hex(100_000),
+                "data": "0xa9059cbb" + "00" * 12 + wallet[2:] + f"{i + 1:064x}"})
+        rpc.call("evm_mine")
+        header = export_from_node(rpc, work / "state.jsonl")
+        table = build_chain_tables(state_records(work / "state.jsonl"), key,
+                                   Anchor(header.chain_id, header.block.number,
+                                          header.block.hash), min_records=4096)
+        create_owner_dir(table, work / "owner")
+        owner = OwnerTable(work / "owner")
+        (work / "token").write_text(TOKEN)
+        (work / "snaps").mkdir()
+        urls = serve_two_parties(cluster, owner.snapshot_dir(1), work)
+        admins = [AdminClient(u, TOKEN) for u in urls]
+        follower = Follower(rpc, owner, HttpParties(admins, 120.0, None), key,
+                            snapshot_dir=str(work / "snaps"))
+        while follower.step():
+            pass
+        at = {"blockHash": rpc.block("latest")["hash"]}
+        pir = PirClient(*urls)
+        state = CountingState(pir, pub_path)
+        calls = CallService(state, processes=2)
+        server = RpcServer(Endpoint(state, calls=calls.calls), "127.0.0.1", 0)
+        server.start()
+        http = httpx.Client(base_url=server.url, timeout=60,
+                            headers={"content-type": "application/json"})
+
+        def ask(method: str, *params) -> object:
+            r = http.post("/", json={"jsonrpc": "2.0", "id": 1, "method": method,
+                                     "params": list(params)}).json()
+            if "result" not in r:
+                raise RuntimeError(f"{method}: {r['error']}")
+            return r["result"]
+
+        try:
+            _log("warming up")
+            ask("eth_getBalance", wallet, "latest")
+            n_pages = pir.info().num_pages
+            # 1. eth_getBalance against a plain page read of the same parties
+            want = rpc.call("eth_getBalance", wallet, at)
+            page_ms, balance_ms = [], []
+            for i in range(runs):
+                t = time.perf_counter()
+                pir.get([i % n_pages])
+                page_ms.append((time.perf_counter() - t) * 1e3)
+                t = time.perf_counter()
+                got = ask("eth_getBalance", wallet, "latest")
+                balance_ms.append((time.perf_counter() - t) * 1e3)
+                assert got == want, (got, want)
+            out["page_read"] = _summary(page_ms)
+            out["eth_getBalance"] = _summary(balance_ms)
+            out["eth_getBalance_over_page_read_p50"] = round(
+                _pct(balance_ms, 0.5) / _pct(page_ms, 0.5), 2)
+            _log(f"page read {out['page_read']}, eth_getBalance {out['eth_getBalance']}")
+            def new_version() -> dict:
+                """An empty block, followed: the calls' shared reads start cold."""
+                rpc.call("evm_mine")
+                while follower.step():
+                    pass
+                return {"blockHash": rpc.block("latest")["hash"]}
+
+            # 2. eth_call of balanceOf: latency and lookups, the first call at a version (cold)
+            #    and the calls after it at the same version (warm: caller and code known)
+            data = "0x70a08231" + "00" * 12 + wallet[2:]
+            cold_ms, warm_ms = [], []
+            state.reset()
+            cold = max(5, runs // 8)
+            for _ in range(cold):
+                at = new_version()
+                want = rpc.call("eth_call", {"to": tokens[0], "data": data}, at)
+                for i in range(3):
+                    t = time.perf_counter()
+                    got = ask("eth_call", {"to": tokens[0], "data": data}, "latest")
+                    (warm_ms if i else cold_ms).append((time.perf_counter() - t) * 1e3)
+                    assert got == want, (got, want)
+            out["eth_call_balanceOf_cold"] = _summary(cold_ms)
+            out["eth_call_balanceOf_cold"]["requests_per_call"] = {
+                k: round(v / cold, 2) for k, v in state.counts.items()}
+            out["eth_call_balanceOf_warm"] = _summary(warm_ms)
+            _log(f"eth_call balanceOf cold {out['eth_call_balanceOf_cold']}, "
+                 f"warm {out['eth_call_balanceOf_warm']}")
+            # 3. the opening burst at a new version, 8 requests in flight
+            burst_ms = []
+            with ThreadPoolExecutor(8) as pool:
+                for _ in range(max(5, runs // 20)):
+                    at = new_version()
+                    wants = [rpc.call("eth_call", {"to": tk, "data": data}, at) for tk in tokens]
+                    t = time.perf_counter()
+                    jobs = [pool.submit(ask, "eth_chainId"), pool.submit(ask, "eth_blockNumber"),
+                            pool.submit(ask, "eth_getBalance", wallet, "latest"),
+                            pool.submit(ask, "eth_getTransactionCount", wallet, "latest")]
+                    jobs += [pool.submit(ask, "eth_call", {"to": tk, "data": data}, "latest")
+                             for tk in tokens]
+                    got = [j.result() for j in jobs]
+                    burst_ms.append((time.perf_counter() - t) * 1e3)
+                    assert got[4:] == wants
+            out["opening_burst"] = {**_summary(burst_ms), "requests": 4 + TOKENS,
+                                    "in_flight": 8, "target_p50_ms": 300}
+            _log(f"opening burst {out['opening_burst']}")
+        finally:
+            http.close()
+            server.shutdown()
+            server.server_close()
+            calls.close()
+            pir.close()
+    return out
+
+
+class CountingState:
+    """PrivateState, counting the requests each table is asked (padding included)."""
+
+    def __new__(cls, pir, pub):
+        from morphogen.wallet import PrivateState
+
+        class _Counting(PrivateState):
+            def reset(self) -> None:
+                self.counts = {"accounts": 0, "storage": 0, "code": 0}
+
+            def accounts(self, addresses):
+                self.counts["accounts"] += 1
+                return super().accounts(addresses)
+
+            def storage(self, pairs):
+                self.counts["storage"] += 1
+                return super().storage(pairs)
+
+            def code_by_hash(self, code_hash):
+                self.counts["code"] += 1
+                return super().code_by_hash(code_hash)
+
+            def dummy(self, table):
+                self.counts[table] += 1
+                return super().dummy(table)
+
+        state = _Counting(pir, pub)
+        state.reset()
+        return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=200)
+    args = ap.parse_args(argv)
+    result = run(args.runs)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "wallet_rpc.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
