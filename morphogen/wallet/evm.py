@@ -15,8 +15,9 @@ hash), each contract's code once (one request of CODE_READ_CHUNKS chunks) and ea
 what a call at the same version already read is not asked again (`PrivateState.call_cache`).
 After the run the count of requests of each table is raised to the next of CALL_BUCKETS with
 lookups of random keys, asked and verified as real ones: the parties learn the bucket of each
-count, not which contract was called nor how many reads it took. The order and timing of the
-requests are not padded.
+count, not which contract was called nor how many reads it took. A table not asked at all stays
+at 0 (a call to an account without code reads none; one whose reads were all made at this
+version before reads nothing). The order and timing of the requests are not padded.
 """
 
 from __future__ import annotations
