@@ -121,6 +121,16 @@ def deploy(instance: ServeInstance, name: str, **overrides: Any) -> Any:
     )
 
 
+def delete_apps(*names: str) -> None:
+    """A module's parties gone at its end: replicas left running (health checks, pollers)
+    would load the machine for every later test, the multi-node scenario's above all."""
+    from ray import serve
+
+    for name in names:
+        if name in serve.status().applications:
+            serve.delete(name)
+
+
 @pytest.fixture(scope="session")
 def parties(serve_instance: ServeInstance) -> ServeInstance:
     """Party A with 3 shards and party B with 2, on the same synthetic snapshot."""

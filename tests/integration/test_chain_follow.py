@@ -33,7 +33,7 @@ from morphogen.keyword import KeywordClient
 from morphogen.keyword.owner import OwnerTable, WriterBusy, writer_lock
 from morphogen.keyword.signing import load_signing_key
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
-from tests.integration.conftest import deploy
+from tests.integration.conftest import delete_apps, deploy
 
 pytestmark = [pytest.mark.ray]
 
@@ -133,6 +133,7 @@ def chain(serve_instance, tmp_path_factory):
             urls.append(serve_instance.app_url(name))
         yield {"url": url, "rpc": rpc, "root": root, "urls": urls, "owner": owner,
                "key": load_signing_key(root / "o.key"), "pub": root / "o.pub"}
+        delete_apps("cfa", "cfb")
 
 
 def _follower(chain, **kw) -> Follower:

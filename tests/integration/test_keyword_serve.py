@@ -25,7 +25,7 @@ from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import publish
 from morphogen.keyword.signing import generate_key_files, load_signing_key
 from morphogen.keyword.verify import ANSWER_FAILED
-from tests.integration.conftest import deploy
+from tests.integration.conftest import delete_apps, deploy
 
 pytestmark = [pytest.mark.ray]
 
@@ -70,8 +70,9 @@ def table(serve_instance, tmp_path_factory):
         deploy(serve_instance, name, snapshot=str(snapshot), num_shards=shards,
                admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"))
         urls[name] = serve_instance.app_url(name)
-    return {"urls": urls, "pub": pub_path, "key": signing_key, "accounts": accounts,
-            "owner": root / "owner", "descriptor": built.descriptor}
+    yield {"urls": urls, "pub": pub_path, "key": signing_key, "accounts": accounts,
+           "owner": root / "owner", "descriptor": built.descriptor}
+    delete_apps("kwa", "kwb")
 
 
 def _client(table, **kw):

@@ -11,7 +11,7 @@ import pytest
 from morphogen.publication.log import EpochLog
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 from morphogen.storage import open_location
-from tests.integration.conftest import deploy, wait_until
+from tests.integration.conftest import delete_apps, deploy, wait_until
 
 pytestmark = [pytest.mark.ray]
 
@@ -43,8 +43,9 @@ def party(serve_instance, s3_server, tmp_path_factory):
            admin_token_file=str(root / "token"), admin_snapshot_dir=f"s3://{bucket}/snapshots",
            epoch_log_dir=f"s3://{bucket}/logs/b",
            snapshot_cache_dir=str(root / "node-cache"))
-    return {"bucket": bucket, "root": root,
-            "urls": [serve_instance.app_url("s3a"), serve_instance.app_url("s3b")]}
+    yield {"bucket": bucket, "root": root,
+           "urls": [serve_instance.app_url("s3a"), serve_instance.app_url("s3b")]}
+    delete_apps("s3a", "s3b")
 
 
 def _check(urls, model: np.ndarray, wanted: list[int]) -> int:

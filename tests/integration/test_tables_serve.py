@@ -11,7 +11,7 @@ import pytest
 from morphogen.client import PirClient, UnknownTable
 from morphogen.client.admin import AdminClient, publish_to_parties
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
-from tests.integration.conftest import apply_changes, deploy
+from tests.integration.conftest import apply_changes, delete_apps, deploy
 
 pytestmark = [pytest.mark.ray]
 
@@ -34,7 +34,8 @@ def served(serve_instance, tmp_path_factory):
         deploy(serve_instance, name, snapshot=str(root / "snaps" / "base"), num_shards=shards,
                admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"))
         urls.append(serve_instance.app_url(name))
-    return urls
+    yield urls
+    delete_apps("ta", "tb")
 
 
 def _page(model: np.ndarray, name: str, i: int) -> bytes:

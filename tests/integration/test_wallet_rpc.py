@@ -29,7 +29,7 @@ from morphogen.keyword.owner import OwnerTable
 from morphogen.keyword.signing import load_signing_key
 from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
 from tests.chain_node import DEV_ACCOUNTS, need_viem, running_anvil
-from tests.integration.conftest import deploy
+from tests.integration.conftest import delete_apps, deploy
 
 web3 = pytest.importorskip("web3")
 
@@ -63,8 +63,6 @@ def _catch_up(follower: Follower) -> None:
 
 @pytest.fixture(scope="module")
 def wallet(serve_instance, tmp_path_factory):
-    from ray import serve
-
     root = tmp_path_factory.mktemp("wallet")
     with running_anvil() as url, EthRpc(url) as rpc:
         rpc.call("evm_setAutomine", False)
@@ -101,8 +99,7 @@ def wallet(serve_instance, tmp_path_factory):
             calls.close()
             upstream.close()
             pir.close()
-            for name in ("wra", "wrb"):
-                serve.delete(name)
+            delete_apps("wra", "wrb")
 
 
 def _post(url: str, body) -> httpx.Response:
