@@ -21,6 +21,18 @@ def pytest_configure(config: pytest.Config) -> None:
             config.addinivalue_line("filterwarnings", f"ignore::pydantic.warnings.{name}")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The multi-node scenario first. It runs a Ray cluster of several nodes of its own and
+    needs this machine's cores while its load steps are timed; run after the integration
+    modules, it shares them with this session's Ray instance and every party still deployed
+    there (on 2 cores its shards then missed the scale-up it waits for)."""
+    first = [i for i in items if "tests/multinode/" in i.nodeid.replace("\\", "/")
+             or i.nodeid.startswith("multinode/")]
+    if first:
+        moved = set(first)
+        items[:] = first + [i for i in items if i not in moved]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def compiled_cpu_kernels() -> None:
     """Compile (or load from numba's on-disk cache) the jitted kernels once, up front.

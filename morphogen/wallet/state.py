@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import secrets
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +70,9 @@ def served_of(desc: Descriptor) -> Served:
 
 
 class PrivateState:
-    """Private, verified state reads at the block the parties serve. Thread-safe: each thread
-    reads through clients of its own (a client keeps the version it read last), all bound
+    """Private, verified state reads at the block the parties serve. Thread-safe: a read
+    borrows a set of clients no other read is using (a client keeps the version it read last,
+    so a set is reused across requests and connections rather than made for each), all bound
     below by the newest version and block any of them has accepted, so no answer goes back in
     time once another has shown a later block."""
 
@@ -78,21 +80,26 @@ class PrivateState:
                  min_block: int = 0) -> None:
         self.pir, self.public_key, self.max_age = pir, public_key, max_age
         self.seen_version, self.seen_block = 0, min_block
-        self._local = threading.local()
+        self._free: list[dict[str, KeywordClient]] = []
         self._lock = threading.Lock()
         self._calls: tuple[tuple[int, str], CallCache] | None = None
-        self.clients  # noqa: B018 - this thread's clients: a bad key fails here, not later
+        with self.clients():  # a bad key fails here, not at the first request
+            pass
 
-    @property
-    def clients(self) -> dict[str, KeywordClient]:
-        """This thread's clients, one a table."""
-        mine = getattr(self._local, "clients", None)
+    @contextmanager
+    def clients(self) -> Iterator[dict[str, KeywordClient]]:
+        """A set of clients, one a table, for one read."""
+        with self._lock:
+            mine = self._free.pop() if self._free else None
         if mine is None:
-            mine = self._local.clients = {
-                t: KeywordClient(self.pir, self.public_key, table=t, max_age=self.max_age,
-                                 trusted_version=lambda: self.seen_version,
-                                 trusted_block=lambda: self.seen_block) for t in TABLES}
-        return mine
+            mine = {t: KeywordClient(self.pir, self.public_key, table=t, max_age=self.max_age,
+                                     trusted_version=lambda: self.seen_version,
+                                     trusted_block=lambda: self.seen_block) for t in TABLES}
+        try:
+            yield mine
+        finally:
+            with self._lock:
+                self._free.append(mine)
 
     def _accepted(self, desc: Descriptor) -> Served:
         served = served_of(desc)
@@ -104,17 +111,20 @@ class PrivateState:
     def head(self) -> Served:
         """The block the parties serve now (the accounts table's signed descriptor, read
         again)."""
-        return self._accepted(self.clients["accounts"].descriptor(refresh=True))
+        with self.clients() as c:
+            return self._accepted(c["accounts"].descriptor(refresh=True))
 
     def accounts(self, addresses: Sequence[bytes | str]) -> tuple[list[Account | None], Served]:
         keys = [address_bytes(a) for a in addresses]
-        values, desc = self.clients["accounts"].read_at(keys)
+        with self.clients() as c:
+            values, desc = c["accounts"].read_at(keys)
         return [None if v is None else decode_account(v) for v in values], self._accepted(desc)
 
     def storage(self, pairs: Sequence[tuple[bytes | str, int | bytes | str]]
                 ) -> tuple[list[int], Served]:
         keys = [storage_key(a, s) for a, s in pairs]
-        values, desc = self.clients["storage"].read_at(keys)
+        with self.clients() as c:
+            values, desc = c["storage"].read_at(keys)
         return [decode_storage_value(v) for v in values], self._accepted(desc)
 
     def call_cache(self, served: Served) -> CallCache:
@@ -129,18 +139,21 @@ class PrivateState:
     def code(self, address: bytes | str) -> tuple[bytes, Served]:
         """The account's code (empty for none), checked against its code hash."""
         key = address_bytes(address)
-        for _ in range(TRIES):
-            (value,), desc = self.clients["accounts"].read_at([key])
-            code_hash = EMPTY_CODE_HASH if value is None else decode_account(value).code_hash
-            chunks, code_desc = self._chunks(code_hash)
-            if _same_version(desc, code_desc):
-                return self._joined(code_hash, chunks), self._accepted(desc)
+        with self.clients() as c:
+            for _ in range(TRIES):
+                (value,), desc = c["accounts"].read_at([key])
+                code_hash = (EMPTY_CODE_HASH if value is None
+                             else decode_account(value).code_hash)
+                chunks, code_desc = self._chunks(c["code"], code_hash)
+                if _same_version(desc, code_desc):
+                    return self._joined(code_hash, chunks), self._accepted(desc)
         raise TableChangingError(f"a new version was published between the account and its "
                                  f"code at each of {TRIES} tries")
 
     def code_by_hash(self, code_hash: bytes) -> tuple[bytes, Served]:
         """The code under a hash an account read named (one code request)."""
-        chunks, desc = self._chunks(code_hash)
+        with self.clients() as c:
+            chunks, desc = self._chunks(c["code"], code_hash)
         return self._joined(code_hash, chunks), self._accepted(desc)
 
     def dummy(self, table: str) -> None:
@@ -149,10 +162,11 @@ class PrivateState:
         sizes = {"accounts": (1, ADDRESS_SIZE), "storage": (1, STORAGE_KEY_SIZE),
                  "code": (CODE_READ_CHUNKS, CODE_KEY_SIZE)}
         count, size = sizes[table]
-        self.clients[table].read_at([secrets.token_bytes(size) for _ in range(count)])
+        with self.clients() as c:
+            c[table].read_at([secrets.token_bytes(size) for _ in range(count)])
 
-    def _chunks(self, code_hash: bytes) -> tuple[list[bytes | None], Descriptor]:
-        code = self.clients["code"]
+    @staticmethod
+    def _chunks(code: KeywordClient, code_hash: bytes) -> tuple[list[bytes | None], Descriptor]:
         values, desc = code.read_at([code_key(code_hash, i) for i in range(CODE_READ_CHUNKS)])
         if code_hash == EMPTY_CODE_HASH or values[0] is None:
             return values, desc
