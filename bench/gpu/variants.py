@@ -26,25 +26,15 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, write_csv  # noqa: E402
+from reference_scale import build_pages  # noqa: E402
 from scan_gpu import device_slug, query_keys  # noqa: E402
 
 from morphogen.engine import gpu_kernels, sliced  # noqa: E402
 from morphogen.engine.gpu import GpuEngine  # noqa: E402
 
 QUERIES = (1, 2, 4, 8, 16, 32)
-
-
-def build_pages(n: int, rng: np.random.Generator) -> np.ndarray:
-    """n random pages: 1 GiB of random bytes tiled, each tile stamped with its index."""
-    tile = min(n, 1 << 18)
-    base = np.frombuffer(rng.bytes(tile * 4096), np.uint8).reshape(tile, 4096)
-    pages = np.empty((n, 4096), np.uint8)
-    for i in range(0, n, tile):
-        m = min(tile, n - i)
-        pages[i : i + m] = base[:m]
-        pages[i : i + m, :4] = np.frombuffer(np.uint32(i // tile).tobytes(), np.uint8)
-    return pages
 
 
 def label(tuning: dict[str, int]) -> str:

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from morphogen.chain.state import address_bytes, word_bytes
+from morphogen.chain.state import Account, address_bytes, word_bytes
 from morphogen.wallet.state import PrivateState, Served
 
 _QUANTITY = re.compile(r"0x(0|[1-9a-fA-F][0-9a-fA-F]*)")
@@ -101,19 +101,22 @@ def _slot(value: Any) -> bytes:
         raise InvalidParams(str(exc)) from None
 
 
-def eth_get_balance(state: PrivateState, params: list) -> str:
-    address, block = _params(params, 1, 2, "eth_getBalance")
+def _account(state: PrivateState, params: list, method: str) -> Account | None:
+    """The account of (address, block) params, at the served block."""
+    address, block = _params(params, 1, 2, method)
     key, wanted = _address(address), block_param(block)
     (account,), served = state.accounts([key])
     wanted.check(served)
+    return account
+
+
+def eth_get_balance(state: PrivateState, params: list) -> str:
+    account = _account(state, params, "eth_getBalance")
     return hex(0 if account is None else account.balance)
 
 
 def eth_get_transaction_count(state: PrivateState, params: list) -> str:
-    address, block = _params(params, 1, 2, "eth_getTransactionCount")
-    key, wanted = _address(address), block_param(block)
-    (account,), served = state.accounts([key])
-    wanted.check(served)
+    account = _account(state, params, "eth_getTransactionCount")
     return hex(0 if account is None else account.nonce)
 
 
