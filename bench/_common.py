@@ -78,6 +78,7 @@ def serve_two_parties(cluster, snapshot, work: Path, *, admin: bool = True) -> l
     under `work` and rotations read from `work/snaps`. Returns their URLs."""
     from ray import serve
 
+    from cluster import local
     from deployments.app import build_app
     from morphogen.config import PartyConfig
 
@@ -91,4 +92,5 @@ def serve_two_parties(cluster, snapshot, work: Path, *, admin: bool = True) -> l
                           graceful_shutdown_timeout_s=1.0, **extra)
         serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
         urls.append(cluster.app_url(f"/{name}"))
+    local.wait_routed(urls)
     return urls

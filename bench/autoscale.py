@@ -249,6 +249,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         serve.run(build_app(cfg_b), name="b", route_prefix="/b")
         serve.run(build_app(cfg_a), name="a", route_prefix="/a")
         url_a, url_b = cluster.app_url("/a"), cluster.app_url("/b")
+        local.wait_routed([url_a, url_b])
         models = {1: synthetic_pages(31, 0, 300)}
         load = Load(url_a, url_b, models)
         t0 = time.monotonic()

@@ -171,6 +171,7 @@ def serve_replay(args: argparse.Namespace) -> int:
                 serve.run(build_app({**common, "epoch_log_dir": str(root / f"log-{name}")}),
                           name=name, route_prefix=f"/{name}")
             url_a, url_b = cluster.app_url("/pa"), cluster.app_url("/pb")
+            local.wait_routed([url_a, url_b])
             rng = random.Random(3)
             with AdminClient(url_a, token) as adm_a, AdminClient(url_b, token) as adm_b:
                 for adm in (adm_a, adm_b):

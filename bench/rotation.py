@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                       name=name, route_prefix=f"/{name}")
             _log(f"[bench] party {name} deployed in {time.monotonic() - t:.1f}s")
         url_a, url_b = cluster.app_url("/ra"), cluster.app_url("/rb")
+        local.wait_routed([url_a, url_b])
         load = _Load(url_a, url_b, args.clients, args.pages, seeds)
         load.start()
         time.sleep(min(3.0, args.steady / 2))  # warm-up: page cache, connections, JIT

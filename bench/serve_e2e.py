@@ -152,6 +152,7 @@ def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[in
     process group (where the time went)."""
     from ray import serve
 
+    from cluster import local
     from deployments.app import build_app
     from morphogen.protocol.codec import to_hex
 
@@ -162,6 +163,7 @@ def bench_e2e(cluster, cfg_args: dict, pool: list[bytes], concurrencies: list[in
         serve.run(build_app(args), name="bench", route_prefix="/bench")
         _log(f"[bench] deployed {mode} in {time.monotonic() - t:.1f}s")
         url = cluster.app_url("/bench")
+        local.wait_routed([url])
         for c in concurrencies:
             for b in batches:
                 bodies = []

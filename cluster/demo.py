@@ -43,6 +43,7 @@ def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
     import numpy as np
     from ray import serve
 
+    from cluster import local
     from deployments.app import build_app
     from morphogen.client import HandlePirClient, PirClient
     from morphogen.config import PartyConfig
@@ -67,6 +68,7 @@ def _demo(args: argparse.Namespace, cluster: Any, workdir: str) -> bool:
            f"({args.shards_b} shards) at /b")
     serve.run(build_app(cfg_a), name="a", route_prefix="/a", blocking=False)
     serve.run(build_app(cfg_b), name="b", route_prefix="/b", blocking=False)
+    local.wait_routed([cluster.app_url("/a"), cluster.app_url("/b")])
     eprint(f"[demo] both parties ready in {time.monotonic() - t:.1f}s; "
            f"HTTP at {cluster.url}/a and {cluster.url}/b")
 

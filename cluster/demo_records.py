@@ -20,6 +20,7 @@ from cluster.report import eprint
 def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
     from ray import serve
 
+    from cluster import local
     from cluster.records import HttpParties
     from deployments.app import build_app
     from morphogen.client import PirClient
@@ -52,6 +53,7 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
                           epoch_log_dir=str(root / f"log-{name}"))
         serve.run(build_app(cfg), name=name, route_prefix=f"/{name}", blocking=False)
         parties[name] = cluster.app_url(f"/{name}")
+    local.wait_routed(list(parties.values()))
     eprint(f"[demo] keyword parties at {parties['ka']} and {parties['kb']}")
 
     rng = random.Random(args.seed + 2)

@@ -168,6 +168,32 @@ def start(
     return LocalCluster(host, port, owns)
 
 
+def wait_routed(urls: list[str], timeout_s: float = 60.0) -> None:
+    """Until the HTTP ingress routes to each party at `urls`. `serve.run` returns once the
+    replicas run, while the proxies learn a new route a moment later (HAProxy's reload, the
+    Python proxy's long poll): a request in between gets the proxy's 404, so nothing is
+    announced ready, and no test talks to a party, before its route answers."""
+    import time
+
+    import httpx
+
+    from morphogen.protocol.codec import HEALTH_PATH
+
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0, trust_env=False) as http:
+        for url in urls:
+            while True:
+                try:
+                    # any answer but the proxy's 404 comes from the party's own router
+                    if http.get(url.rstrip("/") + HEALTH_PATH).status_code != 404:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{url} is not routed after {timeout_s:.0f} s")
+                time.sleep(0.05)
+
+
 def serve_details() -> dict[str, Any] | None:
     """The running Serve instance's details (its HTTP options, every application with its
     route prefix), None when Serve does not run on the connected cluster. Serve's controller

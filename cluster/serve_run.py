@@ -237,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.skip_resource_check:
             _check_resources(plan, owns)
         _deploy(plan, summaries, deployed, owns)
+        local.wait_routed([cluster.app_url(p.route_prefix) for p in plan.parties])
         _announce(plan, cluster)
         while True:
             time.sleep(3600)  # until a signal raises StopRequested

@@ -44,10 +44,15 @@ class AdminClient:
             raise ValueError("encoding is 'json' or 'msgpack'")
         self.encoding = encoding
         self.url = server.rstrip("/")
-        self._http = httpx.Client(
-            base_url=server.rstrip("/"), timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport, headers={"Authorization": f"Bearer {token}"},
-        )
+
+        def connect() -> httpx.Client:
+            return httpx.Client(
+                base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=10.0),
+                transport=transport, headers={"Authorization": f"Bearer {token}"},
+            )
+
+        self._connect = connect
+        self._http = connect()
 
     def __repr__(self) -> str:
         return f"AdminClient({str(self._http.base_url)!r})"
@@ -63,19 +68,31 @@ class AdminClient:
 
     def _send(self, path: str, obj: Any | None = None, body: bytes | None = None,
               publication: str | None = None, parent: str | None = None) -> dict:
-        if obj is None and body is None:
-            resp = self._http.get(path)
-        else:
+        headers: dict[str, str] = {}
+        if obj is not None or body is not None:
             if body is None:
                 body = (msgpack.packb(obj, use_bin_type=True) if self.encoding == "msgpack"
                         else json.dumps(obj).encode())
-            mt = MSGPACK_TYPE if self.encoding == "msgpack" else JSON_TYPE
-            headers = {"Content-Type": mt}
+            headers["Content-Type"] = MSGPACK_TYPE if self.encoding == "msgpack" else JSON_TYPE
             if publication is not None:
                 headers[PUBLICATION_HEADER] = publication
             if parent is not None:
                 headers[PARENT_HEADER] = parent
-            resp = self._http.post(path, content=body, headers=headers)
+
+        def send() -> httpx.Response:
+            if body is None:
+                return self._http.get(path)
+            return self._http.post(path, content=body, headers=headers)
+
+        resp = send()
+        if ingress_miss(resp):
+            # The ingress, not the party, has no route: a kept-alive connection can outlive
+            # a reload of the ingress's routes (an old HAProxy process keeps serving it with
+            # the table from before the party was deployed again). The request never reached
+            # the party, so it is sent once more, on a new connection.
+            self._http.close()
+            self._http = self._connect()
+            resp = send()
         if resp.status_code != 200:
             err = _error_from_response(resp)
             if isinstance(err, Transient):
@@ -104,6 +121,17 @@ class AdminClient:
 
     def status(self) -> dict:
         return self._send(ADMIN_STATUS_PATH)
+
+
+def ingress_miss(resp: httpx.Response) -> bool:
+    """A 404 from the HTTP ingress in front of the party (no route to it), not from the
+    party's router, whose errors are JSON with an error code."""
+    if resp.status_code != 404:
+        return False
+    try:
+        return not isinstance(resp.json().get("error"), dict)
+    except (ValueError, AttributeError):
+        return True
 
 
 def _message(resp: httpx.Response) -> str:

@@ -36,6 +36,7 @@ from typing import Any, NamedTuple
 import httpx
 import numpy as np
 
+from cluster.local import wait_routed
 from morphogen.client import PirClient, RetryPolicy
 from morphogen.client.admin import AdminClient, publish_to_parties
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
@@ -507,6 +508,7 @@ def _run(base_url: str, root: Path, plan: ChurnPlan, common: dict[str, Any],
     for app in APPS:
         serve.run(build_app(_party_args(common, root, app)), name=app, route_prefix=f"/{app}")
     urls = (f"{base_url}/{APPS[0]}", f"{base_url}/{APPS[1]}")
+    wait_routed(list(urls))
     report = ChurnReport()
     models = Models(1, synthetic_pages(plan.seed, 0, plan.pages))
     started = time.monotonic()

@@ -112,13 +112,16 @@ def serve_instance(s3_server) -> Iterator[ServeInstance]:
 def deploy(instance: ServeInstance, name: str, **overrides: Any) -> Any:
     from ray import serve
 
+    from cluster.local import wait_routed
     from deployments.app import build_app
 
-    return serve.run(
+    handle = serve.run(
         build_app(party_args(instance.cache_dir, **overrides)),
         name=name,
         route_prefix=f"/{name}",
     )
+    wait_routed([f"{instance.url}/{name}"])
+    return handle
 
 
 def delete_apps(*names: str) -> None:

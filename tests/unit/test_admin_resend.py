@@ -53,3 +53,23 @@ def test_a_refusal_is_not_resent() -> None:
         publish_to_parties(clients, lambda c: c.updates([(1, "diff", bytes(4096))], "pub-2"),
                            sleep=lambda s: None)
     assert exc.value.status == 400 and seen == [("a", "pub-2")]
+
+
+def test_the_ingresss_404_is_sent_again_once_on_a_new_connection_the_partys_is_not() -> None:
+    """A plain 404 comes from the HTTP ingress (no route to the party: a kept-alive connection
+    to an ingress process from before the party was deployed again); the party's own 404 is
+    JSON with an error code and stands."""
+    seen: list[tuple[str, str]] = []
+    script = {"a": [httpx.Response(404, text="Path '/a/admin/updates' not found.")],
+              "b": [httpx.Response(404, text="not found"), httpx.Response(404, text="again")]}
+    a, b = _parties(script, seen)
+    assert a.updates([(1, "diff", bytes(4096))], "pub-3")["publication"] == "pub-3"
+    assert seen == [("a", "pub-3")] * 2
+    with pytest.raises(PirError, match="HTTP 404"):  # once only
+        b.status()
+    assert len(seen) == 4
+    script["a"].append(httpx.Response(404, json={"error": {"code": "not_found",
+                                                           "message": "no route /x"}}))
+    with pytest.raises(PirError, match="no route /x"):
+        a.status()
+    assert len(seen) == 5
