@@ -35,14 +35,18 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         raise UsageError("--max-batch is at least 1")
     if args.call_processes < 0:
         raise UsageError("--call-processes is 0 (no eth_call here) or more")
+    if args.watch < 0:
+        raise UsageError("--watch is a number of seconds, 0 or more (0: no watching)")
     with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
         try:
             state = PrivateState(pir, args.public_key, max_age=args.max_age,
-                                 min_block=args.min_block)
-            head = state.head()
+                                 min_block=args.min_block, watch_s=args.watch or None)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--public-key {exc}") from None
+        try:
+            head = state.head()
         except (PirError, StaleTableError, KeywordIntegrityError, TableChangingError) as exc:
+            state.close()
             raise CommandFailed(f"the parties' chain tables: {exc}") from None
         upstream = Upstream(args.upstream, args.timeout) if args.upstream else None
         calls = CallService(state, processes=args.call_processes, timeout_s=args.timeout) \
@@ -54,6 +58,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         except OSError as exc:
             if calls is not None:
                 calls.close()
+            state.close()
             raise CommandFailed(f"cannot listen on {args.host}:{args.port}: "
                                 f"{exc.strerror or exc}") from None
         print(f"[rpc] chain {head.chain_id}, block {head.number} ({head.hash}), served by "
@@ -80,6 +85,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
                 calls.close()
             if upstream is not None:
                 upstream.close()
+            state.close()
     return 0
 
 
@@ -129,6 +135,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     rpc.add_argument("--call-processes", type=int, default=2, metavar="N",
                      help="processes running eth_call and eth_estimateGas (revm) over private "
                           "state (default 2; 0: those go upstream or are refused)")
+    rpc.add_argument("--watch", type=float, default=0.5, metavar="S",
+                     help="every S seconds, ask the parties whether they serve a new block and "
+                          "read its signed descriptors before a request needs them (default "
+                          "0.5; 0: never, the first request at a new block reads them)")
     rpc.add_argument("--encoding", choices=("json", "msgpack"), default="json",
                      help="encoding towards the parties (default json)")
     rpc.add_argument("--timeout", type=float, default=30.0, metavar="S",

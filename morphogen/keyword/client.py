@@ -158,12 +158,23 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
+class SharedVersion:
+    """The version clients of one table plan with (its proof and the view it came from),
+    shared: clients made for concurrent readers of the same page client and table read a new
+    version's descriptor once between them, not once each. Each client still checks it
+    against its own bounds before use."""
+
+    def __init__(self) -> None:
+        self.state: tuple[Proof, View] | None = None
+
+
 class _Core:
     def __init__(self, pir: Any, public_key: Any, *, min_version: int = 0,
                  trusted_version: Callable[[], Any] | None = None, min_block: int = 0,
                  trusted_block: Callable[[], Any] | None = None,
                  max_age: float | None = None,
-                 whole_level_pages: int = WHOLE_LEVEL_PAGES, table: str = "") -> None:
+                 whole_level_pages: int = WHOLE_LEVEL_PAGES, table: str = "",
+                 shared: SharedVersion | None = None) -> None:
         self.pir = pir
         self.table = table
         self.trusted = (load_public_key(public_key)
@@ -183,9 +194,17 @@ class _Core:
         self.seen_version = 0
         self.seen_block = 0
         # (proof of the version, the view its descriptor came from), replaced whole
-        self._state: tuple[Proof, View] | None = None
+        self._shared = shared if shared is not None else SharedVersion()
         # the last descriptor page whose signature checked: one signature per version
         self._signed: tuple[bytes, Descriptor] | None = None
+
+    @property
+    def _state(self) -> tuple[Proof, View] | None:
+        return self._shared.state
+
+    @_state.setter
+    def _state(self, state: tuple[Proof, View] | None) -> None:
+        self._shared.state = state
 
     # ------------------------------------------------------------------ the logic
 

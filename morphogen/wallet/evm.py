@@ -1,23 +1,30 @@
-"""`eth_call` and `eth_estimateGas` over private state: revm (pyrevm) reading every account,
-code and storage word it touches through private, verified lookups at the served block.
+"""`eth_call` and `eth_estimateGas` over private state: revm (pyrevm) over accounts, code and
+storage words read through private, verified lookups at the served block.
 
 pyrevm's only lazy state is its fork mode, which asks a JSON-RPC URL for each account
 (`eth_getBalance`, `eth_getTransactionCount`, `eth_getCode`) and word (`eth_getStorageAt`) as
-execution reaches them, at one block number. So each call gets a URL of its own on a loopback
-server here (`CallReads` behind `/call/<token>`), answering those four methods from
-`PrivateState` and nothing else, every read pinned to the block the call began at; a read that
-finds another block served (a publication mid-call) fails the run, which is done again at the
-new block. pyrevm holds the interpreter lock while it waits on its HTTP requests, so it runs in
-worker processes (`CallWorkers`), never in the process that answers them.
+execution reaches them, at one block number, every load in every frame (reverted ones too). So
+each run of a call gets a URL of its own on a loopback server here (`CallReads` behind
+`/call/<token>`) that answers those four methods from what the calls at that block have read,
+and nothing else. pyrevm holds the interpreter lock while it waits on its HTTP requests, so it
+runs in worker processes (`CallWorkers`), never in the process that answers them.
 
-Padding. Within a call each account is read once (one accounts lookup: balance, nonce and code
-hash), each contract's code once (one request of CODE_READ_CHUNKS chunks) and each word once;
-what a call at the same version already read is not asked again (`PrivateState.call_cache`).
-After the run the count of requests of each table is raised to the next of CALL_BUCKETS with
-lookups of random keys, asked and verified as real ones: the parties learn the bucket of each
-count, not which contract was called nor how many reads it took. A table not asked at all stays
-at 0 (a call to an account without code reads none; one whose reads were all made at this
-version before reads nothing). The order and timing of the requests are not padded.
+Runs and rounds. The loopback never waits on the parties: what a run asks that is not known yet
+(an account, a code hash's code, a word) is answered with a placeholder and noted, and the run
+is thrown away. What it noted is read in the next round (morphogen/wallet/rounds.py: shared with
+the other calls in flight) and the call runs again. A run that asked nothing unknown is the
+answer: every value it saw was read at its block and verified. A run takes milliseconds, a round
+a private request of each table, so a call costs its rounds: ERC-20 `balanceOf` would be three
+(the accounts, the token's code, the balance word). Code is kept across versions (it is checked
+against its hash), and `CallMemo` has the same call's first round ask everything it read last
+time, so a call repeated at a new version takes one. A call starts at the newest version seen
+here without reading the head: its first round says which version is served (docs/wallet.md).
+
+Padding. Every round asks accounts and storage once each (code where new), its lookups padded
+to buckets (`PrivateState.read_round`), and a call's count of rounds is raised to the next of
+ROUND_BUCKETS with rounds of random keys (which ride along with other calls' rounds when there
+are any). The parties learn those buckets and how many calls were in flight, not which contract
+was called nor what it read. The timing of the rounds is not padded.
 """
 
 from __future__ import annotations
@@ -28,24 +35,24 @@ import multiprocessing
 import re
 import secrets
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from morphogen.chain.state import (
-    EMPTY_CODE_HASH,
-    Account,
-    address_bytes,
-    word_bytes,
-)
+from morphogen.chain.state import EMPTY_CODE_HASH, Account, address_bytes, word_bytes
 from morphogen.wallet.methods import InvalidParams, NotServed, block_param, quantity
-from morphogen.wallet.state import PrivateState, Served
+from morphogen.wallet.rounds import Rounds, Want
+from morphogen.wallet.state import CallCache, PrivateState, Served
 
-CALL_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+MAX_ROUNDS = ROUND_BUCKETS[-1]
+MEMO_CALLS = 4096
 SPEC = "PRAGUE"
 CALL_GAS = 50_000_000  # a node's default eth_call gas cap (geth RPCGasCap)
-TRIES = 3
+TRIES = 4  # runs at a version: a call may start at one the parties have left
 _TOKEN = re.compile(r"/call/([0-9a-f]{32})")
+_READS = ("eth_getBalance", "eth_getTransactionCount", "eth_getCode", "eth_getStorageAt")
 
 
 class CallFailed(RuntimeError):
@@ -56,29 +63,26 @@ class CallFailed(RuntimeError):
         self.reason, self.data = reason, data
 
 
-def bucket(n: int) -> int:
-    """The padded count of `n` requests of one table."""
-    for b in CALL_BUCKETS:
+def round_bucket(n: int) -> int:
+    """The padded count of a call's `n` rounds (0 where a version change took its round)."""
+    if n == 0:
+        return 0
+    for b in ROUND_BUCKETS:
         if n <= b:
             return b
-    return -(-n // CALL_BUCKETS[-1]) * CALL_BUCKETS[-1]
-
-
-class _Moved(RuntimeError):
-    """The parties serve another block than the call's."""
+    raise NotServed(f"the call reads state over more than {MAX_ROUNDS} rounds")
 
 
 class CallReads:
-    """The private reads of one call, at one block, each asked once; counted for padding."""
+    """One run's reads at one block, answered from what calls at that block have read; what
+    is not known yet is answered with a placeholder and noted in `want` (the run is then
+    thrown away)."""
 
-    def __init__(self, state: PrivateState, served: Served) -> None:
-        self.state, self.served = state, served
-        # shared with the other calls at this version: what one read, the next need not ask
-        cache = state.call_cache(served)
-        self.accounts, self.code, self.words = cache.accounts, cache.code, cache.words
-        self.requests = {"accounts": 0, "storage": 0, "code": 0}
-        self.moved = False
-        self.failure: Exception | None = None  # a read that failed: the call's answer
+    def __init__(self, state: PrivateState, served: Served, cache: CallCache) -> None:
+        self.state, self.served, self.cache = state, served, cache
+        self.want = Want()
+        self.touched = Want()  # everything the run read, known or not
+        self.failure: Exception | None = None  # a bad read request: the call's answer
         self._lock = threading.Lock()
 
     def handle(self, body: bytes) -> bytes:
@@ -91,56 +95,47 @@ class CallReads:
                 answers.append({"jsonrpc": "2.0", "id": r.get("id"),
                                 "result": self.answer(r.get("method"), r.get("params") or [])})
             except Exception as exc:  # recorded: the run's failure is this, not pyrevm's
-                if not isinstance(exc, _Moved) and self.failure is None:
-                    self.failure = exc
+                with self._lock:
+                    if self.failure is None:
+                        self.failure = exc
                 answers.append({"jsonrpc": "2.0", "id": r.get("id"),
                                 "error": {"code": -32002, "message": "no private answer"}})
         return json.dumps(answers if many else answers[0]).encode()
 
-    def _pinned(self, served: Served) -> None:
-        if (served.number, served.hash, served.version) != (
-                self.served.number, self.served.hash, self.served.version):
-            self.moved = True
-            raise _Moved(f"block {served.number} served, the call runs at {self.served.number}")
-
     def account(self, address: bytes) -> Account | None:
+        self.touched.accounts.add(address)
+        if address in self.cache.accounts:
+            return self.cache.accounts[address]
         with self._lock:
-            if address not in self.accounts:
-                self.requests["accounts"] += 1
-                (got,), served = self.state.accounts([address])
-                self._pinned(served)
-                self.accounts[address] = got
-            return self.accounts[address]
+            self.want.accounts.add(address)
+        return None  # a placeholder: no account
 
     def code_of(self, address: bytes) -> bytes:
         account = self.account(address)
         if account is None or account.code_hash == EMPTY_CODE_HASH:
             return b""
-        with self._lock:
-            if account.code_hash not in self.code:
-                self.requests["code"] += 1
-                code, served = self.state.code_by_hash(account.code_hash)
-                self._pinned(served)
-                self.code[account.code_hash] = code
-            return self.code[account.code_hash]
+        self.touched.code.add(account.code_hash)
+        code = self.state.known_code(account.code_hash)
+        if code is None:
+            with self._lock:
+                self.want.code.add(account.code_hash)
+            return b""
+        return code
 
     def word(self, address: bytes, slot: bytes) -> int:
+        self.touched.words.add((address, slot))
+        if (address, slot) in self.cache.words:
+            return self.cache.words[(address, slot)]
+        if address in self.cache.accounts and self.cache.accounts[address] is None:
+            return 0  # no account has no storage
         with self._lock:
-            if (address, slot) not in self.words:
-                self.requests["storage"] += 1
-                (got,), served = self.state.storage([(address, slot)])
-                self._pinned(served)
-                self.words[(address, slot)] = got
-            return self.words[(address, slot)]
-
-    def pad(self) -> None:
-        """Random-key requests up to each table's bucket (none for a table not asked)."""
-        for table, n in self.requests.items():
-            for _ in range(bucket(n) - n if n else 0):
-                self.state.dummy(table)
+            self.want.words.add((address, slot))
+        return 0
 
     def answer(self, method: str, params: list) -> Any:
         """One of the four methods pyrevm's fork mode asks, at this call's block."""
+        if method not in _READS:  # a block hash (BLOCKHASH) above all
+            raise NotServed(f"the call reads what is not read privately ({str(method)[:40]})")
         if len(params) != 2 + (method == "eth_getStorageAt"):
             raise InvalidParams(f"{method}: unexpected params")
         block_param(params[-1]).check(self.served)
@@ -153,10 +148,8 @@ class CallReads:
             return hex(0 if a is None else a.nonce)
         if method == "eth_getCode":
             return "0x" + self.code_of(address).hex()
-        if method == "eth_getStorageAt":
-            slot = word_bytes(params[1], "a storage slot")
-            return "0x" + self.word(address, slot).to_bytes(32, "big").hex()
-        raise NotServed(f"{method} is not read by a call")
+        slot = word_bytes(params[1], "a storage slot")
+        return "0x" + self.word(address, slot).to_bytes(32, "big").hex()
 
 
 class CallRoutes:
@@ -189,11 +182,12 @@ def _run(url: str, block: dict, tx: dict, estimate: bool) -> dict:
     import pyrevm
 
     def attempt(gas: int) -> tuple[bool, bytes, str, int]:
-        # a fresh EVM each time: message_call commits to its state (the reads are cached by
-        # the call's CallReads, so a second run asks the parties nothing new)
-        evm = pyrevm.EVM(fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC)
-        evm.set_block_env(pyrevm.BlockEnv(number=block["number"], timestamp=block["timestamp"],
-                                          basefee=0, gas_limit=CALL_GAS))
+        # a fresh EVM each time: message_call commits to its state
+        env = pyrevm.Env(cfg=pyrevm.CfgEnv(chain_id=block["chain_id"]),
+                         block=pyrevm.BlockEnv(number=block["number"],
+                                               timestamp=block["timestamp"], basefee=0,
+                                               gas_limit=CALL_GAS))
+        evm = pyrevm.EVM(env=env, fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC)
         try:
             out = evm.message_call(tx["from"], tx["to"], tx["data"], tx["value"], gas, 0)
         except Exception as exc:  # pyrevm raises on revert and halt, naming which
@@ -275,51 +269,132 @@ def call_param(tx: Any) -> Call:
     return Call(sender, to, bytes.fromhex(data[2:]), value, min(gas, CALL_GAS))
 
 
+class CallMemo:
+    """What each recent call read (the reads of the run that answered it), by the call: at
+    the next version the same call's first round asks all of it at once, where the reads
+    would otherwise come a round after another (the account, then its code, then its words).
+    A prediction only: every value a run sees is still read at its block."""
+
+    def __init__(self, size: int = MEMO_CALLS) -> None:
+        self._size = size
+        self._calls: OrderedDict[Call, Want] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def put(self, call: Call, read: Want) -> None:
+        with self._lock:
+            self._calls[call] = read
+            self._calls.move_to_end(call)
+            while len(self._calls) > self._size:
+                self._calls.popitem(last=False)
+
+    def last(self, call: Call) -> Want:
+        """All the call read last time (empty for a call not seen)."""
+        with self._lock:
+            last = self._calls.get(call)
+        return Want() if last is None else Want(set(last.accounts), set(last.code),
+                                                set(last.words))
+
+    def unknown(self, call: Call, state: PrivateState, cache: CallCache) -> Want:
+        """What the call read last time that `cache` (and the code kept) lacks."""
+        with self._lock:
+            last = self._calls.get(call)
+        if last is None:
+            return Want()
+        return Want({a for a in last.accounts if a not in cache.accounts},
+                    {h for h in last.code if state.known_code(h) is None},
+                    {w for w in last.words if w not in cache.words})
+
+
 class PrivateCalls:
     """eth_call and eth_estimateGas: revm in `workers`, its reads served by `routes` on the
-    loopback server at `url`."""
+    loopback server at `url`, read privately in `rounds` shared by the calls in flight."""
 
     def __init__(self, state: PrivateState, workers: CallWorkers, routes: CallRoutes,
                  url: Callable[[], str], *, timeout_s: float = 60.0) -> None:
         self.state, self.workers, self.routes, self.url = state, workers, routes, url
         self.timeout_s = timeout_s
+        self.rounds = Rounds(state)
+        self._memo = CallMemo()
 
-    def _execute(self, params: list, method: str, estimate: bool) -> tuple[dict, CallReads]:
+    def _run(self, call: Call, served: Served, cache: CallCache, estimate: bool
+             ) -> tuple[dict, Want, Want]:
+        reads = CallReads(self.state, served, cache)
+        token = self.routes.open(reads)
+        try:
+            result = self.workers.run(
+                f"{self.url()}/call/{token}", {"number": served.number,
+                                               "timestamp": served.time,
+                                               "chain_id": served.chain_id},
+                {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
+                 "gas": call.gas}, estimate, self.timeout_s)
+        finally:
+            self.routes.close(token)
+        # a read refused (a block hash, another block) is the call's answer, unless the run
+        # saw placeholders: a path that real values may not take, thrown away anyway
+        if reads.failure is not None and not reads.want:
+            raise reads.failure
+        return result, reads.want, reads.touched
+
+    def _execute(self, params: list, method: str, estimate: bool) -> dict:
         if not 1 <= len(params) <= 3:
             raise InvalidParams(f"{method} takes 1 to 3 params, got {len(params)}")
         call = call_param(params[0])
         wanted = block_param(params[1] if len(params) > 1 else None)
         if len(params) > 2 and params[2] not in (None, {}):
             raise NotServed("state overrides are not run privately")
-        for _ in range(TRIES):
-            served = self.state.head()
-            wanted.check(served)
-            reads = CallReads(self.state, served)
-            token = self.routes.open(reads)
-            try:
-                result = self.workers.run(
-                    f"{self.url()}/call/{token}", {"number": served.number,
-                                                   "timestamp": served.time},
-                    {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
-                     "gas": call.gas}, estimate, self.timeout_s)
-            finally:
-                self.routes.close(token)
-            if reads.moved:
-                continue
-            if reads.failure is not None:  # unverifiable or stale: never a guessed result
-                raise reads.failure
-            reads.pad()
-            return result, reads
+        # A call for the served block starts at the newest version seen here, unconfirmed:
+        # its first round is read at the version served now, and names it where it is newer
+        # (the round then counts for that version, not lost). So every call reads at least
+        # one round, and no call reads the head on its own (a head read costs more).
+        served = self.state.latest if wanted.number is None and wanted.hash is None else None
+        confirmed = False
+        with self.rounds.coming() as coming:
+            for _ in range(TRIES):
+                if served is None:
+                    served, confirmed = self.rounds.head(), True
+                wanted.check(served)
+                cache = self.state.call_cache(served)
+                rounds, at = 0, served
+                # what the same call read last time: its first round, before any run
+                want = self._memo.last(call) if not confirmed else Want()
+                while True:
+                    if want:
+                        rounds += 1
+                        round_bucket(rounds)  # past the last bucket: refused
+                        at = self.rounds.fetch(served, cache, want, coming)
+                        if at != served:
+                            break
+                        confirmed = True
+                    result, want, touched = self._run(call, served, cache, estimate)
+                    if not want and not confirmed:
+                        # Nothing unknown, at a version not yet confirmed: what the run read,
+                        # read again. At that version, the run's answer stands; at a newer
+                        # one, that version's cache has what the call needs there.
+                        rounds += 1
+                        at = self.rounds.fetch(served, cache, touched, coming)
+                        confirmed = at == served
+                        break
+                    if not want:
+                        break
+                    if rounds == 0:  # and whatever the run will ask next, in the same round
+                        want.merge(self._memo.unknown(call, self.state, cache))
+                if at != served:  # a newer version (or a publication mid-round: the head)
+                    served, confirmed = at, at is not None
+                    continue
+                for _ in range(round_bucket(rounds) - rounds):
+                    self.rounds.fetch(served, cache, Want())
+                self._memo.put(call, touched)
+                return result
         raise NotServed(f"the served block moved during each of {TRIES} runs of the call")
 
     def eth_call(self, params: list) -> str:
-        result, _ = self._execute(params, "eth_call", estimate=False)
+        result = self._execute(params, "eth_call", estimate=False)
         if not result["ok"]:
             raise CallFailed(result["reason"], result["out"])
         return "0x" + result["out"].hex()
 
     def eth_estimate_gas(self, params: list) -> str:
-        result, _ = self._execute(params, "eth_estimateGas", estimate=True)
+        result = self._execute(params, "eth_estimateGas", estimate=True)
         if not result["ok"]:
             raise CallFailed(result["reason"], result["out"])
         return hex(result["gas"])

@@ -12,20 +12,26 @@ What the parties see does not depend on the address, the slot or the contract:
   chunks of the account's code hash (an account without code asks for chunks of the empty
   code's hash, which no table holds). Only code longer than CODE_READ_CHUNKS chunks (past
   EIP-170's 24,576 bytes, which the protocol refuses to deploy) costs a further request.
+- a call's round (`read_round`) asks accounts and storage at once whatever it needs, each
+  padded to the next of CALL_BUCKETS lookups, and code where it needs code it has not read
+  before, padded to the next power of two of code hashes; the padding is random keys asked and
+  verified like real ones.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from morphogen.chain.state import (
     ADDRESS_SIZE,
-    CODE_KEY_SIZE,
     EMPTY_CODE_HASH,
     STORAGE_KEY_SIZE,
     Account,
@@ -40,6 +46,7 @@ from morphogen.chain.state import (
 )
 from morphogen.chain.tables import TABLES
 from morphogen.keyword import KeywordClient, KeywordIntegrityError, TableChangingError
+from morphogen.keyword.client import SharedVersion
 from morphogen.keyword.descriptor import Descriptor
 
 # EIP-170's code size cap over the code table's 1,020-byte chunks.
@@ -47,6 +54,25 @@ MAX_DEPLOYED_CODE = 24_576
 CODE_READ_CHUNKS = code_chunks(MAX_DEPLOYED_CODE)
 # Reads of several tables that find a new version between them: read again this many times.
 TRIES = 4
+# The lookups of each of accounts and storage in a call's round: the next of these.
+CALL_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# Code verified against its hash is the same at every version: kept across versions.
+CODE_CACHE = 512
+_ROUND_POOL = ThreadPoolExecutor(6, thread_name_prefix="morphogen-round")
+log = logging.getLogger(__name__)
+
+
+def bucket(n: int) -> int:
+    """The padded count of `n` lookups of accounts or storage in one round."""
+    for b in CALL_BUCKETS:
+        if n <= b:
+            return b
+    return -(-n // CALL_BUCKETS[-1]) * CALL_BUCKETS[-1]
+
+
+def code_bucket(n: int) -> int:
+    """The padded count of `n` code hashes in one round: a power of two, at least 1."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -77,14 +103,55 @@ class PrivateState:
     time once another has shown a later block."""
 
     def __init__(self, pir: Any, public_key: Any, *, max_age: float | None = None,
-                 min_block: int = 0) -> None:
+                 min_block: int = 0, watch_s: float | None = None) -> None:
+        """`watch_s`: every so many seconds, ask the parties (GET /epoch, no lookup) whether
+        they serve a new version, and read its descriptors then, before a request needs them
+        (a request's first lookup at a new version otherwise pays three round trips, not
+        one). None: no watching; `close()` stops it."""
         self.pir, self.public_key, self.max_age = pir, public_key, max_age
         self.seen_version, self.seen_block = 0, min_block
+        self.latest: Served | None = None  # the newest version any read accepted
         self._free: list[dict[str, KeywordClient]] = []
+        # a new version's descriptors read once for every set of clients, not once a set
+        self._versions = {t: SharedVersion() for t in TABLES}
         self._lock = threading.Lock()
         self._calls: tuple[tuple[int, str], CallCache] | None = None
+        self.codes: OrderedDict[bytes, bytes] = OrderedDict()  # code hash -> code, verified
         with self.clients():  # a bad key fails here, not at the first request
             pass
+        self._stop = threading.Event()
+        self._watch: threading.Thread | None = None
+        if watch_s is not None:
+            if not watch_s > 0:
+                raise ValueError("watch_s is a number of seconds above 0 (or None)")
+            self._watch = threading.Thread(target=self._watching, args=(watch_s,),
+                                           name="morphogen-rpc-watch", daemon=True)
+            self._watch.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watch is not None:
+            self._watch.join(timeout=30)
+
+    def _watching(self, every_s: float) -> None:
+        last = None
+        while not self._stop.wait(every_s):
+            try:
+                info = self.pir.info(refresh=True)
+                now = (info.epoch_ids, info.identities)
+                if now != last:
+                    self.refresh()
+                    last = now
+            except Exception as exc:  # the parties away: the requests will say so
+                log.debug("watching the parties' version: %s", type(exc).__name__)
+
+    def refresh(self) -> None:
+        """Every table's descriptor read again, in parallel, for all the sets of clients."""
+        with self.clients() as c:
+            jobs = [_ROUND_POOL.submit(c[t].descriptor, True) for t in TABLES]
+            descs = [j.result() for j in jobs]
+        for d in descs:
+            self._accepted(d)
 
     @contextmanager
     def clients(self) -> Iterator[dict[str, KeywordClient]]:
@@ -94,7 +161,8 @@ class PrivateState:
         if mine is None:
             mine = {t: KeywordClient(self.pir, self.public_key, table=t, max_age=self.max_age,
                                      trusted_version=lambda: self.seen_version,
-                                     trusted_block=lambda: self.seen_block) for t in TABLES}
+                                     trusted_block=lambda: self.seen_block,
+                                     shared=self._versions[t]) for t in TABLES}
         try:
             yield mine
         finally:
@@ -106,6 +174,8 @@ class PrivateState:
         with self._lock:
             self.seen_version = max(self.seen_version, served.version)
             self.seen_block = max(self.seen_block, served.number)
+            if self.latest is None or served.version >= self.latest.version:
+                self.latest = served
         return served
 
     def head(self) -> Served:
@@ -150,20 +220,81 @@ class PrivateState:
         raise TableChangingError(f"a new version was published between the account and its "
                                  f"code at each of {TRIES} tries")
 
-    def code_by_hash(self, code_hash: bytes) -> tuple[bytes, Served]:
-        """The code under a hash an account read named (one code request)."""
-        with self.clients() as c:
-            chunks, desc = self._chunks(c["code"], code_hash)
-        return self._joined(code_hash, chunks), self._accepted(desc)
+    def known_code(self, code_hash: bytes) -> bytes | None:
+        if code_hash == EMPTY_CODE_HASH:
+            return b""
+        with self._lock:
+            code = self.codes.get(code_hash)
+            if code is not None:
+                self.codes.move_to_end(code_hash)
+            return code
 
-    def dummy(self, table: str) -> None:
-        """One request of `table` as a real read of it is shaped, for random keys (padding):
-        verified like any other, its values dropped."""
-        sizes = {"accounts": (1, ADDRESS_SIZE), "storage": (1, STORAGE_KEY_SIZE),
-                 "code": (CODE_READ_CHUNKS, CODE_KEY_SIZE)}
-        count, size = sizes[table]
+    def read_round(self, served: Served, cache: CallCache, accounts: Iterable[bytes],
+                   code_hashes: Iterable[bytes], words: Iterable[tuple[bytes, bytes]]
+                   ) -> Served | None:
+        """One round of calls' reads (module docstring: its shape), every answer proven
+        against one version; the version they were read at, None when the tables answered
+        from different versions (a publication mid-round: nothing kept, read again). Read at
+        `served`, they go into `cache`; at a newer version, into that version's cache (the
+        calls run again there, the round not lost). Code goes into `codes`."""
+        addrs = sorted(set(accounts))
+        pairs = sorted(set(words))
+        hashes = sorted(h for h in set(code_hashes) if self.known_code(h) is None)
+        keys = {
+            "accounts": addrs + [secrets.token_bytes(ADDRESS_SIZE)
+                                 for _ in range(bucket(len(addrs)) - len(addrs))],
+            "storage": [storage_key(a, s) for a, s in pairs] + [
+                secrets.token_bytes(STORAGE_KEY_SIZE)
+                for _ in range(bucket(len(pairs)) - len(pairs))],
+        }
+        # code only in a round that needs some: code once read is kept across versions, so
+        # this is a contract the endpoint had not seen (the parties learn that, not which)
+        asked = hashes + [secrets.token_bytes(32)
+                          for _ in range(code_bucket(len(hashes)) - len(hashes))]
         with self.clients() as c:
-            c[table].read_at([secrets.token_bytes(size) for _ in range(count)])
+            jobs = {t: _ROUND_POOL.submit(c[t].read_at, k) for t, k in keys.items()}
+            if hashes:
+                jobs["code"] = _ROUND_POOL.submit(self._chunks_of, c["code"], asked)
+            got = {t: j.result() for t, j in jobs.items()}
+        descs = [v[1] for v in got.values()]
+        if not all(_same_version(descs[0], d) for d in descs[1:]):
+            return None
+        now = self._accepted(descs[0])
+        if (now.version, now.hash) != (served.version, served.hash):
+            cache = self.call_cache(now)
+        for a, v in zip(addrs, got["accounts"][0], strict=False):
+            cache.accounts[a] = None if v is None else decode_account(v)
+        for pair, v in zip(pairs, got["storage"][0], strict=False):
+            cache.words[pair] = decode_storage_value(v)
+        for h, chunks in zip(hashes, got["code"][0] if hashes else [], strict=False):
+            code = self._joined(h, chunks)
+            with self._lock:
+                self.codes[h] = code
+                while len(self.codes) > CODE_CACHE:
+                    self.codes.popitem(last=False)
+        return now
+
+    @classmethod
+    def _chunks_of(cls, code: KeywordClient, hashes: list[bytes]
+                   ) -> tuple[list[list[bytes | None]], Descriptor]:
+        """The chunks of each code hash: CODE_READ_CHUNKS each in one read, then the rest of
+        any code past EIP-170 in one more."""
+        n = CODE_READ_CHUNKS
+        values, desc = code.read_at([code_key(h, i) for h in hashes for i in range(n)])
+        out = [values[k * n:(k + 1) * n] for k in range(len(hashes))]
+        longer = {k: code_chunks(code_length(v[0])) for k, v in enumerate(out)
+                  if v[0] is not None and code_chunks(code_length(v[0])) > n}
+        if longer:
+            more, more_desc = code.read_at([code_key(hashes[k], i)
+                                            for k, need in longer.items()
+                                            for i in range(n, need)])
+            if not _same_version(desc, more_desc):
+                return out, more_desc  # the round is read again
+            at = 0
+            for k, need in longer.items():
+                out[k] = out[k] + more[at:at + need - n]
+                at += need - n
+        return out, desc
 
     @staticmethod
     def _chunks(code: KeywordClient, code_hash: bytes) -> tuple[list[bytes | None], Descriptor]:
@@ -197,11 +328,11 @@ class PrivateState:
 
 
 class CallCache:
-    """Accounts, code and words read at one version, for the calls at that version."""
+    """Accounts and words read at one version, for the calls at that version (code, the same
+    at every version, is `PrivateState.codes`)."""
 
     def __init__(self) -> None:
         self.accounts: dict[bytes, Account | None] = {}
-        self.code: dict[bytes, bytes] = {}
         self.words: dict[tuple[bytes, bytes], int] = {}
 
 

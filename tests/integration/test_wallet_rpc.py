@@ -91,7 +91,7 @@ def wallet(serve_instance, tmp_path_factory):
         server.start()
         try:
             yield {"url": url, "rpc": rpc, "root": root, "urls": urls, "follower": follower,
-                   "server": server, "pir": pir,
+                   "server": server, "pir": pir, "state": state, "calls": calls.calls,
                    "w3": web3.Web3(web3.Web3.HTTPProvider(server.url))}
         finally:
             server.shutdown()
@@ -272,6 +272,50 @@ def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
         assert got["code"] == rpc.call("eth_getCode", a, at), a
         assert got["slot0"] == rpc.call("eth_getStorageAt", token_at, "0x0", at)
         assert int(got["token"]) == token.functions.balanceOf(a).call(block_identifier=number)
+
+
+def test_a_call_that_reads_a_block_hash_goes_upstream_or_is_refused(wallet) -> None:
+    """BLOCKHASH is no private read: the call goes to the upstream node as it came, or without
+    one is refused, never answered with a made-up hash."""
+    from morphogen.wallet.jsonrpc import NOT_SERVED
+
+    rpc = wallet["rpc"]
+    runtime = "43600190034060005260206000f3"  # BLOCKHASH(NUMBER - 1), returned
+    size = len(runtime) // 2
+    init = f"60{size:02x}600c60003960{size:02x}6000f3" + runtime  # copy the runtime, return it
+    tx = rpc.call("eth_sendTransaction", {"from": DEV_ACCOUNTS[0], "data": "0x" + init,
+                                          "gas": hex(200_000)})
+    block = _mine(rpc)
+    _catch_up(wallet["follower"])
+    at = rpc.call("eth_getTransactionReceipt", tx)["contractAddress"]
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [{"to": at}, "latest"]}
+    want = rpc.call("eth_call", {"to": at}, {"blockHash": block["hash"]})
+    assert int(want, 16) != 0
+    assert _post(wallet["server"].url, body).json()["result"] == want
+    alone = Endpoint(wallet["state"], calls=wallet["calls"])
+    answer = json.loads(alone.handle(json.dumps(body).encode()))
+    assert answer["error"]["code"] == NOT_SERVED, answer
+    assert "not read privately" in answer["error"]["message"]
+
+
+def test_a_new_block_is_read_before_a_request_needs_it(wallet) -> None:
+    """With watching on, the endpoint learns a published block from the parties' /epoch
+    alone and reads its signed descriptors then: a request made after it starts there."""
+    from tests.integration.conftest import wait_until
+
+    rpc = wallet["rpc"]
+    state = PrivateState(wallet["pir"], wallet["root"] / "o.pub", watch_s=0.2)
+    try:
+        first = state.head()
+        _send(rpc, to="0x" + "5a" * 20, value="0x99")
+        block = _mine(rpc)
+        _catch_up(wallet["follower"])
+        assert wait_until(lambda: state.latest.number == int(block["number"], 16), 30)
+        assert state.latest.hash == block["hash"] and state.latest.version > first.version
+    finally:
+        state.close()
+    with pytest.raises(ValueError, match="watch_s"):
+        PrivateState(wallet["pir"], wallet["root"] / "o.pub", watch_s=0)
 
 
 class Lying:

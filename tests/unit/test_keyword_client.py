@@ -73,6 +73,31 @@ class PagePir:
         return Answer(self.epoch, None, got)
 
 
+# -- one version shared ------------------------------------------------------------------------
+
+def test_clients_sharing_a_version_read_its_descriptor_once_and_each_a_new_one() -> None:
+    recs = records(200, seed=5)
+    t = table(recs)
+    pir = PagePir(t.pages)
+    shared = kwclient.SharedVersion()
+    a, b = (KeywordClient(pir, PUB, shared=shared) for _ in range(2))
+    key = sorted(recs)[0]
+    assert a.get(key) == recs[key]
+    asked = len(pir.requests)
+    assert b.get(key) == recs[key]
+    assert len(pir.requests) == asked + 1  # the lookup alone: a's descriptor served b
+    alone = KeywordClient(pir, PUB)
+    pir.requests.clear()
+    assert alone.get(key) == recs[key]
+    assert len(pir.requests) > 1  # descriptor, whole levels, then the lookup
+    # a new version: the first client to meet it reads it for both
+    pir.pages, pir.epoch = bumped(t), 2
+    assert a.get(key) == recs[key] and a.descriptor().version == t.descriptor.version + 1
+    pir.requests.clear()
+    assert b.get(key) == recs[key] and b.descriptor().version == t.descriptor.version + 1
+    assert len(pir.requests) == 1
+
+
 # -- padded batches ----------------------------------------------------------------------------
 
 def test_request_sizes_are_full_requests_then_one_bucket() -> None:

@@ -1,51 +1,65 @@
-"""eth_call's pieces without an EVM: the call object's params, the buckets, a call's reads
-(each asked once, pinned to its block, padded per table, shared with the calls at the same
-version) and the loopback routes. The EVM over real parties is tests/integration's."""
+"""eth_call's pieces without an EVM: the call object's params, the buckets, a run's reads
+(answered from what is known, the rest noted), the group commit that merges calls' rounds, a
+round's shape and version pinning, and the loopback routes. The EVM over real parties is
+tests/integration's."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 
-from morphogen.chain.state import Account, keccak256
-from morphogen.wallet.evm import CALL_GAS, CallReads, CallRoutes, bucket, call_param
+from morphogen.chain.state import (
+    EMPTY_CODE_HASH,
+    Account,
+    account_record,
+    code_records,
+    keccak256,
+    storage_key,
+)
+from morphogen.keyword.descriptor import Anchor
+from morphogen.wallet.evm import (
+    CALL_GAS,
+    MAX_ROUNDS,
+    CallReads,
+    CallRoutes,
+    call_param,
+    round_bucket,
+)
 from morphogen.wallet.methods import InvalidParams, NotServed
-from morphogen.wallet.state import CallCache, Served
+from morphogen.wallet.rounds import GroupCommit
+from morphogen.wallet.state import (
+    CODE_READ_CHUNKS,
+    CallCache,
+    PrivateState,
+    Served,
+    bucket,
+    code_bucket,
+)
 
 HEAD = Served(1, 9, "0x" + "ab" * 32, 4, 0)
 TOKEN = bytes.fromhex("22" * 20)
 CODE = bytes.fromhex("6000")
 
 
-class FakeState:
-    def __init__(self) -> None:
-        self.asked: list[str] = []
-        self.served = HEAD
-        self.cache = CallCache()
+class KnownState:
+    def __init__(self, codes: dict[bytes, bytes]) -> None:
+        self.codes = codes
 
-    def call_cache(self, served):
-        return self.cache
-
-    def accounts(self, addresses):
-        self.asked.append("accounts")
-        return [Account(1, 5, keccak256(CODE)) if bytes(a) == TOKEN else None
-                for a in addresses], self.served
-
-    def storage(self, pairs):
-        self.asked.append("storage")
-        return [7 for _ in pairs], self.served
-
-    def code_by_hash(self, code_hash):
-        self.asked.append("code")
-        return CODE, self.served
-
-    def dummy(self, table):
-        self.asked.append(f"pad {table}")
+    def known_code(self, code_hash):
+        return b"" if code_hash == EMPTY_CODE_HASH else self.codes.get(code_hash)
 
 
 def test_buckets():
-    assert [bucket(n) for n in (1, 4, 5, 8, 9, 1024, 1025)] == [4, 4, 8, 8, 16, 1024, 2048]
+    assert [bucket(n) for n in (0, 1, 4, 5, 8, 9, 1024, 1025)] == [4, 4, 4, 8, 8, 16, 1024, 2048]
+    assert [code_bucket(n) for n in (0, 1, 2, 3, 5)] == [1, 1, 2, 4, 8]
+    assert [round_bucket(n) for n in (0, 1, 2, 3, 5, MAX_ROUNDS)] == [0, 1, 2, 4, 8, MAX_ROUNDS]
+    with pytest.raises(NotServed, match="more than"):
+        round_bucket(MAX_ROUNDS + 1)
 
 
 def test_call_params():
@@ -67,34 +81,156 @@ def _ask(reads, method, *params):
     return json.loads(reads.handle(body.encode()))
 
 
-def test_a_calls_reads_are_asked_once_pinned_and_padded():
-    state = FakeState()
-    reads = CallReads(state, HEAD)
-    t = "0x" + TOKEN.hex()
-    for _ in range(2):  # pyrevm asks balance, nonce and code of each account it loads
-        assert _ask(reads, "eth_getBalance", t, "0x9")["result"] == "0x5"
-        assert _ask(reads, "eth_getTransactionCount", t, "0x9")["result"] == "0x1"
-        assert _ask(reads, "eth_getCode", t, "0x9")["result"] == "0x6000"
-        assert _ask(reads, "eth_getStorageAt", t, "0x0", "0x9")["result"] == "0x" + "00" * 31 + "07"
-    assert _ask(reads, "eth_getCode", "0x" + "33" * 20, "0x9")["result"] == "0x"  # no code
-    assert state.asked == ["accounts", "code", "storage", "accounts"]
-    reads.pad()
-    assert state.asked.count("pad accounts") == 2 and state.asked.count("pad storage") == 3
-    assert state.asked.count("pad code") == 3
-    # the next call at this version asks nothing it already has
-    state.asked.clear()
-    again = CallReads(state, HEAD)
-    assert _ask(again, "eth_getBalance", t, "0x9")["result"] == "0x5"
-    again.pad()
-    assert state.asked == []
-    # another block: the run is failed, to be done again, and nothing of it kept as a failure
-    state.served = Served(1, 10, "0x" + "cd" * 32, 5, 0)
-    moved = CallReads(state, HEAD)
-    assert "error" in _ask(moved, "eth_getStorageAt", t, "0x5", "0x9")
-    assert moved.moved and moved.failure is None
-    # a read at another block than the call's, or another method, is refused
-    assert "error" in _ask(CallReads(state, HEAD), "eth_getBalance", t, "0x8")
-    assert "error" in _ask(CallReads(state, HEAD), "eth_sendTransaction", {})
+def test_a_run_is_answered_from_what_is_known_and_notes_the_rest():
+    cache = CallCache()
+    t, other, gone = "0x" + TOKEN.hex(), "0x" + "33" * 20, "0x" + "44" * 20
+    slot = "0x" + "00" * 31 + "05"
+    reads = CallReads(KnownState({}), HEAD, cache)
+    # nothing known: placeholders (no account, no code, zero), each noted once
+    for _ in range(2):
+        assert _ask(reads, "eth_getBalance", t, "0x9")["result"] == "0x0"
+        assert _ask(reads, "eth_getCode", t, "0x9")["result"] == "0x"
+        assert _ask(reads, "eth_getStorageAt", t, "0x5", "0x9")["result"] == "0x" + "00" * 32
+    assert reads.want.accounts == {TOKEN} and reads.want.code == set()
+    assert reads.want.words == {(TOKEN, bytes.fromhex(slot[2:]))}
+    # the account known, its code not: the code hash is what is wanted
+    cache.accounts[TOKEN] = Account(1, 5, keccak256(CODE))
+    cache.accounts[bytes.fromhex(gone[2:])] = None
+    reads = CallReads(KnownState({}), HEAD, cache)
+    assert _ask(reads, "eth_getBalance", t, "0x9")["result"] == "0x5"
+    assert _ask(reads, "eth_getTransactionCount", t, "0x9")["result"] == "0x1"
+    assert _ask(reads, "eth_getCode", t, "0x9")["result"] == "0x"
+    assert _ask(reads, "eth_getStorageAt", gone, "0x5", "0x9")["result"] == "0x" + "00" * 32
+    assert reads.want.code == {keccak256(CODE)} and not reads.want.accounts | reads.want.words
+    # all known: nothing wanted, the run is the answer
+    cache.words[(TOKEN, bytes.fromhex(slot[2:]))] = 7
+    reads = CallReads(KnownState({keccak256(CODE): CODE}), HEAD, cache)
+    assert _ask(reads, "eth_getCode", t, "0x9")["result"] == "0x6000"
+    assert _ask(reads, "eth_getStorageAt", t, "0x5", "0x9")["result"] == "0x" + "00" * 31 + "07"
+    assert _ask(reads, "eth_getCode", other, "0x9")["result"] == "0x"  # unknown: noted
+    assert not reads.want.code and reads.want.accounts == {bytes.fromhex("33" * 20)}
+    assert reads.failure is None
+    # a read at another block than the call's, or another method, fails the run
+    for method, params in (("eth_getBalance", (t, "0x8")), ("eth_sendTransaction", ({},))):
+        bad = CallReads(KnownState({}), HEAD, cache)
+        assert "error" in _ask(bad, method, *params)
+        assert bad.failure is not None
+
+
+def test_what_arrives_while_a_round_is_out_goes_out_together_in_the_next():
+    runs: list[list[int]] = []
+    first_in = threading.Event()
+    release = threading.Event()
+
+    def run(items):
+        runs.append(list(items))
+        if items == [0]:
+            first_in.set()
+            release.wait(10)
+        return [i * 10 for i in items]
+
+    commit = GroupCommit(run)
+    got: dict[int, int] = {}
+
+    def submit(i):
+        got[i] = commit.submit(i)
+
+    threads = [threading.Thread(target=submit, args=(0,))]
+    threads[0].start()
+    assert first_in.wait(10)
+    threads += [threading.Thread(target=submit, args=(i,)) for i in (1, 2, 3)]
+    for th in threads[1:]:
+        th.start()
+    time.sleep(0.2)  # all three queued behind the round in flight
+    release.set()
+    for th in threads:
+        th.join(10)
+    assert runs[0] == [0] and sorted(runs[1]) == [1, 2, 3] and len(runs) == 2
+    assert got == {0: 0, 1: 10, 2: 20, 3: 30}
+
+
+def test_a_failed_round_fails_every_call_in_it_and_the_next_round_runs():
+    def run(items):
+        if "bad" in items:
+            raise ValueError("lying party")
+        return list(items)
+
+    commit = GroupCommit(run)
+    with pytest.raises(ValueError, match="lying party"):
+        commit.submit("bad")
+    assert commit.submit("ok") == "ok"
+
+
+@dataclass(frozen=True)
+class FakeDesc:
+    version: int
+    anchor: Anchor
+    time: int = 0
+
+
+class FakeTable:
+    def __init__(self, records: dict[bytes, bytes], desc: FakeDesc) -> None:
+        self.records, self.desc, self.asked = records, desc, []
+
+    def read_at(self, keys):
+        self.asked.append(len(keys))
+        return [self.records.get(bytes(k)) for k in keys], self.desc
+
+
+def _state(tables: dict[str, FakeTable]) -> PrivateState:
+    state = PrivateState.__new__(PrivateState)
+    state.seen_version, state.seen_block, state.latest = 0, 0, None
+    state._calls = None
+    state._lock = threading.Lock()
+    from collections import OrderedDict
+
+    state.codes = OrderedDict()
+
+    @contextmanager
+    def clients():
+        yield tables
+
+    state.clients = clients
+    return state
+
+
+def test_a_round_is_padded_pinned_to_one_version_and_kept_for_the_version_it_read():
+    at = Anchor(1, 9, "0x" + "ab" * 32)
+    desc = FakeDesc(4, at)
+    code_hash = keccak256(CODE)
+    others = [bytes([0x60, i]) for i in range(1, 4)]  # PUSH1 i: three more codes
+    records = dict([account_record(TOKEN, Account(1, 5, code_hash)), *code_records(CODE),
+                    *(r for c in others for r in code_records(c))])
+    word = (TOKEN, bytes(31) + b"\x05")
+    records[storage_key(*word)] = (7).to_bytes(32, "big")
+    tables = {t: FakeTable(records, desc) for t in ("accounts", "storage", "code")}
+    state = _state(tables)
+    cache = CallCache()
+    assert state.read_round(HEAD, cache, [TOKEN, bytes(20)], [code_hash], [word]) == HEAD
+    assert cache.accounts == {TOKEN: Account(1, 5, code_hash), bytes(20): None}
+    assert cache.words == {word: 7} and state.known_code(code_hash) == CODE
+    assert [t.asked for t in tables.values()] == [[4], [4], [CODE_READ_CHUNKS]]
+    assert state.latest == HEAD
+    # a padding round: accounts and storage; code known is not asked again, nor kept
+    assert state.read_round(HEAD, CallCache(), [], [code_hash], []) == HEAD
+    assert [len(t.asked) for t in tables.values()] == [2, 2, 1]
+    assert [t.asked[-1] for t in tables.values()] == [4, 4, CODE_READ_CHUNKS]
+    # five accounts and three code hashes: the next buckets
+    assert state.read_round(HEAD, CallCache(), [bytes([i]) * 20 for i in range(5)],
+                            [keccak256(c) for c in others], []) == HEAD
+    assert [t.asked[-1] for t in tables.values()] == [8, 4, 4 * CODE_READ_CHUNKS]
+    # the tables answered from two versions (a publication mid-round): nothing kept
+    newer = FakeDesc(5, Anchor(1, 10, "0x" + "cd" * 32))
+    tables["storage"].desc = newer
+    torn = CallCache()
+    assert state.read_round(HEAD, torn, [TOKEN], [], [word]) is None
+    assert torn.accounts == {} and torn.words == {}
+    # all at a newer version: kept for that version, not the call's, and named
+    tables["accounts"].desc = newer
+    old = CallCache()
+    now = state.read_round(HEAD, old, [TOKEN], [], [word])
+    assert (now.number, now.version) == (10, 5) and state.latest == now
+    assert old.accounts == {} and state.call_cache(now).words == {word: 7}
 
 
 def test_routes():
@@ -105,3 +241,62 @@ def test_routes():
     assert routes.reads("/call/" + "0" * 32) is None and routes.reads("/") is None
     routes.close(token)
     assert routes.reads(f"/call/{token}") is None
+
+
+class ScriptedWorkers:
+    """In place of pyrevm: a "contract" that reads the token's balance word through the
+    run's loopback routes and returns it, the way the fork mode asks (account, then word)."""
+
+    def __init__(self, routes: CallRoutes) -> None:
+        self.routes, self.runs = routes, 0
+
+    def run(self, url, block, tx, estimate, timeout_s):
+        self.runs += 1
+        reads = self.routes.reads(url[url.index("/call/"):])
+        at = hex(block["number"])
+        t = "0x" + TOKEN.hex()
+        _ask(reads, "eth_getBalance", t, at)
+        word = _ask(reads, "eth_getStorageAt", t, "0x5", at)["result"]
+        return {"ok": True, "out": bytes.fromhex(word[2:]), "reason": "", "gas": 0}
+
+
+def _calls(tables):
+    from morphogen.wallet.evm import PrivateCalls
+
+    state = _state(tables)
+    routes = CallRoutes()
+    workers = ScriptedWorkers(routes)
+    calls = PrivateCalls(state, workers, routes, lambda: "http://loopback")
+    return state, calls, workers
+
+
+def _tables(version: int, number: int, balance: int):
+    desc = FakeDesc(version, Anchor(1, number, "0x" + f"{number:02x}" * 32))
+    records = dict([account_record(TOKEN, Account(1, 5, keccak256(CODE))),
+                    *code_records(CODE)])
+    records[storage_key(TOKEN, bytes(31) + b"\x05")] = balance.to_bytes(32, "big")
+    return {t: FakeTable(records, desc) for t in ("accounts", "storage", "code")}
+
+
+def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
+    tables = _tables(4, 9, 7)
+    state, calls, workers = _calls(tables)
+    state.head = lambda: Served(1, 9, "0x" + "09" * 32, 4, 0)  # no head read here otherwise
+    call = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
+    assert int(calls.eth_call(call), 16) == 7
+    # first call: head, run (all unknown), one round, run: the answer
+    assert workers.runs == 2 and calls.rounds.rounds == 1
+    # the parties publish block 10 with another balance; the endpoint has not seen it: the
+    # call starts at 9, its memo round is read at 10 and names it, and it answers 10's word
+    for t, new in _tables(5, 10, 8).items():
+        tables[t].records, tables[t].desc = new.records, new.desc
+    assert state.latest.number == 9
+    assert int(calls.eth_call(call), 16) == 8
+    assert state.latest.number == 10
+    assert workers.runs == 3 and calls.rounds.rounds == 2  # one round, one run
+    # nothing published since: the call's round confirms 10, the run answers
+    assert int(calls.eth_call(call), 16) == 8
+    assert workers.runs == 4 and calls.rounds.rounds == 3
+    # a specific block that is not served is refused, not answered from another
+    with pytest.raises(NotServed, match="not the block served"):
+        calls.eth_call([call[0], "0x9"])

@@ -1,0 +1,176 @@
+"""Private reads shared by the calls in flight: group commit over rounds of lookups.
+
+A call's reads come in rounds (what its last run touched and was not known), and a round costs
+one private request of each table whatever it holds. So the rounds of calls in flight are
+merged: what calls ask while a round is being read waits and goes out together in the next one,
+read by one of the waiting threads. A wallet opening twenty token balances at once pays for a
+handful of rounds, not twenty calls' worth. The head a call starts at is read the same way: one
+read of the signed descriptor for the calls that arrived while the last one was out (each call
+still gets a head read that began after it arrived).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from morphogen.wallet.state import CallCache, PrivateState, Served
+
+# How long a round waits at most for the calls coming to theirs: a few runs' time.
+GATHER_S = 0.05
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Slot(Generic[T]):
+    __slots__ = ("item", "done", "result", "error")
+
+    def __init__(self, item: T) -> None:
+        self.item, self.done = item, False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class GroupCommit(Generic[T, R]):
+    """`submit(item)` returns `run(items)`'s answer for it, where `run` takes every item
+    submitted while the previous run was in flight, in one call made by one submitting
+    thread (no thread of its own). An exception from `run` is every item's.
+
+    With `coming` (how many submitters are on their way, not yet queued), a run waits up to
+    `gather_s` for them: calls in flight finish their runs milliseconds apart, and without the
+    wait the first would take a round alone and the rest the next one."""
+
+    def __init__(self, run: Callable[[Sequence[T]], Sequence[R]], *,
+                 coming: Callable[[], int] | None = None, gather_s: float = 0.0) -> None:
+        self._run, self._coming, self._gather_s = run, coming, gather_s
+        self._cond = threading.Condition()
+        self._queue: list[_Slot[T]] = []
+        self._busy = False
+
+    def submit(self, item: T, queued: Callable[[], None] | None = None) -> R:
+        """`queued` is called once the item is queued, before any run can take it."""
+        slot = _Slot(item)
+        with self._cond:
+            self._queue.append(slot)
+            if queued is not None:
+                queued()
+            self._cond.notify_all()  # a run gathering items counts this one
+            while not slot.done:
+                if self._busy:
+                    self._cond.wait()
+                    continue
+                self._busy = True
+                if self._coming is not None:
+                    deadline = time.monotonic() + self._gather_s
+                    while self._coming() > 0:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                batch, self._queue = self._queue, []
+                self._cond.release()
+                try:
+                    try:
+                        results = list(self._run([s.item for s in batch]))
+                        if len(results) != len(batch):
+                            raise RuntimeError("a round answered another count of items")
+                        for s, r in zip(batch, results, strict=True):
+                            s.result = r
+                    except BaseException as exc:  # every waiting call gets it, none hangs
+                        for s in batch:
+                            s.error = exc
+                finally:
+                    self._cond.acquire()
+                    for s in batch:
+                        s.done = True
+                    self._busy = False
+                    self._cond.notify_all()
+        if slot.error is not None:
+            raise slot.error
+        return slot.result
+
+
+@dataclass
+class Want:
+    """What a call's run touched and nothing it holds answers: accounts, code (by hash) and
+    storage words (address, 32-byte slot)."""
+
+    accounts: set[bytes] = field(default_factory=set)
+    code: set[bytes] = field(default_factory=set)
+    words: set[tuple[bytes, bytes]] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.accounts or self.code or self.words)
+
+    def merge(self, other: Want) -> None:
+        self.accounts |= other.accounts
+        self.code |= other.code
+        self.words |= other.words
+
+
+class Coming:
+    """A call `Rounds` waits for, until it arrives (once)."""
+
+    def __init__(self, rounds: Rounds) -> None:
+        self._rounds, self._done = rounds, False
+
+    def arrived(self) -> None:
+        with self._rounds._lock:
+            if not self._done:
+                self._done = True
+                self._rounds._active -= 1
+
+
+class Rounds:
+    """The rounds and head reads of the calls of one endpoint."""
+
+    def __init__(self, state: PrivateState, *, gather_s: float = GATHER_S) -> None:
+        self.state = state
+        self.rounds = 0  # rounds read (padding included), for the benchmark and the tests
+        self._active = 0  # calls coming to their first round
+        self._lock = threading.Lock()
+        self._rounds: GroupCommit[tuple[Served, CallCache, Want], Served | None] = GroupCommit(
+            self._read, coming=lambda: self._active, gather_s=gather_s)
+        self._heads: GroupCommit[None, Served] = GroupCommit(
+            lambda items: [self.state.head()] * len(items))
+
+    def head(self) -> Served:
+        return self._heads.submit(None)
+
+    @contextmanager
+    def coming(self) -> Iterator[Coming]:
+        """A call from its start to its first round (or its answer, reading none): a round
+        waits for the calls coming (`GATHER_S` at most) before it goes out. Later rounds of
+        a call are not waited for: with the call's memo, most calls need one."""
+        with self._lock:
+            self._active += 1
+        mark = Coming(self)
+        try:
+            yield mark
+        finally:
+            mark.arrived()
+
+    def fetch(self, served: Served, cache: CallCache, want: Want,
+              coming: Coming | None = None) -> Served | None:
+        """`want` read (an empty `want`: a padding round); the version it was read at, into
+        `cache` where that is `served` (else the call runs again at the version returned),
+        None where a publication came mid-round (nothing kept)."""
+        return self._rounds.submit((served, cache, want),
+                                   None if coming is None else coming.arrived)
+
+    def _read(self, items: Sequence[tuple[Served, CallCache, Want]]) -> list[Served | None]:
+        groups: dict[int, tuple[Served, CallCache, Want]] = {}
+        for served, cache, want in items:
+            if id(cache) not in groups:
+                groups[id(cache)] = (served, cache, Want())
+            groups[id(cache)][2].merge(want)
+        outcome = {}
+        for key, (served, cache, want) in groups.items():
+            self.rounds += 1
+            outcome[key] = self.state.read_round(served, cache, want.accounts, want.code,
+                                                 want.words)
+        return [outcome[id(cache)] for _, cache, _ in items]
