@@ -42,7 +42,7 @@ from typing import Any
 
 from morphogen.chain.state import EMPTY_CODE_HASH, Account, address_bytes, word_bytes
 from morphogen.wallet.methods import InvalidParams, NotServed, block_param, quantity
-from morphogen.wallet.rounds import Rounds, Want
+from morphogen.wallet.rounds import Coming, Rounds, Want
 from morphogen.wallet.state import CallCache, PrivateState, Served
 
 ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -336,6 +336,13 @@ class PrivateCalls:
         return result, reads.want, reads.touched
 
     def _execute(self, params: list, method: str, estimate: bool) -> dict:
+        # coming from the start: a batch announced this call (`Rounds.expecting`), and a call
+        # refused here arrives at once rather than keep a round waiting for it
+        with self.rounds.coming() as coming:
+            return self._execute_coming(params, method, estimate, coming)
+
+    def _execute_coming(self, params: list, method: str, estimate: bool,
+                        coming: Coming) -> dict:
         if not 1 <= len(params) <= 3:
             raise InvalidParams(f"{method} takes 1 to 3 params, got {len(params)}")
         call = call_param(params[0])
@@ -348,43 +355,42 @@ class PrivateCalls:
         # one round, and no call reads the head on its own (a head read costs more).
         served = self.state.latest if wanted.number is None and wanted.hash is None else None
         confirmed = False
-        with self.rounds.coming() as coming:
-            for _ in range(TRIES):
-                if served is None:
-                    served, confirmed = self.rounds.head(), True
-                wanted.check(served)
-                cache = self.state.call_cache(served)
-                rounds, at = 0, served
-                # what the same call read last time: its first round, before any run
-                want = self._memo.last(call) if not confirmed else Want()
-                while True:
-                    if want:
-                        rounds += 1
-                        round_bucket(rounds)  # past the last bucket: refused
-                        at = self.rounds.fetch(served, cache, want, coming)
-                        if at != served:
-                            break
-                        confirmed = True
-                    result, want, touched = self._run(call, served, cache, estimate)
-                    if not want and not confirmed:
-                        # Nothing unknown, at a version not yet confirmed: what the run read,
-                        # read again. At that version, the run's answer stands; at a newer
-                        # one, that version's cache has what the call needs there.
-                        rounds += 1
-                        at = self.rounds.fetch(served, cache, touched, coming)
-                        confirmed = at == served
+        for _ in range(TRIES):
+            if served is None:
+                served, confirmed = self.rounds.head(), True
+            wanted.check(served)
+            cache = self.state.call_cache(served)
+            rounds, at = 0, served
+            # what the same call read last time: its first round, before any run
+            want = self._memo.last(call) if not confirmed else Want()
+            while True:
+                if want:
+                    rounds += 1
+                    round_bucket(rounds)  # past the last bucket: refused
+                    at = self.rounds.fetch(served, cache, want, coming)
+                    if at != served:
                         break
-                    if not want:
-                        break
-                    if rounds == 0:  # and whatever the run will ask next, in the same round
-                        want.merge(self._memo.unknown(call, self.state, cache))
-                if at != served:  # a newer version (or a publication mid-round: the head)
-                    served, confirmed = at, at is not None
-                    continue
-                for _ in range(round_bucket(rounds) - rounds):
-                    self.rounds.fetch(served, cache, Want())
-                self._memo.put(call, touched)
-                return result
+                    confirmed = True
+                result, want, touched = self._run(call, served, cache, estimate)
+                if not want and not confirmed:
+                    # Nothing unknown, at a version not yet confirmed: what the run read,
+                    # read again. At that version, the run's answer stands; at a newer
+                    # one, that version's cache has what the call needs there.
+                    rounds += 1
+                    at = self.rounds.fetch(served, cache, touched, coming)
+                    confirmed = at == served
+                    break
+                if not want:
+                    break
+                if rounds == 0:  # and whatever the run will ask next, in the same round
+                    want.merge(self._memo.unknown(call, self.state, cache))
+            if at != served:  # a newer version (or a publication mid-round: the head)
+                served, confirmed = at, at is not None
+                continue
+            for _ in range(round_bucket(rounds) - rounds):
+                self.rounds.fetch(served, cache, Want())
+            self._memo.put(call, touched)
+            return result
         raise NotServed(f"the served block moved during each of {TRIES} runs of the call")
 
     def eth_call(self, params: list) -> str:

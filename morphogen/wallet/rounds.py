@@ -4,9 +4,10 @@ A call's reads come in rounds (what its last run touched and was not known), and
 one private request of each table whatever it holds. So the rounds of calls in flight are
 merged: what calls ask while a round is being read waits and goes out together in the next one,
 read by one of the waiting threads. A wallet opening twenty token balances at once pays for a
-handful of rounds, not twenty calls' worth. The head a call starts at is read the same way: one
-read of the signed descriptor for the calls that arrived while the last one was out (each call
-still gets a head read that began after it arrived).
+handful of rounds, not twenty calls' worth. The head, where a call needs it (a given block, or
+none seen yet), is read the same way: one read of the signed descriptor for the calls that
+arrived while the last one was out (each call still gets a head read that began after it
+arrived).
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ class GroupCommit(Generic[T, R]):
         self._cond = threading.Condition()
         self._queue: list[_Slot[T]] = []
         self._busy = False
+
+    def changed(self) -> None:
+        """`coming` may have dropped: a run gathering items looks again."""
+        with self._cond:
+            self._cond.notify_all()
 
     def submit(self, item: T, queued: Callable[[], None] | None = None) -> R:
         """`queued` is called once the item is queued, before any run can take it."""
@@ -120,9 +126,11 @@ class Coming:
 
     def arrived(self) -> None:
         with self._rounds._lock:
-            if not self._done:
-                self._done = True
-                self._rounds._active -= 1
+            if self._done:
+                return
+            self._done = True
+            self._rounds._active -= 1
+        self._rounds._rounds.changed()  # a call answered without a round: none waits on it
 
 
 class Rounds:
@@ -131,7 +139,8 @@ class Rounds:
     def __init__(self, state: PrivateState, *, gather_s: float = GATHER_S) -> None:
         self.state = state
         self.rounds = 0  # rounds read (padding included), for the benchmark and the tests
-        self._active = 0  # calls coming to their first round
+        self._active = 0  # calls coming to their first round, and those announced
+        self._announced: list[list[int]] = []  # per batch: its calls not started yet
         self._lock = threading.Lock()
         self._rounds: GroupCommit[tuple[Served, CallCache, Want], Served | None] = GroupCommit(
             self._read, coming=lambda: self._active, gather_s=gather_s)
@@ -142,12 +151,32 @@ class Rounds:
         return self._heads.submit(None)
 
     @contextmanager
+    def expecting(self, calls: int) -> Iterator[None]:
+        """A batch's `calls` counted as coming before their threads start (they start a few
+        milliseconds apart, and a round would otherwise leave the late ones to the next)."""
+        left = [calls]
+        with self._lock:
+            self._active += calls
+            self._announced.append(left)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._active -= left[0]  # the ones that never started (a bad param, say)
+                self._announced.remove(left)
+            self._rounds.changed()
+
+    @contextmanager
     def coming(self) -> Iterator[Coming]:
         """A call from its start to its first round (or its answer, reading none): a round
         waits for the calls coming (`GATHER_S` at most) before it goes out. Later rounds of
         a call are not waited for: with the call's memo, most calls need one."""
         with self._lock:
-            self._active += 1
+            announced = next((a for a in self._announced if a[0] > 0), None)
+            if announced is not None:
+                announced[0] -= 1  # counted already
+            else:
+                self._active += 1
         mark = Coming(self)
         try:
             yield mark

@@ -274,11 +274,12 @@ class PrivateState:
                     self.codes.popitem(last=False)
         return now
 
-    @classmethod
-    def _chunks_of(cls, code: KeywordClient, hashes: list[bytes]
+    @staticmethod
+    def _chunks_of(code: KeywordClient, hashes: list[bytes]
                    ) -> tuple[list[list[bytes | None]], Descriptor]:
         """The chunks of each code hash: CODE_READ_CHUNKS each in one read, then the rest of
-        any code past EIP-170 in one more."""
+        any code past EIP-170 in one more (a new version between the two: the second's
+        descriptor, and the caller reads again)."""
         n = CODE_READ_CHUNKS
         values, desc = code.read_at([code_key(h, i) for h in hashes for i in range(n)])
         out = [values[k * n:(k + 1) * n] for k in range(len(hashes))]
@@ -298,16 +299,7 @@ class PrivateState:
 
     @staticmethod
     def _chunks(code: KeywordClient, code_hash: bytes) -> tuple[list[bytes | None], Descriptor]:
-        values, desc = code.read_at([code_key(code_hash, i) for i in range(CODE_READ_CHUNKS)])
-        if code_hash == EMPTY_CODE_HASH or values[0] is None:
-            return values, desc
-        need = code_chunks(code_length(values[0]))
-        if need > CODE_READ_CHUNKS:  # past EIP-170: the rest in one more request
-            more, more_desc = code.read_at([code_key(code_hash, i)
-                                            for i in range(CODE_READ_CHUNKS, need)])
-            if not _same_version(desc, more_desc):
-                return values, more_desc  # the caller reads again
-            values += more
+        (values,), desc = PrivateState._chunks_of(code, [code_hash])
         return values, desc
 
     @staticmethod

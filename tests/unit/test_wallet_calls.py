@@ -300,3 +300,42 @@ def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
     # a specific block that is not served is refused, not answered from another
     with pytest.raises(NotServed, match="not the block served"):
         calls.eth_call([call[0], "0x9"])
+
+
+def test_a_batchs_calls_share_a_round_though_their_threads_start_apart():
+    from morphogen.wallet.rounds import Rounds, Want
+
+    class RoundState:
+        def __init__(self) -> None:
+            self.rounds: list[set[bytes]] = []
+
+        def read_round(self, served, cache, accounts, code, words):
+            self.rounds.append(set(accounts))
+            return served
+
+    def batch(announce: bool) -> list[set[bytes]]:
+        state = RoundState()
+        rounds = Rounds(state, gather_s=2.0)
+        cache = CallCache()
+
+        def call(i: int) -> None:
+            time.sleep(0.05 * i)  # threads that start apart
+            with rounds.coming() as coming:
+                rounds.fetch(HEAD, cache, Want({bytes([i]) * 20}), coming)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
+        if announce:
+            with rounds.expecting(3):
+                for th in threads:
+                    th.start()
+                for th in threads:
+                    th.join(10)
+        else:
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join(10)
+        return state.rounds
+
+    assert batch(True) == [{bytes([i]) * 20 for i in range(3)}]
+    assert len(batch(False)) == 3  # each went alone: nobody was coming yet
