@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import multiprocessing
 import re
 import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,7 @@ CALL_GAS = 50_000_000  # a node's default eth_call gas cap (geth RPCGasCap)
 TRIES = 4  # runs at a version: a call may start at one the parties have left
 _TOKEN = re.compile(r"/call/([0-9a-f]{32})")
 _READS = ("eth_getBalance", "eth_getTransactionCount", "eth_getCode", "eth_getStorageAt")
+log = logging.getLogger(__name__)
 
 
 class CallFailed(RuntimeError):
@@ -217,16 +220,37 @@ def _warm() -> bool:
 
 
 class CallWorkers:
-    """Processes that run pyrevm (spawned: no thread of this process is copied)."""
+    """Processes that run pyrevm (spawned: no thread of this process is copied). A process
+    that dies (killed, out of memory, a crash in the EVM) breaks the pool: the next run
+    starts a new one and is run again there (a run reads nothing from the parties and
+    changes nothing, so running it again is safe)."""
 
     def __init__(self, processes: int = 2) -> None:
-        self._pool = concurrent.futures.ProcessPoolExecutor(
-            processes, mp_context=multiprocessing.get_context("spawn"))
-        for f in [self._pool.submit(_warm) for _ in range(processes)]:
+        self._processes = processes
+        self._lock = threading.Lock()
+        self._pool = self._start()
+
+    def _start(self) -> concurrent.futures.ProcessPoolExecutor:
+        pool = concurrent.futures.ProcessPoolExecutor(
+            self._processes, mp_context=multiprocessing.get_context("spawn"))
+        for f in [pool.submit(_warm) for _ in range(self._processes)]:
             f.result(timeout=120)
+        return pool
 
     def run(self, url: str, block: dict, tx: dict, estimate: bool, timeout_s: float) -> dict:
-        return self._pool.submit(_run, url, block, tx, estimate).result(timeout=timeout_s)
+        for again in (False, True):
+            pool = self._pool
+            try:
+                return pool.submit(_run, url, block, tx, estimate).result(timeout=timeout_s)
+            except BrokenProcessPool:
+                if again:
+                    raise
+                with self._lock:
+                    if self._pool is pool:  # one thread replaces it, the others use that
+                        log.warning("an eth_call worker process died: starting new ones")
+                        pool.shutdown(wait=False, cancel_futures=True)
+                        self._pool = self._start()
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self._pool.shutdown(cancel_futures=True)

@@ -318,6 +318,24 @@ def test_a_new_block_is_read_before_a_request_needs_it(wallet) -> None:
         PrivateState(wallet["pir"], wallet["root"] / "o.pub", watch_s=0)
 
 
+def test_a_dead_call_worker_is_replaced_and_the_call_answered(wallet) -> None:
+    rpc = wallet["rpc"]
+    tx = rpc.call("eth_sendTransaction", {
+        "from": DEV_ACCOUNTS[0], "gas": hex(2_000_000),
+        "data": CONTRACTS["Token"]["bytecode"] + f"{10**24:064x}"})
+    _mine(rpc)
+    _catch_up(wallet["follower"])
+    token = rpc.call("eth_getTransactionReceipt", tx)["contractAddress"]
+    data = "0x70a08231" + "00" * 12 + DEV_ACCOUNTS[0][2:]
+    want = wallet["rpc"].call("eth_call", {"to": token, "data": data}, "latest")
+    workers = wallet["calls"].workers
+    os.kill(workers._pool.submit(os.getpid).result(timeout=30), signal.SIGKILL)
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+            "params": [{"to": token, "data": data}, "latest"]}
+    assert _post(wallet["server"].url, body).json()["result"] == want
+    assert _post(wallet["server"].url, body).json()["result"] == want
+
+
 class Lying:
     """A page client whose answers have one byte flipped, as a party that lies makes them."""
 
