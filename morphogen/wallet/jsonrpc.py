@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from typing import Any
 
 from morphogen.client import PirError
@@ -55,12 +55,6 @@ Forward = Callable[[dict], dict]
 
 
 CALL_METHODS = ("eth_call", "eth_estimateGas")
-
-
-def _no_calls(_: int) -> AbstractContextManager[None]:
-    return nullcontext()
-
-
 _BATCH_POOL = ThreadPoolExecutor(64, thread_name_prefix="morphogen-rpc-batch")
 
 
@@ -77,11 +71,10 @@ class Endpoint:
             raise ValueError("max_batch is at least 1")
         self.state, self.forward, self.max_batch = state, forward, max_batch
         self.methods = dict(METHODS)
-        self.expecting = _no_calls
+        self.calls = calls
         if calls is not None:
             self.methods["eth_call"] = lambda state, params: calls.eth_call(params)
             self.methods["eth_estimateGas"] = lambda state, params: calls.eth_estimate_gas(params)
-            self.expecting = calls.rounds.expecting
 
     def handle(self, body: bytes) -> bytes | None:
         try:
@@ -95,9 +88,10 @@ class Endpoint:
                 return _dump(error(None, LIMIT_EXCEEDED, f"a batch of {len(request)} requests "
                                    f"is over this endpoint's limit of {self.max_batch}"))
             # at once: the calls of a batch share their private rounds (wallet/rounds.py)
-            calls = sum(isinstance(r, dict) and r.get("method") in CALL_METHODS
-                        for r in request)
-            with self.expecting(calls):
+            announced = sum(isinstance(r, dict) and r.get("method") in CALL_METHODS
+                            for r in request)
+            with (nullcontext() if self.calls is None
+                  else self.calls.rounds.expecting(announced)):
                 answers = [a for a in _BATCH_POOL.map(self.one, request) if a is not None]
             return _dump(answers) if answers else None
         answer = self.one(request)
