@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import time
 from pathlib import Path
 
 from cluster import inputs
@@ -233,6 +234,39 @@ class HttpParties:
 
     def snapshot(self, publication, path):
         return self._publish(publication, lambda c, p: c.snapshot(path, publication, p))
+
+    # -- one party at a time (morphogen.keyword.overlapped) --------------------------------------
+
+    def parents(self, publication):
+        """The parent each party must have for `publication`: what the last publication
+        left, else both heads read now (`parents_for`)."""
+        from morphogen.client.admin import _with_retries, parents_for
+
+        if self._heads is not None:
+            return list(self._heads)
+        heads = [_with_retries(c, c.head, self.retry_for_s, time.sleep) for c in self.clients]
+        return parents_for(self.clients, publication, heads)
+
+    def leg(self, party, form, parent):
+        """`form` (a publishing.Form) to one party, re-sent as `publish_to_parties` does."""
+        from morphogen.chain.follow import crash_point
+        from morphogen.client.admin import _with_retries
+
+        client = self.clients[party]
+        if form.rotation:
+            out = _with_retries(client, lambda: client.snapshot(form.path, form.publication,
+                                                                parent),
+                                self.retry_for_s, time.sleep)
+        else:
+            out = _with_retries(client, lambda: client.updates(form.batch, form.publication,
+                                                               parent),
+                                self.retry_for_s, time.sleep)
+        if party == 0:
+            crash_point("sent-a")  # between the parties: A has it, B not yet
+        return out
+
+    def settled(self, identities):
+        self._heads = list(identities) if identities is not None else None
 
     def _publish(self, publication, send):
         from morphogen.chain.follow import crash_point

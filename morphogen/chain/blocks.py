@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ BEACON_WINDOW = 8191
 REQUEST_SLOTS = range(4)
 TRACER = {"tracer": "prestateTracer", "tracerConfig": {"diffMode": True}}
 BATCH_CALLS = 500
+BATCHES_AT_ONCE = 4  # a block's reads go to the node as this many batch requests at a time
 READ_AGAIN = 3  # reads of a value that disagrees with the trace, before giving up
 
 
@@ -289,7 +291,11 @@ def _slots(rpc: EthRpc, slots: list[Slot], at: dict) -> dict[Slot, int]:
 
 def _batched(rpc: EthRpc, calls: Iterable[tuple[str, list[Any]]]) -> list[Any]:
     calls = list(calls)
-    out: list[Any] = []
-    for i in range(0, len(calls), BATCH_CALLS):
-        out += rpc.batch_values(calls[i:i + BATCH_CALLS])
-    return out
+    chunks = [calls[i:i + BATCH_CALLS] for i in range(0, len(calls), BATCH_CALLS)]
+    if len(chunks) <= 1:
+        return rpc.batch_values(chunks[0]) if chunks else []
+    # The node answers a batch while the next is encoded and sent: a block's thousands of
+    # reads take the time of the node's work, not of every round trip one after another.
+    with ThreadPoolExecutor(min(BATCHES_AT_ONCE, len(chunks)),
+                            thread_name_prefix="chain-read") as pool:
+        return [r for part in pool.map(rpc.batch_values, chunks) for r in part]

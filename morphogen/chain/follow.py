@@ -12,7 +12,9 @@ number, hash). For each new block the follower
    re-run never applies a block twice), with the record of the last K blocks in the same
    atomic write;
 4. publishes every unpublished version to both parties in order, each as one publication
-   that names its parent identity, so the parties apply one sequence.
+   that names its parent identity, so the parties apply one sequence. Party B takes block N
+   while party A takes block N + 1, which the follower applied meanwhile
+   (`morphogen.keyword.overlapped`).
 
 A crash at any point leaves the owner at the block before or the block after, and the next
 start first publishes what the parties lack, then goes on from the block after the owner's.
@@ -47,9 +49,10 @@ from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
 from morphogen.chain.tables import TABLES
 from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.overlapped import Legs, OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable
 from morphogen.keyword.pages import tag_of
-from morphogen.keyword.publishing import Parties, publish
+from morphogen.keyword.publishing import Published, publish
 from morphogen.storage.durable import write_atomic
 
 log = logging.getLogger(__name__)
@@ -121,8 +124,8 @@ class Progress:
                       f"morphogen_chain_{name} {value}"]
         lines += ["# HELP morphogen_chain_phase_seconds the last block's seconds by phase "
                   "(trace: header and trace; read: values from the node; apply: the owner's "
-                  "version; wait: behind the block before's publication; publish: both "
-                  "parties)",
+                  "version; wait: behind party A's leg of the block before; publish: both "
+                  "parties, B's after A's)",
                   "# TYPE morphogen_chain_phase_seconds gauge"]
         lines += [f'morphogen_chain_phase_seconds{{phase="{k}"}} {round(v, 6)}'
                   for k, v in self.phases.items()]
@@ -152,7 +155,7 @@ def _keys_file(number: int, digest: str) -> str:
 class Follower:
     """Follows `rpc`'s chain into the owner directory `owner` and publishes to `parties`."""
 
-    def __init__(self, rpc: EthRpc, owner: OwnerTable, parties: Parties, signing_key: Any, *,
+    def __init__(self, rpc: EthRpc, owner: OwnerTable, parties: Legs, signing_key: Any, *,
                  confirmations: int = 0, keep: int = KEEP_BLOCKS,
                  snapshot_dir: str | None = None,
                  report: Callable[[str], None] | None = None) -> None:
@@ -164,12 +167,17 @@ class Follower:
         self.snapshot_dir = snapshot_dir
         self.report = report or (lambda line: None)
         self.progress = Progress()
-        # Block N is published from a thread of its own while block N + 1 is read and
-        # applied (at most one publication in flight; versions reach the parties in order).
-        # It reads the owner through an instance of its own: its own state and lock handle.
+        # Block N goes to party A from a thread of its own while block N + 1 is read and
+        # applied, then to party B from B's lane while A takes block N + 1 (versions reach
+        # each party in order, A first). The publishing threads read the owner through an
+        # instance of their own: its own state and lock handle.
         self._publishing = OwnerTable(owner.root)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="chain-publish")
-        self._inflight: Future[None] | None = None
+        self._inflight: Future[None] | None = None  # the A legs of the last block applied
+        self._overlap = OverlappedPublisher(self._publishing, parties,
+                                            snapshot_dir=snapshot_dir, done=self._published)
+        # version -> what its line reports once both parties have it
+        self._blocks: dict[int, tuple[Header, int, int, _Phases, float]] = {}
         anchor = owner.descriptor(TABLES[0]).anchor
         if anchor is None:
             raise FollowError(f"{owner.root} names no chain block: build it with `morphogen "
@@ -203,11 +211,17 @@ class Follower:
         """Wait for the publication in flight, then publish what the parties still lack."""
         self.wait_published()
         done = publish(self._publishing, self.parties, snapshot_dir=self.snapshot_dir)
+        self._blocks.clear()  # what a failure left is on both now, without its line
         self.progress.served = self.tip()[0]
         return len(done)
 
     def wait_published(self) -> None:
-        """Wait for the publication in flight; raises what it raised."""
+        """Wait for the publications in flight (both parties); raises what they raised."""
+        self._wait_pushed()
+        self._overlap.wait()
+
+    def _wait_pushed(self) -> None:
+        """Wait for party A's legs in flight (B's lane goes on)."""
         inflight, self._inflight = self._inflight, None
         if inflight is not None:
             inflight.result()
@@ -223,6 +237,7 @@ class Follower:
     def close(self) -> None:
         self._drain()
         self._pool.shutdown(wait=True)
+        self._overlap.close()
 
     def step(self, last: int | None = None) -> bool:
         """Publish what the parties lack, then apply the next block when there is one (up to
@@ -298,17 +313,24 @@ class Follower:
         clock.lap("apply")
         self._prune_keys(kept)
         crash_point("applied")
-        self.wait_published()  # the block before: one publication in flight at most
-        self._inflight = self._pool.submit(self._publish_block, head, len(changes), version,
-                                           len(batch), clock, started)
+        self._wait_pushed()  # party A's leg of the block before: one in flight at most
+        self._blocks[version] = (head, len(changes), len(batch), clock, started)
+        self._inflight = self._pool.submit(self._push, clock)
 
-    def _publish_block(self, head: Header, records: int, version: int, pages: int,
-                       clock: _Phases, started: float) -> None:
-        """The publishing thread: every unpublished version up to this block's, then the
-        block's line and figures."""
-        clock.lap("wait")  # behind the block before's publication
-        publish(self._publishing, self.parties, snapshot_dir=self.snapshot_dir)
-        clock.lap("publish")
+    def _push(self, clock: _Phases) -> None:
+        """The publishing thread: every version party A lacks, each then queued for B."""
+        clock.lap("wait")  # behind party A's leg of the block before
+        self._overlap.push()
+
+    def _published(self, published: Published) -> None:
+        """From B's lane, as each version reaches both parties: the block's line and
+        figures (a version that is no block's, a grown table's, has none)."""
+        entry = self._blocks.pop(published.version, None)
+        if entry is None:
+            return
+        head, records, pages, clock, started = entry
+        version = published.version
+        clock.lap("publish")  # both parties, B's lane included
         crash_point("published")
         p = self.progress
         p.blocks += 1

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
@@ -105,6 +106,7 @@ class EthRpc:
         self.timeout_s = timeout_s
         self._http = httpx.Client(timeout=timeout_s)
         self._ids = itertools.count(1)
+        self._ids_lock = threading.Lock()  # batches may be sent from several threads at once
 
     def close(self) -> None:
         self._http.close()
@@ -119,7 +121,8 @@ class EthRpc:
 
     def call(self, method: str, *params: Any) -> Any:
         """The result of one call; raises the ChainError that says why there is none."""
-        request_id = next(self._ids)
+        with self._ids_lock:
+            request_id = next(self._ids)
         answer = self._post({"jsonrpc": "2.0", "id": request_id, "method": method,
                              "params": list(params)}, method)
         if isinstance(answer, list):
@@ -140,9 +143,10 @@ class EthRpc:
         place; the whole batch raises only when the request itself fails."""
         if not calls:
             return []
-        first = next(self._ids)
+        with self._ids_lock:
+            first = next(self._ids)
+            self._ids = itertools.count(first + len(calls))
         ids = list(range(first, first + len(calls)))
-        self._ids = itertools.count(first + len(calls))
         body = [{"jsonrpc": "2.0", "id": i, "method": m, "params": list(p)}
                 for i, (m, p) in zip(ids, calls, strict=True)]
         label = f"a batch of {len(calls)} calls ({calls[0][0]}, ...)"

@@ -458,6 +458,8 @@ class _Editor:
         return found
 
     def _find(self, key: bytes, tag: bytes) -> tuple[int, int] | None:
+        if tag not in self.keys:  # every record's tag is there: an absent key has no slot
+            return None
         for b in self._candidates(key):
             s = slot_of(self.g, self.pages[self.g.bucket_page(b)], b, tag)
             if s is not None:

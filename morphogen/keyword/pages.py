@@ -8,7 +8,7 @@ import blake3
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.keyword.layout import TAG_SIZE, Geometry
+from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
 
 TAG_DOMAIN = b"morphogen-keyword-tag-v1\0"
 
@@ -54,24 +54,26 @@ def find_values(geometry: Geometry, pages: Sequence[bytes], buckets: Sequence[in
     return [values[i].tobytes() if found[i] else None for i in range(m)]
 
 
-def _bucket_tags(geometry: Geometry, page: np.ndarray, bucket: int) -> np.ndarray:
-    """The tags of a bucket's slots in its page, a (slots, 16) view: every slot of the page
-    in the page layout, the bucket's one row in the row layout."""
+def _aligned(geometry: Geometry, page: np.ndarray, bucket: int, tag: bytes) -> int | None:
+    """The first slot of `bucket` whose tag is `tag`. A byte search over the bucket's slots,
+    kept only where it starts a slot: an owner's edit finds a few thousand keys a block, and
+    numpy's per-call overhead on arrays this small costs eight times the search."""
     n, size = geometry.bucket_capacity(bucket), geometry.slot_size
     first = geometry.slot_offset(bucket, 0)
-    return page[first:first + n * size].reshape(n, size)[:, :TAG_SIZE]
-
-
-def _first(hit: np.ndarray) -> int | None:
-    return int(hit.argmax()) if hit.any() else None
+    raw = page[first:first + n * size].tobytes()
+    at = raw.find(tag)
+    while at >= 0:
+        if at % size == 0:
+            return at // size
+        at = raw.find(tag, at + 1)
+    return None
 
 
 def slot_of(geometry: Geometry, page: np.ndarray, bucket: int, tag: bytes) -> int | None:
     """The slot of `bucket` (in `page`, a row of the owner's pages) holding `tag`, or None."""
-    want = np.frombuffer(tag, np.uint8)
-    return _first((_bucket_tags(geometry, page, bucket) == want).all(axis=1))
+    return _aligned(geometry, page, bucket, tag)
 
 
 def free_slot(geometry: Geometry, page: np.ndarray, bucket: int) -> int | None:
     """The first empty slot of `bucket` in `page`, or None."""
-    return _first(~_bucket_tags(geometry, page, bucket).any(axis=1))
+    return _aligned(geometry, page, bucket, EMPTY_TAG)

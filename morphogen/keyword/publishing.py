@@ -146,26 +146,57 @@ def publish(owner: OwnerTable, parties: Parties, *,
         # so that the next version can be made while this one travels (a follower's next
         # block). Two publishers of one owner send the same versions under the same ids, in
         # order: each party applies each once, the second sender is answered "duplicate".
-        with owner.locked():
-            owner.reload()
-            pending = owner.unpublished(first_only=True)
-            if not pending:
-                return done
-            version, pub, batch = pending[0]
-            chosen = _choose(owner, version, batch, parties, snapshot_dir)
-            if chosen["mode"] == "rotation":
-                path = str(chosen["path"])
-                if not is_remote(path) and not (Path(path) / "manifest.json").is_file():
-                    # removed after it was recorded: write it again (the same bytes)
-                    _write_or_reuse(Path(path), owner, version)
-        if chosen["mode"] == "rotation":
-            results = parties.snapshot(pub, path)
+        form = next_form(owner, parties, snapshot_dir)
+        if form is None:
+            return done
+        if form.rotation:
+            results = parties.snapshot(form.publication, form.path)
         else:
-            results = parties.updates(pub, batch)
-        done.append(Published(version, chosen["mode"], len(batch), results))
-        with owner.locked():
-            owner.reload()
-            _published(owner, version)
+            results = parties.updates(form.publication, form.batch)
+        done.append(Published(form.version, form.mode, len(form.batch), results))
+        mark_published(owner, form.version)
+
+
+@dataclass(frozen=True)
+class Form:
+    """One version as it is sent: its publication id and its recorded form."""
+
+    version: int
+    publication: str
+    batch: Batch
+    mode: str  # "updates" or "rotation"
+    path: str = ""  # the snapshot a rotation sends
+
+    @property
+    def rotation(self) -> bool:
+        return self.mode == "rotation"
+
+
+def next_form(owner: OwnerTable, parties: Parties, snapshot_dir: str | None,
+              after: int = 0) -> Form | None:
+    """The first version not yet on both parties (and above `after`), its form chosen and
+    recorded (`_choose`), a rotation's snapshot staged; None when there is none."""
+    with owner.locked():
+        owner.reload()
+        version = max(owner.published, after) + 1
+        if version > owner.current:
+            return None
+        pub, batch = owner.publication_id(version), owner.store.batch(version)
+        chosen = _choose(owner, version, batch, parties, snapshot_dir)
+        if chosen["mode"] != "rotation":
+            return Form(version, pub, batch, "updates")
+        path = str(chosen["path"])
+        if not is_remote(path) and not (Path(path) / "manifest.json").is_file():
+            # removed after it was recorded: write it again (the same bytes)
+            _write_or_reuse(Path(path), owner, version)
+        return Form(version, pub, batch, "rotation", path)
+
+
+def mark_published(owner: OwnerTable, version: int) -> None:
+    """Both parties have `version`: noted in the owner's state."""
+    with owner.locked():
+        owner.reload()
+        _published(owner, version)
 
 
 def _published(owner: OwnerTable, version: int) -> None:

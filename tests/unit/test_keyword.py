@@ -13,6 +13,7 @@ import pytest
 from _kw import answers, lookup, proof_of
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword import (
     KeywordIntegrityError,
     RecordError,
@@ -23,8 +24,9 @@ from morphogen.keyword import (
 )
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates_many, pack_keys, seeded_hash
+from morphogen.keyword.layout import EMPTY_TAG, Geometry
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, read_changes
-from morphogen.keyword.pages import tag_of
+from morphogen.keyword.pages import free_slot, slot_of, tag_of
 from morphogen.keyword.tree import FANOUT, leaf_hash, node_hash
 from morphogen.keyword.verify import ANSWER_FAILED, check, plan
 
@@ -217,6 +219,34 @@ def test_duplicates_and_wrong_sizes_are_refused_naming_the_record(tmp_path: Path
         list(read_records(csv))
     with pytest.raises(RecordError, match="cannot tell the format"):
         read_records(tmp_path / "r.txt")
+
+
+@pytest.mark.parametrize("layout,row_size", [("page", 0), ("row", 256)])
+def test_a_slot_is_found_only_where_its_tag_starts_a_slot(layout: str, row_size: int) -> None:
+    g = Geometry(layout, 32, 64, row_size)
+    size = g.slot_size
+    tag = bytes(range(1, 17))
+    page = np.zeros(PAGE_SIZE, np.uint8)
+    bucket = 5 if layout == "row" else 0  # a row bucket: row 5 of its page
+    first = g.slot_offset(bucket, 0)
+    n = g.bucket_capacity(bucket)
+    page[first:first + n * size] = 0xEE  # every slot taken
+    assert slot_of(g, page, bucket, tag) is None and free_slot(g, page, bucket) is None
+    # the tag's bytes straddling a slot's end, and an empty tag's zeros inside a value
+    if n > 1:
+        page[first + size - 8:first + size + 8] = np.frombuffer(tag, np.uint8)
+    page[first + 20:first + 40] = 0
+    assert slot_of(g, page, bucket, tag) is None and free_slot(g, page, bucket) is None
+    last = n - 1
+    page[first + last * size:first + last * size + 16] = np.frombuffer(tag, np.uint8)
+    assert slot_of(g, page, bucket, tag) == last
+    page[first + last * size:first + last * size + 16] = np.frombuffer(EMPTY_TAG, np.uint8)
+    assert free_slot(g, page, bucket) == last and slot_of(g, page, bucket, tag) is None
+    # outside the bucket (the row after it) is not the bucket's
+    if layout == "row":
+        page[first + row_size:first + row_size + 16] = np.frombuffer(tag, np.uint8)
+        page[first:first + 16] = 0xEE
+        assert slot_of(g, page, bucket, tag) is None and free_slot(g, page, bucket) is None
 
 
 def test_records_files_in_both_formats_build_the_same_lookups(tmp_path: Path) -> None:
