@@ -197,6 +197,9 @@ class _Core:
         self._shared = shared if shared is not None else SharedVersion()
         # the last descriptor page whose signature checked: one signature per version
         self._signed: tuple[bytes, Descriptor] | None = None
+        # the parties' (epoch id, identity) the last lookup's answers came from: the data its
+        # values were proven against (a client is used by one thread at a time)
+        self.last_view: View | None = None
 
     @property
     def _state(self) -> tuple[Proof, View] | None:
@@ -277,6 +280,7 @@ class _Core:
                 # padding pages are checked too: a server that corrupted only them must get
                 # the same failure as any other, or it would learn which places were padding
                 values = check(proof, asked, buckets, [a.pages for a in answers])[:len(keys)]
+                self.last_view = view
                 return values, proof.descriptor
             except KeywordIntegrityError as exc:
                 # Servers that publish no identity can serve a rebuilt table under the old
@@ -345,6 +349,7 @@ class _Core:
                 for _at in range(0, n, limit):
                     whole[k] += next(parts).pages
             self._state = (prove_whole(desc, private, whole), view)
+            self.last_view = view
             return self._state
         raise TableChangingError(f"the servers moved to other data at each of {MOVES} reads "
                                  "of the table's descriptor")

@@ -18,13 +18,23 @@ a private request of each table, so a call costs its rounds: ERC-20 `balanceOf` 
 (the accounts, the token's code, the balance word). Code is kept across versions (it is checked
 against its hash), and `CallMemo` has the same call's first round ask everything it read last
 time, so a call repeated at a new version takes one. A call starts at the newest version seen
-here without reading the head: its first round says which version is served (docs/wallet.md).
+here without reading the head: the parties' GET /epoch, or else its first round, says whether
+that version is still served (docs/wallet.md).
+
+The working set. At each new version the endpoint's watcher sees, what the remembered calls read
+and the accounts asked by address are read again in one round (`PrivateCalls.warm`), while
+state was asked in the last WARM_IDLE_S: a wallet reopening finds its state read at the served
+block. A call whose run then asks nothing unknown is confirmed by both parties' GET /epoch
+naming the data its version was read from (`PrivateState.still_served`), not by a round: zero
+rounds, nothing asked about any key.
 
 Padding. Every round asks accounts and storage once each (code where new), its lookups padded
 to buckets (`PrivateState.read_round`), and a call's count of rounds is raised to the next of
 ROUND_BUCKETS with rounds of random keys (which ride along with other calls' rounds when there
-are any). The parties learn those buckets and how many calls were in flight, not which contract
-was called nor what it read. The timing of the rounds is not padded.
+are any); a call answered from the working set reads none. The parties learn those buckets and
+how many calls were in flight, not which contract was called nor what it read; the working
+set's round comes with each publication, whenever the wallet opens. The timing of the rounds
+is not padded.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import multiprocessing
 import re
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
@@ -50,6 +61,7 @@ from morphogen.wallet.state import CallCache, PrivateState, Served
 ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_ROUNDS = ROUND_BUCKETS[-1]
 MEMO_CALLS = 4096
+WARM_IDLE_S = 600.0  # the working set is read at each new version while state was asked
 SPEC = "PRAGUE"
 CALL_GAS = 50_000_000  # a node's default eth_call gas cap (geth RPCGasCap)
 TRIES = 4  # runs at a version: a call may start at one the parties have left
@@ -318,6 +330,14 @@ class CallMemo:
         return Want() if last is None else Want(set(last.accounts), set(last.code),
                                                 set(last.words))
 
+    def union(self) -> Want:
+        """Everything the remembered calls read: the working set."""
+        out = Want()
+        with self._lock:
+            for read in self._calls.values():
+                out.merge(read)
+        return out
+
     def unknown(self, call: Call, state: PrivateState, cache: CallCache) -> Want:
         """What the call read last time that `cache` (and the code kept) lacks."""
         with self._lock:
@@ -339,6 +359,22 @@ class PrivateCalls:
         self.timeout_s = timeout_s
         self.rounds = Rounds(state)
         self._memo = CallMemo()
+        state.on_new_version(self.warm)
+
+    def warm(self, served: Served) -> None:
+        """Read the working set (what the remembered calls read, the accounts asked by
+        address) at `served`, when state was asked in the last WARM_IDLE_S: one round, padded
+        as any, that the requests then find read."""
+        if time.monotonic() - self.state.last_asked > WARM_IDLE_S:
+            return
+        cache = self.state.call_cache(served)
+        want = self._memo.union()
+        want.accounts.update(self.state.recent_accounts())
+        want = Want({a for a in want.accounts if a not in cache.accounts},
+                    {h for h in want.code if self.state.known_code(h) is None},
+                    {w for w in want.words if w not in cache.words})
+        if want:
+            self.rounds.fetch(served, cache, want)
 
     def _run(self, call: Call, served: Served, cache: CallCache, estimate: bool
              ) -> tuple[dict, Want, Want]:
@@ -373,10 +409,12 @@ class PrivateCalls:
         wanted = block_param(params[1] if len(params) > 1 else None)
         if len(params) > 2 and params[2] not in (None, {}):
             raise NotServed("state overrides are not run privately")
+        self.state.asked()
         # A call for the served block starts at the newest version seen here, unconfirmed:
-        # its first round is read at the version served now, and names it where it is newer
-        # (the round then counts for that version, not lost). So every call reads at least
-        # one round, and no call reads the head on its own (a head read costs more).
+        # a run on that version's reads stands where both parties still serve its data
+        # (GET /epoch); else its first round is read at the version served now, and names it
+        # where it is newer (the round then counts for that version, not lost). No call
+        # reads the head on its own (a head read costs more).
         served = self.state.latest if wanted.number is None and wanted.hash is None else None
         confirmed = False
         for _ in range(TRIES):
@@ -385,8 +423,13 @@ class PrivateCalls:
             wanted.check(served)
             cache = self.state.call_cache(served)
             rounds, at = 0, served
-            # what the same call read last time: its first round, before any run
-            want = self._memo.last(call) if not confirmed else Want()
+            if not confirmed and self.state.still_served(served):
+                confirmed = True  # both parties serve that very data now (GET /epoch)
+            # what the same call read last time: its first round, before any run (only what
+            # this version's reads lack, at a version confirmed; all of it otherwise, the
+            # round then saying which version the parties serve)
+            want = (self._memo.unknown(call, self.state, cache) if confirmed
+                    else self._memo.last(call))
             while True:
                 if want:
                     rounds += 1

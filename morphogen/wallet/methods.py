@@ -105,6 +105,11 @@ def _account(state: PrivateState, params: list, method: str) -> Account | None:
     """The account of (address, block) params, at the served block."""
     address, block = _params(params, 1, 2, method)
     key, wanted = _address(address), block_param(block)
+    state.asked([key])
+    if wanted.number is None and wanted.hash is None:
+        found = state.cached_account(key)  # read at the block served now: no lookup
+        if found is not None:
+            return found[0]
     (account,), served = state.accounts([key])
     wanted.check(served)
     return account
@@ -138,17 +143,17 @@ def eth_get_code(state: PrivateState, params: list) -> str:
 
 def eth_block_number(state: PrivateState, params: list) -> str:
     _params(params, 0, 0, "eth_blockNumber")
-    return hex(state.head().number)
+    return hex(state.current().number)
 
 
 def eth_chain_id(state: PrivateState, params: list) -> str:
     _params(params, 0, 0, "eth_chainId")
-    return hex(state.head().chain_id)
+    return hex(state.current().chain_id)
 
 
 def net_version(state: PrivateState, params: list) -> str:
     _params(params, 0, 0, "net_version")
-    return str(state.head().chain_id)
+    return str(state.current().chain_id)
 
 
 def web3_client_version(state: PrivateState, params: list) -> str:

@@ -7,7 +7,8 @@ both from one version, or reads again: a publication between the two would other
 account of one block with code of another. Every read answers with the block it reflects.
 
 What the parties see does not depend on the address, the slot or the contract:
-- a balance or a nonce is one accounts lookup; a storage word one storage lookup;
+- a balance or a nonce is one accounts lookup (none where the account was read at the version
+  the parties still serve: `cached_account`); a storage word one storage lookup;
 - code is one accounts lookup, then always CODE_READ_CHUNKS code lookups in one request, the
   chunks of the account's code hash (an account without code asks for chunks of the empty
   code's hash, which no table holds). Only code longer than CODE_READ_CHUNKS chunks (past
@@ -16,6 +17,11 @@ What the parties see does not depend on the address, the slot or the contract:
   padded to the next of CALL_BUCKETS lookups, and code where it needs code it has not read
   before, padded to the next power of two of code hashes; the padding is random keys asked and
   verified like real ones.
+
+Whether a version is still the one served (`still_served`) is both parties' GET /epoch naming
+the very (epoch id, identity) the version's reads were proven under: an identity names the
+data (a snapshot's root and every update batch since), so equal identities are equal data. It
+asks nothing about any key.
 """
 
 from __future__ import annotations
@@ -23,8 +29,9 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,6 +55,7 @@ from morphogen.chain.tables import TABLES
 from morphogen.keyword import KeywordClient, KeywordIntegrityError, TableChangingError
 from morphogen.keyword.client import SharedVersion
 from morphogen.keyword.descriptor import Descriptor
+from morphogen.wallet.commit import GroupCommit
 
 # EIP-170's code size cap over the code table's 1,020-byte chunks.
 MAX_DEPLOYED_CODE = 24_576
@@ -58,6 +66,8 @@ TRIES = 4
 CALL_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Code verified against its hash is the same at every version: kept across versions.
 CODE_CACHE = 512
+VIEWS_KEPT = 8  # the (epoch id, identity) of the last versions read, for `still_served`
+RECENT_ACCOUNTS = 256  # accounts asked by address (balance, nonce): part of the working set
 _ROUND_POOL = ThreadPoolExecutor(6, thread_name_prefix="morphogen-round")
 log = logging.getLogger(__name__)
 
@@ -117,6 +127,14 @@ class PrivateState:
         self._lock = threading.Lock()
         self._calls: tuple[tuple[int, str], CallCache] | None = None
         self.codes: OrderedDict[bytes, bytes] = OrderedDict()  # code hash -> code, verified
+        # (version, block hash) -> the parties' (epoch id, identity) its reads came from
+        self._views: OrderedDict[tuple[int, str], tuple[int, str | None]] = OrderedDict()
+        self._new_version: list[Callable[[Served], None]] = []
+        self._recent: OrderedDict[bytes, None] = OrderedDict()  # accounts asked, newest last
+        self.last_asked = float("-inf")  # monotonic time of the last request for state
+        # both parties' /epoch, one read for the requests that came while the last was out
+        self._epochs: GroupCommit[None, Any] = GroupCommit(
+            lambda items: [self.pir.info(refresh=True)] * len(items))
         with self.clients():  # a bad key fails here, not at the first request
             pass
         self._stop = threading.Event()
@@ -142,8 +160,34 @@ class PrivateState:
                 if now != last:
                     self.refresh()
                     last = now
+                    latest = self.latest
+                    for hook in list(self._new_version):
+                        if latest is not None:
+                            hook(latest)
             except Exception as exc:  # the parties away: the requests will say so
                 log.debug("watching the parties' version: %s", type(exc).__name__)
+
+    def on_new_version(self, hook: Callable[[Served], None]) -> None:
+        """`hook(served)` from the watcher (`watch_s`) each time it sees the parties move."""
+        self._new_version.append(hook)
+
+    def still_served(self, served: Served) -> bool:
+        """Whether both parties serve now exactly the data `served`'s reads (by `read_round`)
+        were proven against, within the freshness bound: two GET /epoch, no lookup. False
+        where that is not known (the caller then reads a round)."""
+        with self._lock:
+            view = self._views.get((served.version, served.hash))
+        if view is None or view[1] is None:  # identities compared, never epoch ids alone
+            return False
+        if self.max_age is not None and time.time() - served.time > self.max_age:
+            return False
+        try:
+            info = self._epochs.submit(None)  # a read that began after this call came
+        except Exception as exc:  # noqa: BLE001 - the round says what is wrong
+            log.debug("reading the parties' epochs: %s", type(exc).__name__)
+            return False
+        return all(e == view[0] and i == view[1]
+                   for e, i in zip(info.epoch_ids, info.identities, strict=True))
 
     def refresh(self) -> None:
         """Every table's descriptor read again, in parallel, for all the sets of clients."""
@@ -169,33 +213,83 @@ class PrivateState:
             with self._lock:
                 self._free.append(mine)
 
-    def _accepted(self, desc: Descriptor) -> Served:
+    def _accepted(self, desc: Descriptor, view: tuple[int, str | None] | None = None
+                  ) -> Served:
+        """`desc`'s version accepted; `view`: the parties' data it was proven under."""
         served = served_of(desc)
         with self._lock:
             self.seen_version = max(self.seen_version, served.version)
             self.seen_block = max(self.seen_block, served.number)
             if self.latest is None or served.version >= self.latest.version:
                 self.latest = served
+            if view is not None:
+                key = (served.version, served.hash)
+                self._views[key] = view
+                self._views.move_to_end(key)
+                while len(self._views) > VIEWS_KEPT:
+                    self._views.popitem(last=False)
         return served
 
     def head(self) -> Served:
         """The block the parties serve now (the accounts table's signed descriptor, read
         again)."""
         with self.clients() as c:
-            return self._accepted(c["accounts"].descriptor(refresh=True))
+            desc = c["accounts"].descriptor(refresh=True)
+            return self._accepted(desc, c["accounts"].last_view)
+
+    def current(self) -> Served:
+        """The block the parties serve now: the newest version read here where both parties
+        still serve its data (`still_served`), else the head read again."""
+        latest = self.latest
+        if latest is not None and self.still_served(latest):
+            return latest
+        return self.head()
+
+    def asked(self, addresses: Iterable[bytes] = ()) -> None:
+        """A request for state came (for these accounts): the working set is kept read."""
+        self.last_asked = time.monotonic()
+        with self._lock:
+            for a in addresses:
+                self._recent[a] = None
+                self._recent.move_to_end(a)
+            while len(self._recent) > RECENT_ACCOUNTS:
+                self._recent.popitem(last=False)
+
+    def recent_accounts(self) -> list[bytes]:
+        with self._lock:
+            return list(self._recent)
+
+    def cached_account(self, address: bytes) -> tuple[Account | None, Served] | None:
+        """The account as read at the served block already (by a call, the working set or
+        a lookup), where both parties still serve that data; None otherwise."""
+        latest = self.latest
+        if latest is None:
+            return None
+        cache = self.call_cache(latest)
+        if address not in cache.accounts or not self.still_served(latest):
+            return None
+        return cache.accounts[address], latest
 
     def accounts(self, addresses: Sequence[bytes | str]) -> tuple[list[Account | None], Served]:
         keys = [address_bytes(a) for a in addresses]
         with self.clients() as c:
             values, desc = c["accounts"].read_at(keys)
-        return [None if v is None else decode_account(v) for v in values], self._accepted(desc)
+            view = c["accounts"].last_view
+        out = [None if v is None else decode_account(v) for v in values]
+        served = self._accepted(desc, view)
+        if served == self.latest:  # kept for the calls and reads at that version
+            cache = self.call_cache(served)
+            for k, account in zip(keys, out, strict=True):
+                cache.accounts[k] = account
+        return out, served
 
     def storage(self, pairs: Sequence[tuple[bytes | str, int | bytes | str]]
                 ) -> tuple[list[int], Served]:
         keys = [storage_key(a, s) for a, s in pairs]
         with self.clients() as c:
             values, desc = c["storage"].read_at(keys)
-        return [decode_storage_value(v) for v in values], self._accepted(desc)
+            view = c["storage"].last_view
+        return [decode_storage_value(v) for v in values], self._accepted(desc, view)
 
     def call_cache(self, served: Served) -> CallCache:
         """What calls at `served`'s version have read, shared by the calls at that version (a
@@ -256,10 +350,12 @@ class PrivateState:
             if hashes:
                 jobs["code"] = _ROUND_POOL.submit(self._chunks_of, c["code"], asked)
             got = {t: j.result() for t, j in jobs.items()}
+            views = {c[t].last_view for t in keys}
         descs = [v[1] for v in got.values()]
         if not all(_same_version(descs[0], d) for d in descs[1:]):
             return None
-        now = self._accepted(descs[0])
+        # one matrix: every table's answers came from the same data, else no view kept
+        now = self._accepted(descs[0], next(iter(views)) if len(views) == 1 else None)
         if (now.version, now.hash) != (served.version, served.hash):
             cache = self.call_cache(now)
         for a, v in zip(addrs, got["accounts"][0], strict=False):

@@ -10,6 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 
@@ -22,6 +23,7 @@ from morphogen.chain.state import (
     storage_key,
 )
 from morphogen.keyword.descriptor import Anchor
+from morphogen.wallet.commit import GroupCommit
 from morphogen.wallet.evm import (
     CALL_GAS,
     MAX_ROUNDS,
@@ -31,7 +33,6 @@ from morphogen.wallet.evm import (
     round_bucket,
 )
 from morphogen.wallet.methods import InvalidParams, NotServed
-from morphogen.wallet.rounds import GroupCommit
 from morphogen.wallet.state import (
     CODE_READ_CHUNKS,
     CallCache,
@@ -172,6 +173,11 @@ class FakeTable:
     def __init__(self, records: dict[bytes, bytes], desc: FakeDesc) -> None:
         self.records, self.desc, self.asked = records, desc, []
 
+    @property
+    def last_view(self):
+        """The parties' (epoch id, identity) of the data the last read came from."""
+        return (self.desc.version, f"identity-of-{self.desc.version}")
+
     def read_at(self, keys):
         self.asked.append(len(keys))
         return [self.records.get(bytes(k)) for k in keys], self.desc
@@ -185,6 +191,22 @@ def _state(tables: dict[str, FakeTable]) -> PrivateState:
     from collections import OrderedDict
 
     state.codes = OrderedDict()
+    state._views = OrderedDict()
+    state._new_version, state._recent = [], OrderedDict()
+    state.last_asked, state.max_age = float("-inf"), None
+    state.epoch_reads = 0
+
+    class Parties:
+        """GET /epoch of both parties: what the tables serve now."""
+
+        def info(self, refresh=False):
+            state.epoch_reads += 1
+            version = tables["accounts"].desc.version
+            return SimpleNamespace(epoch_ids=(version, version),
+                                   identities=(f"identity-of-{version}",) * 2)
+
+    state.pir = Parties()
+    state._epochs = GroupCommit(lambda items: [state.pir.info(refresh=True)] * len(items))
 
     @contextmanager
     def clients():
@@ -270,6 +292,15 @@ def _calls(tables):
     return state, calls, workers
 
 
+def _head(state, tables):
+    """PrivateState.head over the fake tables: the accounts table's descriptor now."""
+    def head() -> Served:
+        state.heads = getattr(state, "heads", 0) + 1
+        t = tables["accounts"]
+        return state._accepted(t.desc, t.last_view)
+    return head
+
+
 def _tables(version: int, number: int, balance: int):
     desc = FakeDesc(version, Anchor(1, number, "0x" + f"{number:02x}" * 32))
     records = dict([account_record(TOKEN, Account(1, 5, keccak256(CODE))),
@@ -281,22 +312,31 @@ def _tables(version: int, number: int, balance: int):
 def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
     tables = _tables(4, 9, 7)
     state, calls, workers = _calls(tables)
-    state.head = lambda: Served(1, 9, "0x" + "09" * 32, 4, 0)  # no head read here otherwise
+    state.head = _head(state, tables)
     call = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
     assert int(calls.eth_call(call), 16) == 7
     # first call: head, run (all unknown), one round, run: the answer
     assert workers.runs == 2 and calls.rounds.rounds == 1
     # the parties publish block 10 with another balance; the endpoint has not seen it: the
-    # call starts at 9, its memo round is read at 10 and names it, and it answers 10's word
+    # call starts at 9, the parties' /epoch names other data, so its memo round is read, at
+    # 10, which names it; it answers 10's word
     for t, new in _tables(5, 10, 8).items():
         tables[t].records, tables[t].desc = new.records, new.desc
     assert state.latest.number == 9
     assert int(calls.eth_call(call), 16) == 8
     assert state.latest.number == 10
     assert workers.runs == 3 and calls.rounds.rounds == 2  # one round, one run
-    # nothing published since: the call's round confirms 10, the run answers
+    # nothing published since: both parties' /epoch name the data 10 was read from, so the
+    # run on 10's reads is the answer, with no round (nothing asked about any key)
+    epochs = state.epoch_reads
     assert int(calls.eth_call(call), 16) == 8
-    assert workers.runs == 4 and calls.rounds.rounds == 3
+    assert workers.runs == 4 and calls.rounds.rounds == 2 and state.epoch_reads == epochs + 1
+    # past the freshness bound, /epoch alone never confirms: a round reads it again (where
+    # the tables' client refuses a version older than the bound: an error, never a number)
+    state.max_age = 60
+    assert int(calls.eth_call(call), 16) == 8
+    assert workers.runs == 5 and calls.rounds.rounds == 3
+    state.max_age = None
     # a specific block that is not served is refused, not answered from another
     with pytest.raises(NotServed, match="not the block served"):
         calls.eth_call([call[0], "0x9"])
@@ -339,3 +379,48 @@ def test_a_batchs_calls_share_a_round_though_their_threads_start_apart():
 
     assert batch(True) == [{bytes([i]) * 20 for i in range(3)}]
     assert len(batch(False)) == 3  # each went alone: nobody was coming yet
+
+
+def test_the_working_set_is_read_at_a_new_version_before_the_wallet_asks():
+    tables = _tables(4, 9, 7)
+    state, calls, workers = _calls(tables)
+    state.head = _head(state, tables)
+    call = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
+    assert int(calls.eth_call(call), 16) == 7
+    rounds, runs = calls.rounds.rounds, workers.runs
+    # block 10 published; the watcher sees it and reads the working set in one round
+    for t, new in _tables(5, 10, 8).items():
+        tables[t].records, tables[t].desc = new.records, new.desc
+    ten = Served(1, 10, "0x" + "0a" * 32, 5, 0)
+    calls.warm(ten)
+    assert calls.rounds.rounds == rounds + 1 and state.latest.number == 10
+    assert [t.asked[-1] for t in (tables["accounts"], tables["storage"])] == [4, 4]
+    # the wallet's call then reads nothing: one run on what the round read, /epoch confirms
+    assert int(calls.eth_call(call), 16) == 8
+    assert calls.rounds.rounds == rounds + 1 and workers.runs == runs + 1
+    # nothing asked for longer than WARM_IDLE_S: no round at the next version
+    from morphogen.wallet.evm import WARM_IDLE_S
+
+    state.last_asked = time.monotonic() - WARM_IDLE_S - 1
+    calls.warm(Served(1, 11, "0x" + "0b" * 32, 6, 0))
+    assert calls.rounds.rounds == rounds + 1
+
+
+def test_a_balance_read_at_the_served_block_is_answered_again_without_a_lookup():
+    from morphogen.wallet.methods import eth_get_balance
+
+    tables = _tables(4, 9, 7)
+    state = _state(tables)
+    t = "0x" + TOKEN.hex()
+    assert eth_get_balance(state, [t, "latest"]) == "0x5"
+    assert len(tables["accounts"].asked) == 1 and state.recent_accounts() == [TOKEN]
+    assert eth_get_balance(state, [t, "latest"]) == "0x5"  # /epoch names the same data
+    assert len(tables["accounts"].asked) == 1
+    # block 10 published with another balance: /epoch names other data, so a lookup
+    tables["accounts"].records = dict([account_record(TOKEN, Account(1, 6, keccak256(CODE)))])
+    tables["accounts"].desc = FakeDesc(5, Anchor(1, 10, "0x" + "0a" * 32))
+    assert eth_get_balance(state, [t, "latest"]) == "0x6"
+    assert len(tables["accounts"].asked) == 2
+    # a block asked by number is never answered from what was read for `latest`
+    assert eth_get_balance(state, [t, "0xa"]) == "0x6"
+    assert len(tables["accounts"].asked) == 3

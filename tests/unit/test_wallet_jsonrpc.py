@@ -59,6 +59,15 @@ class FakeState:
         self._check()
         return (CODE if bytes(address) in self.accounts_ else b""), HEAD
 
+    def current(self) -> Served:
+        return self.head()
+
+    def asked(self, addresses=()) -> None:
+        pass
+
+    def cached_account(self, address):
+        return None  # nothing read before: every read is a lookup here
+
 
 def call(endpoint: Endpoint, method: str, *params, rid=1):
     body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": list(params)})
