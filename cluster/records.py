@@ -240,12 +240,11 @@ class HttpParties:
     def parents(self, publication):
         """The parent each party must have for `publication`: what the last publication
         left, else both heads read now (`parents_for`)."""
-        from morphogen.client.admin import _with_retries, parents_for
+        from morphogen.client.admin import read_parents
 
         if self._heads is not None:
             return list(self._heads)
-        heads = [_with_retries(c, c.head, self.retry_for_s, time.sleep) for c in self.clients]
-        return parents_for(self.clients, publication, heads)
+        return read_parents(self.clients, publication, self.retry_for_s)
 
     def leg(self, party, form, parent):
         """`form` (a publishing.Form) to one party, re-sent as `publish_to_parties` does."""
@@ -253,14 +252,13 @@ class HttpParties:
         from morphogen.client.admin import _with_retries
 
         client = self.clients[party]
-        if form.rotation:
-            out = _with_retries(client, lambda: client.snapshot(form.path, form.publication,
-                                                                parent),
-                                self.retry_for_s, time.sleep)
-        else:
-            out = _with_retries(client, lambda: client.updates(form.batch, form.publication,
-                                                               parent),
-                                self.retry_for_s, time.sleep)
+
+        def send() -> dict:
+            if form.rotation:
+                return client.snapshot(form.path, form.publication, parent)
+            return client.updates(form.batch, form.publication, parent)
+
+        out = _with_retries(client, send, self.retry_for_s, time.sleep)
         if party == 0:
             crash_point("sent-a")  # between the parties: A has it, B not yet
         return out

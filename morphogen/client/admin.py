@@ -188,6 +188,13 @@ def parents_for(clients: Sequence[AdminClient], publication: str,
         "parties_apart")
 
 
+def read_parents(clients: Sequence[AdminClient], publication: str, retry_for_s: float,
+                 sleep: Callable[[float], None] = time.sleep) -> list[str | None]:
+    """Every party's head read (re-sent as a publication is), then `parents_for`."""
+    heads = [_with_retries(c, c.head, retry_for_s, sleep) for c in clients]
+    return parents_for(clients, publication, heads)
+
+
 def publish_to_parties(
     clients: Sequence[AdminClient],
     send: Callable[..., dict],
@@ -214,8 +221,7 @@ def publish_to_parties(
     if publication is None:
         parents = [None] * len(clients)
     elif parents is None:
-        heads = [_with_retries(c, c.head, retry_for_s, sleep) for c in clients]
-        parents = parents_for(clients, publication, heads)
+        parents = read_parents(clients, publication, retry_for_s, sleep)
     for client, parent in zip(clients, parents, strict=True):
         if publication is None:
             out.append(_with_retries(client, lambda c=client: send(c), retry_for_s, sleep,

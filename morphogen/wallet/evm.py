@@ -342,11 +342,14 @@ class CallMemo:
         """What the call read last time that `cache` (and the code kept) lacks."""
         with self._lock:
             last = self._calls.get(call)
-        if last is None:
-            return Want()
-        return Want({a for a in last.accounts if a not in cache.accounts},
-                    {h for h in last.code if state.known_code(h) is None},
-                    {w for w in last.words if w not in cache.words})
+        return Want() if last is None else lacking(last, state, cache)
+
+
+def lacking(want: Want, state: PrivateState, cache: CallCache) -> Want:
+    """What of `want` neither `cache` (one version's reads) nor the code kept holds."""
+    return Want({a for a in want.accounts if a not in cache.accounts},
+                {h for h in want.code if state.known_code(h) is None},
+                {w for w in want.words if w not in cache.words})
 
 
 class PrivateCalls:
@@ -370,9 +373,7 @@ class PrivateCalls:
         cache = self.state.call_cache(served)
         want = self._memo.union()
         want.accounts.update(self.state.recent_accounts())
-        want = Want({a for a in want.accounts if a not in cache.accounts},
-                    {h for h in want.code if self.state.known_code(h) is None},
-                    {w for w in want.words if w not in cache.words})
+        want = lacking(want, self.state, cache)
         if want:
             self.rounds.fetch(served, cache, want)
 

@@ -85,6 +85,18 @@ class Parties:
         self.heads = list(identities) if identities is not None else None
 
 
+def _b_fails_once(parties: Parties, version: int) -> None:
+    """Party B's leg of `version` raises, the first time only."""
+    failures = {(1, version)}
+
+    def hook(party: int, v: int) -> None:
+        if (party, v) in failures:
+            failures.discard((party, v))
+            raise ConnectionError("party B unreachable")
+
+    parties.hook = hook
+
+
 def _owner(tmp_path: Path, versions: int) -> tuple[OwnerTable, np.ndarray]:
     rng = random.Random(4)
     recs = {rng.randbytes(20): rng.randbytes(32) for _ in range(300)}
@@ -140,14 +152,7 @@ def test_b_takes_a_version_while_a_takes_the_next(tmp_path: Path) -> None:
 def test_a_failed_b_leg_is_finished_by_a_rerun_without_a_version_twice(tmp_path: Path) -> None:
     owner, pages = _owner(tmp_path, 4)
     parties = Parties(pages)
-    failures = {(1, 3)}  # B's leg of version 3 fails once (B down, the process killed)
-
-    def hook(party: int, version: int) -> None:
-        if (party, version) in failures:
-            failures.discard((party, version))
-            raise ConnectionError("party B unreachable")
-
-    parties.hook = hook
+    _b_fails_once(parties, 3)  # B down, the process killed
     first = OverlappedPublisher(OwnerTable(owner.root), parties)
     with pytest.raises(ConnectionError):
         first.push()
@@ -196,14 +201,7 @@ def test_a_party_moved_by_another_publisher_refuses_and_b_never_gets_it(tmp_path
 def test_the_plain_publisher_finishes_what_the_overlapped_one_left(tmp_path: Path) -> None:
     owner, pages = _owner(tmp_path, 3)
     parties = Parties(pages)
-    failures = {(1, 3)}
-
-    def hook(party: int, version: int) -> None:
-        if (party, version) in failures:
-            failures.discard((party, version))
-            raise ConnectionError("party B unreachable")
-
-    parties.hook = hook
+    _b_fails_once(parties, 3)
     over = OverlappedPublisher(OwnerTable(owner.root), parties)
     with pytest.raises(ConnectionError):
         over.push()

@@ -289,6 +289,7 @@ def _calls(tables):
     routes = CallRoutes()
     workers = ScriptedWorkers(routes)
     calls = PrivateCalls(state, workers, routes, lambda: "http://loopback")
+    state.head = _head(state, tables)
     return state, calls, workers
 
 
@@ -309,10 +310,15 @@ def _tables(version: int, number: int, balance: int):
     return {t: FakeTable(records, desc) for t in ("accounts", "storage", "code")}
 
 
+def _publish(tables, new) -> None:
+    """The parties now serve `new`'s records and version in place of `tables`'."""
+    for t, table in new.items():
+        tables[t].records, tables[t].desc = table.records, table.desc
+
+
 def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
     tables = _tables(4, 9, 7)
     state, calls, workers = _calls(tables)
-    state.head = _head(state, tables)
     call = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
     assert int(calls.eth_call(call), 16) == 7
     # first call: head, run (all unknown), one round, run: the answer
@@ -320,8 +326,7 @@ def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
     # the parties publish block 10 with another balance; the endpoint has not seen it: the
     # call starts at 9, the parties' /epoch names other data, so its memo round is read, at
     # 10, which names it; it answers 10's word
-    for t, new in _tables(5, 10, 8).items():
-        tables[t].records, tables[t].desc = new.records, new.desc
+    _publish(tables, _tables(5, 10, 8))
     assert state.latest.number == 9
     assert int(calls.eth_call(call), 16) == 8
     assert state.latest.number == 10
@@ -384,13 +389,11 @@ def test_a_batchs_calls_share_a_round_though_their_threads_start_apart():
 def test_the_working_set_is_read_at_a_new_version_before_the_wallet_asks():
     tables = _tables(4, 9, 7)
     state, calls, workers = _calls(tables)
-    state.head = _head(state, tables)
     call = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
     assert int(calls.eth_call(call), 16) == 7
     rounds, runs = calls.rounds.rounds, workers.runs
     # block 10 published; the watcher sees it and reads the working set in one round
-    for t, new in _tables(5, 10, 8).items():
-        tables[t].records, tables[t].desc = new.records, new.desc
+    _publish(tables, _tables(5, 10, 8))
     ten = Served(1, 10, "0x" + "0a" * 32, 5, 0)
     calls.warm(ten)
     assert calls.rounds.rounds == rounds + 1 and state.latest.number == 10
