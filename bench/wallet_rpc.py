@@ -16,7 +16,7 @@ Three measurements, one run, every answer checked against anvil's:
   the version is published, and a second after (the endpoint, watching every 0.5 s, has read
   the new version's descriptors by then: a wallet opens at any time within a block).
 
-    python bench/wallet_rpc.py [--runs 200]
+    python bench/wallet_rpc.py [--runs 200] [--only balance|call|burst]
 Results: bench/results/wallet_rpc.json
 """
 
@@ -58,7 +58,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(runs: int) -> dict:
+def run(runs: int, only: str | None = None) -> dict:
     from cluster import local
     from cluster.records import HttpParties
     from morphogen.chain import EthRpc, export_from_node, state_records
@@ -138,7 +138,7 @@ def run(runs: int) -> dict:
             cold_ms, warm_ms = [], []
             cold_rounds = warm_rounds = 0
             cold = max(5, runs // 8)
-            for _ in range(cold):
+            for _ in range(cold if only in (None, "call") else 0):
                 at = new_version()
                 want = rpc.call("eth_call", {"to": tokens[0], "data": data}, at)
                 for i in range(3):
@@ -152,12 +152,13 @@ def run(runs: int) -> dict:
                         cold_rounds += rounds.rounds - before
                     assert got == want, (got, want)
             # a round is one request of each of the three tables, padding rounds included
-            out["eth_call_balanceOf_cold"] = {**_summary(cold_ms),
-                                              "rounds_per_call": round(cold_rounds / cold, 2)}
-            out["eth_call_balanceOf_warm"] = {**_summary(warm_ms),
-                                              "rounds_per_call": round(warm_rounds / cold / 2, 2)}
-            _log(f"eth_call balanceOf cold {out['eth_call_balanceOf_cold']}, "
-                 f"warm {out['eth_call_balanceOf_warm']}")
+            if cold_ms:
+                out["eth_call_balanceOf_cold"] = {
+                    **_summary(cold_ms), "rounds_per_call": round(cold_rounds / cold, 2)}
+                out["eth_call_balanceOf_warm"] = {
+                    **_summary(warm_ms), "rounds_per_call": round(warm_rounds / cold / 2, 2)}
+                _log(f"eth_call balanceOf cold {out['eth_call_balanceOf_cold']}, "
+                     f"warm {out['eth_call_balanceOf_warm']}")
             # 3. the opening burst at a new version: 8 requests in flight, or one batch; right
             #    after the publication, and a second after it (the endpoint has seen it then)
             def opening(pool, batch: bool, after_s: float) -> tuple[float, int]:
@@ -187,6 +188,8 @@ def run(runs: int) -> dict:
                         ("opening_burst", False, 0.0), ("opening_burst_batch", True, 0.0),
                         ("opening_burst_after_1s", False, 1.0),
                         ("opening_burst_batch_after_1s", True, 1.0)):
+                    if only not in (None, "burst"):
+                        break
                     seen = [opening(pool, batch, after_s) for _ in range(max(5, runs // 20))]
                     out[name] = {**_summary([ms for ms, _ in seen]), "requests": 4 + TOKENS,
                                  "in_flight": 24 if batch else 8, "batch": batch,
@@ -199,7 +202,7 @@ def run(runs: int) -> dict:
             at = {"blockHash": rpc.block("latest")["hash"]}
             want = rpc.call("eth_getBalance", wallet, at)
             page_ms, balance_ms, again_ms = [], [], []
-            for i in range(runs):
+            for i in range(runs if only in (None, "balance") else 0):
                 t = time.perf_counter()
                 pir.get([i % n_pages])
                 page_ms.append((time.perf_counter() - t) * 1e3)
@@ -212,13 +215,14 @@ def run(runs: int) -> dict:
                 got = ask("eth_getBalance", wallet, "latest")
                 again_ms.append((time.perf_counter() - t) * 1e3)
                 assert got == want, (got, want)
-            out["page_read"] = _summary(page_ms)
-            out["eth_getBalance"] = _summary(balance_ms)
-            out["eth_getBalance_over_page_read_p50"] = round(
-                _pct(balance_ms, 0.5) / _pct(page_ms, 0.5), 2)
-            out["eth_getBalance_read_already"] = _summary(again_ms)
-            _log(f"page read {out['page_read']}, eth_getBalance {out['eth_getBalance']}, "
-                 f"read already {out['eth_getBalance_read_already']}")
+            if page_ms:
+                out["page_read"] = _summary(page_ms)
+                out["eth_getBalance"] = _summary(balance_ms)
+                out["eth_getBalance_over_page_read_p50"] = round(
+                    _pct(balance_ms, 0.5) / _pct(page_ms, 0.5), 2)
+                out["eth_getBalance_read_already"] = _summary(again_ms)
+                _log(f"page read {out['page_read']}, eth_getBalance {out['eth_getBalance']}, "
+                     f"read already {out['eth_getBalance_read_already']}")
         finally:
             http.close()
             server.shutdown()
@@ -233,10 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--only", choices=("balance", "call", "burst"),
+                    help="one measurement (its results go to wallet_rpc_partial.json)")
     args = ap.parse_args(argv)
-    result = run(args.runs)
+    result = run(args.runs, args.only)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "wallet_rpc.json").write_text(json.dumps(result, indent=1) + "\n")
+    name = "wallet_rpc.json" if args.only is None else "wallet_rpc_partial.json"
+    (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0
 

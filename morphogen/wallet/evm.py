@@ -17,9 +17,11 @@ answer: every value it saw was read at its block and verified. A run takes milli
 a private request of each table, so a call costs its rounds: ERC-20 `balanceOf` would be three
 (the accounts, the token's code, the balance word). Code is kept across versions (it is checked
 against its hash), and `CallMemo` has the same call's first round ask everything it read last
-time, so a call repeated at a new version takes one. A call starts at the newest version seen
-here without reading the head: the parties' GET /epoch, or else its first round, says whether
-that version is still served (docs/wallet.md).
+time, so a call repeated at a new version takes one; a run is given the accounts the call read
+before that are known at its block (`CallReads.preloaded`), so it asks the loopback only for the
+rest. A call starts at the newest version seen here without reading the head: the parties' GET
+/epoch, read while it runs, or else its first round, says whether that version is still served
+(docs/wallet.md).
 
 The working set. At each new version the endpoint's watcher sees, what the remembered calls read
 and the accounts asked by address are read again in one round (`PrivateCalls.warm`), while
@@ -48,14 +50,14 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 from morphogen.chain.state import EMPTY_CODE_HASH, Account, address_bytes, word_bytes
 from morphogen.wallet.methods import InvalidParams, NotServed, block_param, quantity
-from morphogen.wallet.rounds import Coming, Rounds, Want
+from morphogen.wallet.rounds import Coming, Rounds, Want, lacking
 from morphogen.wallet.state import CallCache, PrivateState, Served
 
 ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
@@ -125,6 +127,28 @@ class CallReads:
             self.want.accounts.add(address)
         return None  # a placeholder: no account
 
+    def preloaded(self, addresses: set[bytes]) -> list[tuple[str, int, int, bytes, bytes]]:
+        """The accounts of `addresses` whose account and code are known at this block, as
+        the run is given them up front (address, balance, nonce, code hash, code): counted
+        as read, they cost the run no request to the loopback (three an account)."""
+        out = []
+        for address in sorted(addresses):
+            if address not in self.cache.accounts:
+                continue
+            a = self.cache.accounts[address]
+            if a is None:  # what the loopback answers for no account: all zero, no code
+                out.append(("0x" + address.hex(), 0, 0, EMPTY_CODE_HASH, b""))
+                self.touched.accounts.add(address)
+                continue
+            code = self.state.known_code(a.code_hash)
+            if code is None:
+                continue
+            self.touched.accounts.add(address)
+            if a.code_hash != EMPTY_CODE_HASH:
+                self.touched.code.add(a.code_hash)
+            out.append(("0x" + address.hex(), a.balance, a.nonce, a.code_hash, code))
+        return out
+
     def code_of(self, address: bytes) -> bytes:
         account = self.account(address)
         if account is None or account.code_hash == EMPTY_CODE_HASH:
@@ -192,8 +216,11 @@ class CallRoutes:
 
 # -- the worker processes ----------------------------------------------------------------
 
-def _run(url: str, block: dict, tx: dict, estimate: bool) -> dict:
-    """In a worker: one call (or a gas estimate, as a node's binary search) at `block`."""
+def _run(url: str, block: dict, tx: dict, estimate: bool,
+         accounts: Sequence[tuple[str, int, int, bytes, bytes]] = ()) -> dict:
+    """In a worker: one call (or a gas estimate, as a node's binary search) at `block`;
+    `accounts` (`CallReads.preloaded`) in the fork's cache before it runs, so it does not
+    ask the loopback for them (the fork's own cache: the same state as asked, no warmer)."""
     import pyrevm
 
     def attempt(gas: int) -> tuple[bool, bytes, str, int]:
@@ -203,6 +230,9 @@ def _run(url: str, block: dict, tx: dict, estimate: bool) -> dict:
                                                timestamp=block["timestamp"], basefee=0,
                                                gas_limit=CALL_GAS))
         evm = pyrevm.EVM(env=env, fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC)
+        for address, balance, nonce, code_hash, code in accounts:
+            evm.insert_account_info(address, pyrevm.AccountInfo(
+                balance=balance, nonce=nonce, code_hash=code_hash, code=code or None))
         try:
             out = evm.message_call(tx["from"], tx["to"], tx["data"], tx["value"], gas, 0)
         except Exception as exc:  # pyrevm raises on revert and halt, naming which
@@ -249,11 +279,13 @@ class CallWorkers:
             f.result(timeout=120)
         return pool
 
-    def run(self, url: str, block: dict, tx: dict, estimate: bool, timeout_s: float) -> dict:
+    def run(self, url: str, block: dict, tx: dict, estimate: bool, timeout_s: float,
+            accounts: Sequence[tuple[str, int, int, bytes, bytes]] = ()) -> dict:
         for again in (False, True):
             pool = self._pool
             try:
-                return pool.submit(_run, url, block, tx, estimate).result(timeout=timeout_s)
+                return pool.submit(_run, url, block, tx, estimate,
+                                   accounts).result(timeout=timeout_s)
             except BrokenProcessPool:
                 if again:
                     raise
@@ -345,13 +377,6 @@ class CallMemo:
         return Want() if last is None else lacking(last, state, cache)
 
 
-def lacking(want: Want, state: PrivateState, cache: CallCache) -> Want:
-    """What of `want` neither `cache` (one version's reads) nor the code kept holds."""
-    return Want({a for a in want.accounts if a not in cache.accounts},
-                {h for h in want.code if state.known_code(h) is None},
-                {w for w in want.words if w not in cache.words})
-
-
 class PrivateCalls:
     """eth_call and eth_estimateGas: revm in `workers`, its reads served by `routes` on the
     loopback server at `url`, read privately in `rounds` shared by the calls in flight."""
@@ -371,14 +396,28 @@ class PrivateCalls:
         if time.monotonic() - self.state.last_asked > WARM_IDLE_S:
             return
         cache = self.state.call_cache(served)
-        want = self._memo.union()
-        want.accounts.update(self.state.recent_accounts())
-        want = lacking(want, self.state, cache)
+        want = lacking(self._working_set(), self.state, cache)
         if want:
             self.rounds.fetch(served, cache, want)
 
-    def _run(self, call: Call, served: Served, cache: CallCache, estimate: bool
-             ) -> tuple[dict, Want, Want]:
+    def _working_set(self) -> Want:
+        want = self._memo.union()
+        want.accounts.update(self.state.recent_accounts())
+        return want
+
+    def _naming(self, want: Want, served: Served) -> Want:
+        """A round at a version not confirmed, reading `want`: it is read at the version
+        served now. Where the parties are known to have left `served`, that is a newer one
+        whose reads start empty, so the round reads the working set too (what `warm` would
+        read there): the calls coming after it find their reads done, where each wave of
+        requests would otherwise take a round of its own."""
+        if self.state.left(served):
+            want.merge(self._working_set())
+        return want
+
+    def _run(self, call: Call, served: Served, cache: CallCache, estimate: bool,
+             accounts: set[bytes] = frozenset()) -> tuple[dict, Want, Want]:
+        """One run; the `accounts` known at `served` go with it (read, not asked for)."""
         reads = CallReads(self.state, served, cache)
         token = self.routes.open(reads)
         try:
@@ -387,7 +426,7 @@ class PrivateCalls:
                                                "timestamp": served.time,
                                                "chain_id": served.chain_id},
                 {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
-                 "gas": call.gas}, estimate, self.timeout_s)
+                 "gas": call.gas}, estimate, self.timeout_s, reads.preloaded(set(accounts)))
         finally:
             self.routes.close(token)
         # a read refused (a block hash, another block) is the call's answer, unless the run
@@ -424,28 +463,38 @@ class PrivateCalls:
             wanted.check(served)
             cache = self.state.call_cache(served)
             rounds, at = 0, served
-            if not confirmed and self.state.still_served(served):
-                confirmed = True  # both parties serve that very data now (GET /epoch)
+            # Both parties' /epoch naming the very data the version was read from confirms
+            # it (no round); read while the call runs, where it can confirm at all.
+            confirming = None if confirmed else self.state.confirming(served)
             # what the same call read last time: its first round, before any run (only what
-            # this version's reads lack, at a version confirmed; all of it otherwise, the
-            # round then saying which version the parties serve)
-            want = (self._memo.unknown(call, self.state, cache) if confirmed
-                    else self._memo.last(call))
+            # this version's reads lack, where /epoch may confirm the version; all of it
+            # otherwise, the round then saying which version the parties serve)
+            want = (self._memo.unknown(call, self.state, cache)
+                    if confirmed or confirming is not None else self._memo.last(call))
+            accounts = set(self._memo.last(call).accounts)
             while True:
                 if want:
                     rounds += 1
                     round_bucket(rounds)  # past the last bucket: refused
-                    at = self.rounds.fetch(served, cache, want, coming)
+                    at, read = self.rounds.fetch(
+                        served, cache, want if confirmed else self._naming(want, served),
+                        coming, held=confirmed or confirming is not None)
                     if at != served:
                         break
-                    confirmed = True
-                result, want, touched = self._run(call, served, cache, estimate)
+                    confirmed = confirmed or read
+                # the accounts the call read last time, and in this call's runs so far
+                result, want, touched = self._run(call, served, cache, estimate, accounts)
+                accounts |= touched.accounts
+                if confirming is not None:
+                    confirmed = confirmed or confirming.result()
+                    confirming = None
                 if not want and not confirmed:
                     # Nothing unknown, at a version not yet confirmed: what the run read,
                     # read again. At that version, the run's answer stands; at a newer
                     # one, that version's cache has what the call needs there.
                     rounds += 1
-                    at = self.rounds.fetch(served, cache, touched, coming)
+                    at, _ = self.rounds.fetch(served, cache, self._naming(touched, served),
+                                              coming)
                     confirmed = at == served
                     break
                 if not want:

@@ -42,6 +42,13 @@ class Want:
         self.words |= other.words
 
 
+def lacking(want: Want, state: PrivateState, cache: CallCache) -> Want:
+    """What of `want` neither `cache` (one version's reads) nor the code kept holds."""
+    return Want({a for a in want.accounts if a not in cache.accounts},
+                {h for h in want.code if state.known_code(h) is None},
+                {w for w in want.words if w not in cache.words})
+
+
 class Coming:
     """A call `Rounds` waits for, until it arrives (once)."""
 
@@ -66,7 +73,8 @@ class Rounds:
         self._active = 0  # calls coming to their first round, and those announced
         self._announced: list[list[int]] = []  # per batch: its calls not started yet
         self._lock = threading.Lock()
-        self._rounds: GroupCommit[tuple[Served, CallCache, Want], Served | None] = GroupCommit(
+        self._rounds: GroupCommit[tuple[Served, CallCache, Want, bool],
+                                  tuple[Served | None, bool]] = GroupCommit(
             self._read, coming=lambda: self._active, gather_s=gather_s)
         self._heads: GroupCommit[None, Served] = GroupCommit(
             lambda items: [self.state.head()] * len(items))
@@ -108,22 +116,35 @@ class Rounds:
             mark.arrived()
 
     def fetch(self, served: Served, cache: CallCache, want: Want,
-              coming: Coming | None = None) -> Served | None:
-        """`want` read (an empty `want`: a padding round); the version it was read at, into
-        `cache` where that is `served` (else the call runs again at the version returned),
-        None where a publication came mid-round (nothing kept)."""
-        return self._rounds.submit((served, cache, want),
+              coming: Coming | None = None, *, held: bool = False
+              ) -> tuple[Served | None, bool]:
+        """`want` read (an empty `want`: a padding round): `(at, read)`, `at` the version it
+        was read at, into `cache` where that is `served` (else the call runs again at the
+        version returned), None where a publication came mid-round (nothing kept). `held`:
+        the caller's version is confirmed by other means (GET /epoch), so where the rounds
+        before this one have read all of a non-empty `want` into `cache` (calls at a version
+        just reached, queued behind the round that read the working set there), no round
+        is read: `(served, False)`. Otherwise `read` is True, and `at` is what a round that
+        began after the call came says the parties serve."""
+        return self._rounds.submit((served, cache, want, held),
                                    None if coming is None else coming.arrived)
 
-    def _read(self, items: Sequence[tuple[Served, CallCache, Want]]) -> list[Served | None]:
-        groups: dict[int, tuple[Served, CallCache, Want]] = {}
-        for served, cache, want in items:
+    def _read(self, items: Sequence[tuple[Served, CallCache, Want, bool]]
+              ) -> list[tuple[Served | None, bool]]:
+        groups: dict[int, tuple[Served, CallCache, Want, list[bool]]] = {}
+        for served, cache, want, held in items:
             if id(cache) not in groups:
-                groups[id(cache)] = (served, cache, Want())
+                groups[id(cache)] = (served, cache, Want(), [])
             groups[id(cache)][2].merge(want)
-        outcome = {}
-        for key, (served, cache, want) in groups.items():
+            groups[id(cache)][3].append(held and bool(want))
+        outcome: dict[int, tuple[Served | None, bool]] = {}
+        for key, (served, cache, want, held_all) in groups.items():
+            if all(held_all):  # none of these reads needs the round to name a version
+                want = lacking(want, self.state, cache)
+                if not want:
+                    outcome[key] = (served, False)
+                    continue
             self.rounds += 1
-            outcome[key] = self.state.read_round(served, cache, want.accounts, want.code,
-                                                 want.words)
-        return [outcome[id(cache)] for _, cache, _ in items]
+            outcome[key] = (self.state.read_round(served, cache, want.accounts, want.code,
+                                                  want.words), True)
+        return [outcome[id(cache)] for _, cache, _, _ in items]

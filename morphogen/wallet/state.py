@@ -21,7 +21,9 @@ What the parties see does not depend on the address, the slot or the contract:
 Whether a version is still the one served (`still_served`) is both parties' GET /epoch naming
 the very (epoch id, identity) the version's reads were proven under: an identity names the
 data (a snapshot's root and every update batch since), so equal identities are equal data. It
-asks nothing about any key.
+asks nothing about any key. A read that names other data shows the parties have left that
+data for good (epoch ids only grow): the version is then known not served (`left`), with no
+read, and the first round after it reads the working set (morphogen/wallet/evm.py).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +71,8 @@ CODE_CACHE = 512
 VIEWS_KEPT = 8  # the (epoch id, identity) of the last versions read, for `still_served`
 RECENT_ACCOUNTS = 256  # accounts asked by address (balance, nonce): part of the working set
 _ROUND_POOL = ThreadPoolExecutor(6, thread_name_prefix="morphogen-round")
+# /epoch reads made while calls run: a thread each waits on one shared read (GroupCommit)
+_CONFIRM_POOL = ThreadPoolExecutor(32, thread_name_prefix="morphogen-confirm")
 log = logging.getLogger(__name__)
 
 
@@ -129,6 +133,7 @@ class PrivateState:
         self.codes: OrderedDict[bytes, bytes] = OrderedDict()  # code hash -> code, verified
         # (version, block hash) -> the parties' (epoch id, identity) its reads came from
         self._views: OrderedDict[tuple[int, str], tuple[int, str | None]] = OrderedDict()
+        self._left: OrderedDict[tuple[int, str | None], None] = OrderedDict()  # views left
         self._new_version: list[Callable[[Served], None]] = []
         self._recent: OrderedDict[bytes, None] = OrderedDict()  # accounts asked, newest last
         self.last_asked = float("-inf")  # monotonic time of the last request for state
@@ -175,19 +180,49 @@ class PrivateState:
         """Whether both parties serve now exactly the data `served`'s reads (by `read_round`)
         were proven against, within the freshness bound: two GET /epoch, no lookup. False
         where that is not known (the caller then reads a round)."""
-        with self._lock:
-            view = self._views.get((served.version, served.hash))
-        if view is None or view[1] is None:  # identities compared, never epoch ids alone
-            return False
-        if self.max_age is not None and time.time() - served.time > self.max_age:
+        view = self._confirmable(served)
+        if view is None:
             return False
         try:
             info = self._epochs.submit(None)  # a read that began after this call came
         except Exception as exc:  # noqa: BLE001 - the round says what is wrong
             log.debug("reading the parties' epochs: %s", type(exc).__name__)
             return False
-        return all(e == view[0] and i == view[1]
-                   for e, i in zip(info.epoch_ids, info.identities, strict=True))
+        if all(e == view[0] and i == view[1]
+               for e, i in zip(info.epoch_ids, info.identities, strict=True)):
+            return True
+        # A party names other data: it published past this view (a party's epoch id only
+        # grows, so it never serves the view again), and the other follows it.
+        with self._lock:
+            self._left[view] = None
+            while len(self._left) > VIEWS_KEPT:
+                self._left.popitem(last=False)
+        return False
+
+    def _confirmable(self, served: Served) -> tuple[int, str] | None:
+        """The view `served`'s reads were proven under, where /epoch may confirm it: one with
+        an identity (never epoch ids alone), not known left, within the freshness bound."""
+        with self._lock:
+            view = self._views.get((served.version, served.hash))
+            if view is None or view[1] is None or view in self._left:
+                return None
+        if self.max_age is not None and time.time() - served.time > self.max_age:
+            return None
+        return view[0], view[1]
+
+    def confirming(self, served: Served) -> Future[bool] | None:
+        """`still_served(served)` read on another thread, for a caller that runs meanwhile;
+        None where /epoch cannot confirm it (no read made)."""
+        if self._confirmable(served) is None:
+            return None
+        return _CONFIRM_POOL.submit(self.still_served, served)
+
+    def left(self, served: Served) -> bool:
+        """Whether a read of /epoch showed the parties had left the data `served`'s reads came
+        from: a round at it then lands at a newer version, whose reads start empty."""
+        with self._lock:
+            view = self._views.get((served.version, served.hash))
+            return view is not None and view in self._left
 
     def refresh(self) -> None:
         """Every table's descriptor read again, in parallel, for all the sets of clients."""

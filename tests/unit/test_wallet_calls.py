@@ -44,6 +44,7 @@ from morphogen.wallet.state import (
 
 HEAD = Served(1, 9, "0x" + "ab" * 32, 4, 0)
 TOKEN = bytes.fromhex("22" * 20)
+TOKEN2 = bytes.fromhex("23" * 20)
 CODE = bytes.fromhex("6000")
 
 
@@ -116,6 +117,22 @@ def test_a_run_is_answered_from_what_is_known_and_notes_the_rest():
         bad = CallReads(KnownState({}), HEAD, cache)
         assert "error" in _ask(bad, method, *params)
         assert bad.failure is not None
+
+
+def test_a_run_is_given_the_accounts_known_with_their_code_and_counts_them_read():
+    cache = CallCache()
+    gone, other, unseen = bytes.fromhex("44" * 20), bytes.fromhex("33" * 20), bytes(20)
+    cache.accounts[TOKEN] = Account(1, 5, keccak256(CODE))
+    cache.accounts[gone] = None
+    cache.accounts[other] = Account(0, 2, keccak256(b"\x00"))  # its code not read yet
+    reads = CallReads(KnownState({keccak256(CODE): CODE}), HEAD, cache)
+    got = reads.preloaded({TOKEN, gone, other, unseen})
+    # what the loopback would answer for each, as the fork's cache wants it; an account
+    # whose code is not known, or not read at all, is left for the run to ask
+    assert got == [("0x" + TOKEN.hex(), 5, 1, keccak256(CODE), CODE),
+                   ("0x" + gone.hex(), 0, 0, EMPTY_CODE_HASH, b"")]
+    assert reads.touched.accounts == {TOKEN, gone}
+    assert reads.touched.code == {keccak256(CODE)} and not reads.want
 
 
 def test_what_arrives_while_a_round_is_out_goes_out_together_in_the_next():
@@ -191,7 +208,7 @@ def _state(tables: dict[str, FakeTable]) -> PrivateState:
     from collections import OrderedDict
 
     state.codes = OrderedDict()
-    state._views = OrderedDict()
+    state._views, state._left = OrderedDict(), OrderedDict()
     state._new_version, state._recent = [], OrderedDict()
     state.last_asked, state.max_age = float("-inf"), None
     state.epoch_reads = 0
@@ -272,12 +289,14 @@ class ScriptedWorkers:
     def __init__(self, routes: CallRoutes) -> None:
         self.routes, self.runs = routes, 0
 
-    def run(self, url, block, tx, estimate, timeout_s):
+    def run(self, url, block, tx, estimate, timeout_s, accounts=()):
         self.runs += 1
+        self.preloaded = [a[0] for a in accounts]
         reads = self.routes.reads(url[url.index("/call/"):])
         at = hex(block["number"])
-        t = "0x" + TOKEN.hex()
-        _ask(reads, "eth_getBalance", t, at)
+        t = tx["to"]
+        if t not in self.preloaded:  # as the fork's cache: a preloaded account is not asked
+            _ask(reads, "eth_getBalance", t, at)
         word = _ask(reads, "eth_getStorageAt", t, "0x5", at)["result"]
         return {"ok": True, "out": bytes.fromhex(word[2:]), "reason": "", "gas": 0}
 
@@ -303,10 +322,13 @@ def _head(state, tables):
 
 
 def _tables(version: int, number: int, balance: int):
+    """TOKEN's word 5 holds `balance`, TOKEN2's `balance` + 100."""
     desc = FakeDesc(version, Anchor(1, number, "0x" + f"{number:02x}" * 32))
     records = dict([account_record(TOKEN, Account(1, 5, keccak256(CODE))),
+                    account_record(TOKEN2, Account(1, 5, keccak256(CODE))),
                     *code_records(CODE)])
     records[storage_key(TOKEN, bytes(31) + b"\x05")] = balance.to_bytes(32, "big")
+    records[storage_key(TOKEN2, bytes(31) + b"\x05")] = (balance + 100).to_bytes(32, "big")
     return {t: FakeTable(records, desc) for t in ("accounts", "storage", "code")}
 
 
@@ -330,21 +352,48 @@ def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
     assert state.latest.number == 9
     assert int(calls.eth_call(call), 16) == 8
     assert state.latest.number == 10
-    assert workers.runs == 3 and calls.rounds.rounds == 2  # one round, one run
+    # a run on 9's reads while /epoch was read (thrown away), one round, one run
+    assert workers.runs == 4 and calls.rounds.rounds == 2
     # nothing published since: both parties' /epoch name the data 10 was read from, so the
     # run on 10's reads is the answer, with no round (nothing asked about any key)
     epochs = state.epoch_reads
     assert int(calls.eth_call(call), 16) == 8
-    assert workers.runs == 4 and calls.rounds.rounds == 2 and state.epoch_reads == epochs + 1
+    assert workers.runs == 5 and calls.rounds.rounds == 2 and state.epoch_reads == epochs + 1
     # past the freshness bound, /epoch alone never confirms: a round reads it again (where
     # the tables' client refuses a version older than the bound: an error, never a number)
     state.max_age = 60
     assert int(calls.eth_call(call), 16) == 8
-    assert workers.runs == 5 and calls.rounds.rounds == 3
+    assert workers.runs == 6 and calls.rounds.rounds == 3
     state.max_age = None
     # a specific block that is not served is refused, not answered from another
     with pytest.raises(NotServed, match="not the block served"):
         calls.eth_call([call[0], "0x9"])
+
+
+def test_once_the_parties_left_a_version_its_first_round_reads_every_call_of_the_wallet():
+    tables = _tables(4, 9, 7)
+    state, calls, workers = _calls(tables)
+    one = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
+    two = [{"to": "0x" + TOKEN2.hex(), "data": "0x70a08231"}, "latest"]
+    assert (int(calls.eth_call(one), 16), int(calls.eth_call(two), 16)) == (7, 107)
+    nine = state.latest
+    _publish(tables, _tables(5, 10, 8))
+    # the first call learns from /epoch that the parties left 9: its round is read at 10
+    # and holds what both calls read (the working set), each padded as any round
+    rounds = calls.rounds.rounds
+    assert int(calls.eth_call(one), 16) == 8
+    assert calls.rounds.rounds == rounds + 1 and state.left(nine)
+    assert [t.asked[-1] for t in (tables["accounts"], tables["storage"])] == [4, 4]
+    ten = state.latest
+    assert ten.number == 10 and set(state.call_cache(ten).accounts) == {TOKEN, TOKEN2}
+    # the other call then takes no round: its reads are 10's, /epoch confirms 10
+    epochs, runs = state.epoch_reads, workers.runs
+    assert int(calls.eth_call(two), 16) == 108
+    assert calls.rounds.rounds == rounds + 1 and workers.runs == runs + 1
+    assert state.epoch_reads == epochs + 1
+    # a version known left is refused with no read of /epoch
+    assert state.confirming(nine) is None and not state.still_served(nine)
+    assert state.epoch_reads == epochs + 1 and not state.left(ten)
 
 
 def test_a_batchs_calls_share_a_round_though_their_threads_start_apart():
@@ -384,6 +433,37 @@ def test_a_batchs_calls_share_a_round_though_their_threads_start_apart():
 
     assert batch(True) == [{bytes([i]) * 20 for i in range(3)}]
     assert len(batch(False)) == 3  # each went alone: nobody was coming yet
+
+
+def test_a_round_held_to_a_version_otherwise_reads_only_what_the_rounds_before_did_not():
+    from morphogen.wallet.rounds import Rounds, Want
+
+    class RoundState:
+        def __init__(self) -> None:
+            self.rounds: list[set[bytes]] = []
+
+        def known_code(self, code_hash):
+            return None
+
+        def read_round(self, served, cache, accounts, code, words):
+            self.rounds.append(set(accounts))
+            for a in accounts:
+                cache.accounts[a] = None
+            return served
+
+    state = RoundState()
+    rounds, cache = Rounds(state), CallCache()
+    a, b = bytes([1]) * 20, bytes([2]) * 20
+    assert rounds.fetch(HEAD, cache, Want({a})) == (HEAD, True)  # names the version: read
+    # a call whose version /epoch confirms: what an earlier round read is not read again,
+    # and the answer says no round was read (the caller's confirmation is not the round's)
+    assert rounds.fetch(HEAD, cache, Want({a}), held=True) == (HEAD, False)
+    assert rounds.fetch(HEAD, cache, Want({a, b}), held=True) == (HEAD, True)
+    assert state.rounds == [{a}, {b}]
+    # padding rounds and rounds that name a version are read whatever the cache holds
+    assert rounds.fetch(HEAD, cache, Want(), held=True) == (HEAD, True)
+    assert rounds.fetch(HEAD, cache, Want({a})) == (HEAD, True)
+    assert state.rounds == [{a}, {b}, set(), {a}] and rounds.rounds == 4
 
 
 def test_the_working_set_is_read_at_a_new_version_before_the_wallet_asks():

@@ -232,3 +232,28 @@ def test_http_post_cors_and_limits(server):
         r = http.post("/", content=b'{"jsonrpc": "2.0", "method": "eth_chainId"}')
         assert r.status_code == 204 and r.content == b""
         assert http.post("/", json=body).json()["result"] == hex(10**18 + 1)  # still serving
+
+
+def test_answers_leave_without_waiting_on_the_clients_acknowledgement(state):
+    """The endpoint's connections send at once (TCP_NODELAY): a response is two writes, and
+    with Nagle's algorithm the second waits for the client's delayed acknowledgement of the
+    first (up to 40 ms a request on a kept-alive connection)."""
+    import socket
+
+    accepted: list[socket.socket] = []
+
+    class Watched(RpcServer):
+        def finish_request(self, request, client_address):
+            accepted.append(request)
+            super().finish_request(request, client_address)
+
+    srv = Watched(Endpoint(state), "127.0.0.1", 0)
+    srv.start()
+    try:
+        with httpx.Client(base_url=srv.url) as http:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
+            assert "result" in http.post("/", json=body).json()
+            assert accepted[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
