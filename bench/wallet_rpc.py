@@ -14,7 +14,9 @@ Three measurements, one run, every answer checked against anvil's:
   token balances (20 eth_calls to 20 tokens), sent at once as a wallet does (8 in flight), end
   to end; target p50 <= 300 ms. Then the same burst as one JSON-RPC batch; each right after
   the version is published, and a second after (the endpoint, watching every 0.5 s, has read
-  the new version's descriptors by then: a wallet opens at any time within a block).
+  the new version's descriptors by then: a wallet opens at any time within a block). And the
+  way an open wallet refreshes: it polls `eth_blockNumber` (every 50 ms here) and sends the
+  burst as soon as that names the new block (`on_block`; timed from that answer).
 
     python bench/wallet_rpc.py [--runs 200] [--only balance|call|burst]
 Results: bench/results/wallet_rpc.json
@@ -161,10 +163,15 @@ def run(runs: int, only: str | None = None) -> dict:
                      f"warm {out['eth_call_balanceOf_warm']}")
             # 3. the opening burst at a new version: 8 requests in flight, or one batch; right
             #    after the publication, and a second after it (the endpoint has seen it then)
-            def opening(pool, batch: bool, after_s: float) -> tuple[float, int]:
+            def opening(pool, batch: bool, after_s: float | None) -> tuple[float, int]:
+                before_block = int(ask("eth_blockNumber"), 16)
                 at = new_version()
-                time.sleep(after_s)
                 wants = [rpc.call("eth_call", {"to": tk, "data": data}, at) for tk in tokens]
+                if after_s is None:  # a wallet's block tracker: the burst at the new block
+                    while int(ask("eth_blockNumber"), 16) == before_block:
+                        time.sleep(0.05)
+                else:
+                    time.sleep(after_s)
                 asks = [("eth_chainId", []), ("eth_blockNumber", []),
                         ("eth_getBalance", [wallet, "latest"]),
                         ("eth_getTransactionCount", [wallet, "latest"])]
@@ -187,7 +194,9 @@ def run(runs: int, only: str | None = None) -> dict:
                 for name, batch, after_s in (
                         ("opening_burst", False, 0.0), ("opening_burst_batch", True, 0.0),
                         ("opening_burst_after_1s", False, 1.0),
-                        ("opening_burst_batch_after_1s", True, 1.0)):
+                        ("opening_burst_batch_after_1s", True, 1.0),
+                        ("opening_burst_on_block", False, None),
+                        ("opening_burst_batch_on_block", True, None)):
                     if only not in (None, "burst"):
                         break
                     seen = [opening(pool, batch, after_s) for _ in range(max(5, runs // 20))]

@@ -23,12 +23,13 @@ rest. A call starts at the newest version seen here without reading the head: th
 /epoch, read while it runs, or else its first round, says whether that version is still served
 (docs/wallet.md).
 
-The working set. At each new version the endpoint's watcher sees, what the remembered calls read
-and the accounts asked by address are read again in one round (`PrivateCalls.warm`), while
-state was asked in the last WARM_IDLE_S: a wallet reopening finds its state read at the served
-block. A call whose run then asks nothing unknown is confirmed by both parties' GET /epoch
-naming the data its version was read from (`PrivateState.still_served`), not by a round: zero
-rounds, nothing asked about any key.
+The working set. At each new version a read of the head finds (the watcher's, or a request's:
+`PrivateState.on_new_version`), what the remembered calls read and the accounts asked by
+address are read again in one round (`PrivateCalls.warm`), while state was asked in the last
+WARM_IDLE_S: a wallet reopening finds its state read at the served block. A call whose run
+then asks nothing unknown is confirmed by both parties' GET /epoch naming the data its version
+was read from (`PrivateState.still_served`), not by a round: zero rounds, nothing asked about
+any key.
 
 Padding. Every round asks accounts and storage once each (code where new), its lookups padded
 to buckets (`PrivateState.read_round`), and a call's count of rounds is raised to the next of
@@ -395,6 +396,9 @@ class PrivateCalls:
         as any, that the requests then find read."""
         if time.monotonic() - self.state.last_asked > WARM_IDLE_S:
             return
+        latest = self.state.latest
+        if latest is not None and latest.version > served.version:
+            return  # a newer one came meanwhile (the head read that finds it warms it)
         cache = self.state.call_cache(served)
         want = lacking(self._working_set(), self.state, cache)
         if want:

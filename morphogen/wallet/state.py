@@ -73,6 +73,8 @@ RECENT_ACCOUNTS = 256  # accounts asked by address (balance, nonce): part of the
 _ROUND_POOL = ThreadPoolExecutor(6, thread_name_prefix="morphogen-round")
 # /epoch reads made while calls run: a thread each waits on one shared read (GroupCommit)
 _CONFIRM_POOL = ThreadPoolExecutor(32, thread_name_prefix="morphogen-confirm")
+# the hooks at a new version (the working set's round), one version after another
+_HOOK_POOL = ThreadPoolExecutor(1, thread_name_prefix="morphogen-new-version")
 log = logging.getLogger(__name__)
 
 
@@ -135,6 +137,7 @@ class PrivateState:
         self._views: OrderedDict[tuple[int, str], tuple[int, str | None]] = OrderedDict()
         self._left: OrderedDict[tuple[int, str | None], None] = OrderedDict()  # views left
         self._new_version: list[Callable[[Served], None]] = []
+        self._announced = 0  # the newest version the hooks were told of
         self._recent: OrderedDict[bytes, None] = OrderedDict()  # accounts asked, newest last
         self.last_asked = float("-inf")  # monotonic time of the last request for state
         # both parties' /epoch, one read for the requests that came while the last was out
@@ -163,18 +166,35 @@ class PrivateState:
                 info = self.pir.info(refresh=True)
                 now = (info.epoch_ids, info.identities)
                 if now != last:
-                    self.refresh()
+                    self.refresh()  # a version newer than any before: the hooks are told
                     last = now
-                    latest = self.latest
-                    for hook in list(self._new_version):
-                        if latest is not None:
-                            hook(latest)
             except Exception as exc:  # the parties away: the requests will say so
                 log.debug("watching the parties' version: %s", type(exc).__name__)
 
     def on_new_version(self, hook: Callable[[Served], None]) -> None:
-        """`hook(served)` from the watcher (`watch_s`) each time it sees the parties move."""
+        """`hook(served)`, on a thread of its own, once for each version newer than any
+        before that a read of the head finds: the watcher's (`watch_s`), or a request's (a
+        wallet polling `eth_blockNumber` learns of a block from such a read, and asks for
+        its balances right after)."""
         self._new_version.append(hook)
+
+    def _head_read(self, served: Served) -> Served:
+        """`served` from a read of the signed head: the hooks told where it is newer than
+        any version they were told of."""
+        with self._lock:
+            newer = served.version > self._announced
+            if newer:
+                self._announced = served.version
+        if newer and self._new_version:
+            _HOOK_POOL.submit(self._announce, served)
+        return served
+
+    def _announce(self, served: Served) -> None:
+        for hook in list(self._new_version):
+            try:
+                hook(served)
+            except Exception as exc:  # noqa: BLE001 - a request reads what it needs itself
+                log.debug("at a new version: %s", type(exc).__name__)
 
     def still_served(self, served: Served) -> bool:
         """Whether both parties serve now exactly the data `served`'s reads (by `read_round`)
@@ -231,6 +251,9 @@ class PrivateState:
             descs = [j.result() for j in jobs]
         for d in descs:
             self._accepted(d)
+        latest = self.latest
+        if latest is not None:
+            self._head_read(latest)
 
     @contextmanager
     def clients(self) -> Iterator[dict[str, KeywordClient]]:
@@ -270,7 +293,7 @@ class PrivateState:
         again)."""
         with self.clients() as c:
             desc = c["accounts"].descriptor(refresh=True)
-            return self._accepted(desc, c["accounts"].last_view)
+            return self._head_read(self._accepted(desc, c["accounts"].last_view))
 
     def current(self) -> Served:
         """The block the parties serve now: the newest version read here where both parties

@@ -199,6 +199,9 @@ class FakeTable:
         self.asked.append(len(keys))
         return [self.records.get(bytes(k)) for k in keys], self.desc
 
+    def descriptor(self, refresh=False):
+        return self.desc
+
 
 def _state(tables: dict[str, FakeTable]) -> PrivateState:
     state = PrivateState.__new__(PrivateState)
@@ -209,7 +212,7 @@ def _state(tables: dict[str, FakeTable]) -> PrivateState:
 
     state.codes = OrderedDict()
     state._views, state._left = OrderedDict(), OrderedDict()
-    state._new_version, state._recent = [], OrderedDict()
+    state._new_version, state._recent, state._announced = [], OrderedDict(), 0
     state.last_asked, state.max_age = float("-inf"), None
     state.epoch_reads = 0
 
@@ -487,6 +490,30 @@ def test_the_working_set_is_read_at_a_new_version_before_the_wallet_asks():
     state.last_asked = time.monotonic() - WARM_IDLE_S - 1
     calls.warm(Served(1, 11, "0x" + "0b" * 32, 6, 0))
     assert calls.rounds.rounds == rounds + 1
+
+
+def test_a_head_read_that_finds_a_new_version_starts_the_working_sets_round():
+    from morphogen.wallet.state import _HOOK_POOL
+
+    def told() -> None:  # the hooks run on one thread, in order: what was queued is done
+        _HOOK_POOL.submit(lambda: None).result(timeout=10)
+
+    tables = _tables(4, 9, 7)
+    state, calls, workers = _calls(tables)
+    call = [{"to": "0x" + TOKEN.hex(), "data": "0x70a08231"}, "latest"]
+    assert int(calls.eth_call(call), 16) == 7
+    rounds = calls.rounds.rounds
+    # a wallet polling eth_blockNumber: the head read that finds block 10 has the working set
+    # read there at once, not at the watcher's next look, and once
+    _publish(tables, _tables(5, 10, 8))
+    assert PrivateState.head(state).number == 10
+    told()
+    assert calls.rounds.rounds == rounds + 1
+    assert PrivateState.head(state).number == 10
+    told()
+    assert calls.rounds.rounds == rounds + 1
+    # the balances the wallet asks next read nothing: /epoch confirms 10
+    assert int(calls.eth_call(call), 16) == 8 and calls.rounds.rounds == rounds + 1
 
 
 def test_a_balance_read_at_the_served_block_is_answered_again_without_a_lookup():
