@@ -51,7 +51,7 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +128,7 @@ class CallReads:
             self.want.accounts.add(address)
         return None  # a placeholder: no account
 
-    def preloaded(self, addresses: set[bytes]) -> list[tuple[str, int, int, bytes, bytes]]:
+    def preloaded(self, addresses: Iterable[bytes]) -> list[tuple[str, int, int, bytes, bytes]]:
         """The accounts of `addresses` whose account and code are known at this block, as
         the run is given them up front (address, balance, nonce, code hash, code): counted
         as read, they cost the run no request to the loopback (three an account)."""
@@ -371,12 +371,6 @@ class CallMemo:
                 out.merge(read)
         return out
 
-    def unknown(self, call: Call, state: PrivateState, cache: CallCache) -> Want:
-        """What the call read last time that `cache` (and the code kept) lacks."""
-        with self._lock:
-            last = self._calls.get(call)
-        return Want() if last is None else lacking(last, state, cache)
-
 
 class PrivateCalls:
     """eth_call and eth_estimateGas: revm in `workers`, its reads served by `routes` on the
@@ -414,10 +408,13 @@ class PrivateCalls:
         served now. Where the parties are known to have left `served`, that is a newer one
         whose reads start empty, so the round reads the working set too (what `warm` would
         read there): the calls coming after it find their reads done, where each wave of
-        requests would otherwise take a round of its own."""
-        if self.state.left(served):
-            want.merge(self._working_set())
-        return want
+        requests would otherwise take a round of its own. `want` itself is not changed (it
+        may be what the run read, which the memo keeps)."""
+        if not self.state.left(served):
+            return want
+        out = self._working_set()
+        out.merge(want)
+        return out
 
     def _run(self, call: Call, served: Served, cache: CallCache, estimate: bool,
              accounts: set[bytes] = frozenset()) -> tuple[dict, Want, Want]:
@@ -430,7 +427,7 @@ class PrivateCalls:
                                                "timestamp": served.time,
                                                "chain_id": served.chain_id},
                 {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
-                 "gas": call.gas}, estimate, self.timeout_s, reads.preloaded(set(accounts)))
+                 "gas": call.gas}, estimate, self.timeout_s, reads.preloaded(accounts))
         finally:
             self.routes.close(token)
         # a read refused (a block hash, another block) is the call's answer, unless the run
@@ -473,9 +470,10 @@ class PrivateCalls:
             # what the same call read last time: its first round, before any run (only what
             # this version's reads lack, where /epoch may confirm the version; all of it
             # otherwise, the round then saying which version the parties serve)
-            want = (self._memo.unknown(call, self.state, cache)
-                    if confirmed or confirming is not None else self._memo.last(call))
-            accounts = set(self._memo.last(call).accounts)
+            last = self._memo.last(call)
+            want = (lacking(last, self.state, cache)
+                    if confirmed or confirming is not None else last)
+            accounts = set(last.accounts)
             while True:
                 if want:
                     rounds += 1
@@ -504,7 +502,7 @@ class PrivateCalls:
                 if not want:
                     break
                 if rounds == 0:  # and whatever the run will ask next, in the same round
-                    want.merge(self._memo.unknown(call, self.state, cache))
+                    want.merge(lacking(last, self.state, cache))
             if at != served:  # a newer version (or a publication mid-round: the head)
                 served, confirmed = at, at is not None
                 continue

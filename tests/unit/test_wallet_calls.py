@@ -394,6 +394,13 @@ def test_once_the_parties_left_a_version_its_first_round_reads_every_call_of_the
     assert int(calls.eth_call(two), 16) == 108
     assert calls.rounds.rounds == rounds + 1 and workers.runs == runs + 1
     assert state.epoch_reads == epochs + 1
+    # a round at a version left reads the working set besides what the run read, which
+    # stays as it was (the memo keeps it as the call's reads)
+    from morphogen.wallet.rounds import Want
+
+    read = Want({TOKEN})
+    assert calls._naming(read, nine).accounts == {TOKEN, TOKEN2}
+    assert read.accounts == {TOKEN} and calls._naming(read, ten) is read
     # a version known left is refused with no read of /epoch
     assert state.confirming(nine) is None and not state.still_served(nine)
     assert state.epoch_reads == epochs + 1 and not state.left(ten)
