@@ -65,6 +65,7 @@ from morphogen.engine.gpu_pool import (
     clamp_pool_size,
     fit_pool_size,
 )
+from morphogen.engine.gpu_tables import GpuTableScanner, ScanRange, table_launch_args
 from morphogen.engine.gpu_timings import PhaseTimings
 from morphogen.engine.gpu_upload import (
     DEFAULT_LOAD_CHUNK_BYTES,
@@ -118,6 +119,7 @@ class GpuShard:
         self._max_keys = engine.max_keys
         self.layout = engine.layout
         self._first_chunk, self._num_chunks = chunk_range(self.first_page, self.num_pages)
+        self._whole = ScanRange(self.first_page, self.num_pages, self.first_page, table=False)
         self._partial_rows: int | None = None
         self._closed = False
         backend = self._backend
@@ -143,17 +145,21 @@ class GpuShard:
 
     # -- sizing ------------------------------------------------------------------------------
 
-    def _plan(self, num_keys: int, domain_bits: int, num_pages: int) -> LaunchPlan | SlicedPlan:
-        """The launch for `num_keys` keys over the first `num_pages` pages (all of them, except
-        in the warm-up); for the sliced layout, over the chunks that hold those pages."""
+    def _plan(self, num_keys: int, domain_bits: int, num_pages: int,
+              rng: ScanRange) -> LaunchPlan | SlicedPlan:
+        """The launch for `num_keys` keys over the first `num_pages` pages of `rng` (all of
+        them, except in the warm-up); for the sliced layout, over the chunks that hold them."""
         if self.layout == "sliced":
+            chunks = (chunk_range(rng.first_page, num_pages)[1] if rng.table
+                      else self._chunks_holding(num_pages))
             return plan_sliced_launch(
                 num_keys,
-                self._chunks_holding(num_pages),
+                max(1, chunks),
                 domain_bits,
                 sm_count=self._info.sm_count,
                 blocks_per_sm=self._compiled.blocks_per_sm,
                 max_partial_rows=self._partial_rows,
+                table=rng.table,
             )
         return plan_launch(
             num_keys,
@@ -200,13 +206,33 @@ class GpuShard:
 
     def scan_timed(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[np.ndarray, PhaseTimings]:
         """The answers and where the time went (see PhaseTimings)."""
+        return self.scan_range_timed(keys, self._whole)
+
+    def table_scanner(self, first_page: int, num_pages: int,
+                      first_index: int) -> GpuTableScanner:
+        """A scanner of this shard's global pages [first_page, first_page + num_pages), the
+        keys evaluated at `first_index` onwards (a table's part: first_index = first_page -
+        table.first_page), scanned on the device copy at any offset (sliced_table_kernel.cu);
+        no memory of its own."""
+        if not (self.first_page <= first_page and num_pages >= 1
+                and first_page + num_pages <= self.first_page + self.num_pages):
+            raise ValueError(f"pages [{first_page}, {first_page + num_pages}) are not in the "
+                             f"shard [{self.first_page}, {self.first_page + self.num_pages})")
+        if not 0 <= first_index <= first_page:
+            raise ValueError("first_index must be in 0..first_page (a table starts at page "
+                             "first_page - first_index)")
+        return GpuTableScanner(self, ScanRange(first_page, num_pages, first_index, table=True))
+
+    def scan_range_timed(self, keys: Sequence[DpfKey] | KeyBatch,
+                         rng: ScanRange) -> tuple[np.ndarray, PhaseTimings]:
+        """`scan_timed` over the pages of `rng` (the whole shard, or a table's part)."""
         if self._closed:
             raise RuntimeError("the shard is closed")
         start = time.perf_counter()
         batch = as_batch(keys)
-        check_domain(batch, self.first_page, self.num_pages)
+        check_domain(batch, rng.first_index, rng.num_pages)
         k = len(batch)
-        if self.num_pages == 0:
+        if rng.num_pages == 0:
             zero = PhaseTimings(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
             return np.zeros((k, PAGE_SIZE), np.uint8), zero
         result = np.empty((k, PAGE_SIZE), np.uint8)
@@ -220,7 +246,7 @@ class GpuShard:
                 n = len(part)
                 pack_keys(part, ws.keys_host)
                 with cuda_errors(self._backend, "running a scan"):
-                    out = self._launch(ws, n, d, self.num_pages)
+                    out = self._launch(ws, n, d, rng.num_pages, rng)
                     times = self._phase_times(ws)
                 result[lo : lo + n] = out
                 h2d, kern, d2h = h2d + times[0], kern + times[1], d2h + times[2]
@@ -238,15 +264,20 @@ class GpuShard:
         return result, timings
 
     def _launch(
-        self, ws: Workspace, num_keys: int, domain_bits: int, num_pages: int
+        self, ws: Workspace, num_keys: int, domain_bits: int, num_pages: int,
+        rng: ScanRange,
     ) -> np.ndarray:
         """Keys already packed in ws.keys_host; returns a view of ws.out_host (num_keys rows)."""
         b = self._backend
-        plan = self._plan(num_keys, domain_bits, num_pages)
+        plan = self._plan(num_keys, domain_bits, num_pages, rng)
         kernels = self._compiled.kernels
         key_bytes = num_keys * key_words(domain_bits) * 4
         out_bytes = num_keys * PAGE_SIZE
-        if isinstance(plan, SlicedPlan):
+        if rng.table:
+            threads = SLICED_THREADS if isinstance(plan, SlicedPlan) else SCAN_THREADS
+            args = table_launch_args(b, self._pages_dev, self.first_page, plan, num_pages, rng,
+                                     ws.keys_dev, num_keys, domain_bits, ws.partial_dev)
+        elif isinstance(plan, SlicedPlan):
             threads = SLICED_THREADS
             args: tuple[Any, ...] = (
                 self._pages_dev,
@@ -312,14 +343,17 @@ class GpuShard:
         d = max(1, (self.first_page + self.num_pages - 1).bit_length())
         pages = min(self.num_pages, 256)
         warmed: set[str] = set()
+        # the table kernels too, over a range starting at the shard's first page
+        table = ScanRange(self.first_page, pages, 0, table=True)
         with cuda_errors(self._backend, "warming the kernels"):
             for n in range(1, self._max_keys + 1):
-                kernel = self._plan(n, d, pages).kernel
-                if kernel in warmed:
-                    continue
-                warmed.add(kernel)
-                ws.keys_host[: n * key_words(d)] = 0  # any seeds do; the answer is discarded
-                self._launch(ws, n, d, pages)
+                for rng, dom in ((self._whole, d), (table, max(1, (pages - 1).bit_length()))):
+                    kernel = self._plan(n, dom, pages, rng).kernel
+                    if kernel in warmed:
+                        continue
+                    warmed.add(kernel)
+                    ws.keys_host[: n * key_words(dom)] = 0  # any seeds; the answer is discarded
+                    self._launch(ws, n, dom, pages, rng)
 
     # -- benchmark support -------------------------------------------------------------------
 

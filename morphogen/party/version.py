@@ -117,7 +117,7 @@ class Version:
                 # a GPU shard), not by a second one over the same pages
                 scanner = seg.scanner
             else:
-                scanner = seg.subs.get(table, seg.first_page, seg.pages, load)
+                scanner = seg.subs.get(table, seg.first_page, seg.pages, seg.scanner, load)
             if scanner is not None:
                 acc ^= _scan_one(scanner, batch, phases)
         pages, diffs = self._pending_arrays
