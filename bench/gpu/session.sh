@@ -13,6 +13,11 @@
 #          kernel $KERNEL names (default: the engine's)
 #   big    bench/gpu/reference_scale.py (2^24 pages, 64 GiB in host memory)
 #   prof   Nsight Compute on bench/gpu/profile.py: HBM bytes read and pipe utilisation
+#   tables bench/gpu/chain_tables.py: the mainnet-shaped matrix (accounts, storage, code and
+#          their tree levels) at $TABLES_GIB GiB (default 32 on an H100, 64 on an H200); table
+#          queries against the whole-matrix kernel, lookups with and without blocks of 3,000
+#          pages written into device memory; every answer checked; at most $TABLES_TIMEOUT s
+#   tables-dry  the same script on the CuPy fakes at 4 MiB (no device needed: its logic)
 #
 # Logs and results go to $OUT (default /tmp/morphogen-gpu-session). Runs without Ray or
 # pydantic: the engines import neither, and pytest gets an empty warning filter list. The
@@ -92,6 +97,18 @@ prof() {
   ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip "$skip" --launch-count 3 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     python3 bench/gpu/profile.py "${PROF_GIB:-4}"
+}
+
+tables() {
+  phase "tables ${TABLES_GIB:-auto} GiB"
+  timeout "${TABLES_TIMEOUT:-420}" python3 bench/gpu/chain_tables.py --out "$OUT" \
+    ${TABLES_GIB:+--gib "$TABLES_GIB"} --seconds "${TABLES_SECONDS:-20}"
+}
+
+tables-dry() {
+  phase "tables dry run"
+  timeout "${TABLES_TIMEOUT:-900}" python3 bench/gpu/chain_tables.py --dry-run model \
+    --gib 0.004 --seconds 2 --runs 2 --block-pages 40 --interval 0.3 --readers 1 --out "$OUT"
 }
 
 status=0

@@ -72,9 +72,17 @@ from morphogen.engine.gpu_upload import (
     upload_pages,
     upload_sliced_pages,
 )
+from morphogen.engine.gpu_writes import (
+    PATCH_PAGES_KERNEL,
+    PATCH_SLICED_KERNEL,
+    DeviceWriter,
+    ScanGate,
+    buffer_slots,
+)
 from morphogen.engine.sliced import (
     SLICE_BYTES,
     SLICE_KERNEL,
+    SLICE_PAGES,
     SLICED_THREADS,
     SlicedPlan,
     chunk_range,
@@ -141,6 +149,9 @@ class GpuShard:
                 ]
         self._pool = WorkspacePool(workspaces)
         self.pool_size = pool
+        self._gate = ScanGate()
+        patch = PATCH_SLICED_KERNEL if self.layout == "sliced" else PATCH_PAGES_KERNEL
+        self._writer = DeviceWriter(backend, compiled.kernels[patch], self._info.sm_count)
         self._warm_up(workspaces[0])
 
     # -- sizing ------------------------------------------------------------------------------
@@ -239,7 +250,7 @@ class GpuShard:
         d = batch.domain_bits
         h2d = kern = d2h = 0.0
         launches = shared = 0
-        with self._pool.lease() as lease:
+        with self._pool.lease() as lease, self._gate.scan() as generation:
             ws = lease.workspace
             for lo in range(0, k, self._max_keys):
                 part = batch.select(lo, min(k, lo + self._max_keys))
@@ -260,8 +271,29 @@ class GpuShard:
             total_ms=(time.perf_counter() - start) * 1e3,
             launches=launches,
             shared_launches=shared,
+            generation=generation,
         )
         return result, timings
+
+    # -- page updates ------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Writes applied to the device copy so far (PhaseTimings.generation of a scan)."""
+        return self._gate.generation
+
+    def write_pages(self, pages: Sequence[int] | np.ndarray, diffs: np.ndarray) -> int:
+        """XOR `diffs` ((n, 4096) uint8, PageUpdate diffs) into global `pages` of the device
+        copy, in place (gpu_writes.py): the scans in flight finish on the data they started
+        on, the ones after read the new data, and no answer pays for the write afterwards.
+        Returns the generation the write made (scans report the one they read)."""
+        if self._closed:
+            raise RuntimeError("the shard is closed")
+        base = self._first_chunk * SLICE_PAGES if self.layout == "sliced" else self.first_page
+        slots, diffs = buffer_slots(pages, diffs, self.first_page, self.num_pages, base)
+        with self._gate.write(), cuda_errors(self._backend, "writing pages"):
+            self._writer.apply(slots, diffs, self._pages_dev)
+        return self._gate.generation
 
     def _launch(
         self, ws: Workspace, num_keys: int, domain_bits: int, num_pages: int,

@@ -59,6 +59,7 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
                np.uint64, np.uint64)
         for name in sliced.TABLE_KERNELS
     },
+    **{name: (P, P, np.uint32, P) for name in gpu_kernels.PATCH_KERNELS},
 }
 
 
@@ -401,6 +402,25 @@ def _model_sliced_table(grid: int, args: tuple[Any, ...]) -> None:
             partial[row : row + PAGE_SIZE] = acc
 
 
+def _model_patch(name: str, args: tuple[Any, ...]) -> None:
+    """patch_kernel.cu's contract: each diff XORed into its page of the buffer, as the layout
+    stores it (the sliced image of a diff alone in a chunk is the diff's bits there)."""
+    diffs_a, slots_a, n, dest_a = args
+    n = int(n)
+    diffs = diffs_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE)
+    slots = slots_a.buf[: n * 4].view(np.uint32)
+    for slot, diff in zip(slots, diffs, strict=True):
+        slot = int(slot)
+        if name == "morphogen_patch_pages":
+            dest_a.buf[slot * PAGE_SIZE : (slot + 1) * PAGE_SIZE] ^= diff
+            continue
+        chunk = np.zeros((256, PAGE_SIZE), np.uint8)
+        chunk[slot % 256] = diff
+        size = sliced.SLICE_BYTES
+        at = slot // 256 * size
+        dest_a.buf[at : at + size] ^= sliced.slice_chunk(chunk).view(np.uint8)
+
+
 def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int) -> None:
     if name in SCAN_KERNELS:
         assert block == SCAN_THREADS
@@ -413,6 +433,8 @@ def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int
         _model_sliced_table(grid, args)
     elif name == sliced.SLICE_KERNEL:
         _model_slice(args)
+    elif name in gpu_kernels.PATCH_KERNELS:
+        _model_patch(name, args)
     elif name == REDUCE_KERNEL:
         _model_reduce(args)
     else:
@@ -476,6 +498,8 @@ def load_emulator() -> ctypes.CDLL:
         dll.emu_sliced_table.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp,
                                          u32, u64, u64]
         dll.emu_sliced_table.restype = i
+        dll.emu_patch.argtypes = [i, u32, u32, vp, vp, u32, vp]
+        dll.emu_patch.restype = i
         dll.emu_slice_pages.argtypes = [u32, vp, u64, vp]
         dll.emu_slice_pages.restype = i
         dll.emu_prg_g.argtypes = [vp, vp]
@@ -523,6 +547,9 @@ def run_emulated(
         elif name == sliced.SLICE_KERNEL:
             assert block == sliced.SLICE_THREADS
             rc = dll.emu_slice_pages(grid, *[v(a) for a in args])
+        elif name in gpu_kernels.PATCH_KERNELS:
+            rc = dll.emu_patch(gpu_kernels.PATCH_KERNELS.index(name), grid, block,
+                               *[v(a) for a in args])
         else:
             assert block == gpu_kernels.READ_BW_THREADS
             rc = dll.emu_read_bw(grid, *[v(a) for a in args])

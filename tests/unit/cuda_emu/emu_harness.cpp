@@ -130,7 +130,30 @@ void slice_thread(void* p) {
     morphogen_slice_pages(a.natural, a.num_chunks, a.sliced);
 }
 
+struct PatchArgs {
+    int sliced;
+    const uint4* diffs;
+    const u32* slots;
+    u32 n;
+    void* dest;
+};
+
+void patch_thread(void* p) {
+    const PatchArgs& a = *static_cast<const PatchArgs*>(p);
+    if (a.sliced) {
+        morphogen_patch_sliced(a.diffs, a.slots, a.n, static_cast<u32*>(a.dest));
+    } else {
+        morphogen_patch_pages(a.diffs, a.slots, a.n, static_cast<uint4*>(a.dest));
+    }
+}
+
 }  // namespace
+
+extern "C" int emu_patch(int sliced, u32 grid, u32 block, const uint4* diffs, const u32* slots,
+                         u32 n, void* dest) {
+    PatchArgs a{sliced, diffs, slots, n, dest};
+    return emu::launch(grid, block, 0, patch_thread, &a);
+}
 
 extern "C" int emu_sliced(int variant, u32 grid, u64 smem_bytes, const uint4* sliced,
                           u64 num_chunks, u64 first_chunk, const u32* keys, u32 num_keys,

@@ -46,6 +46,13 @@ static inline u32 __funnelshift_l(u32 lo, u32 hi, u32 shift) {
     return (u32)((v << (shift & 31u)) >> 32);
 }
 static inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+static inline int __ffs(int x) { return __builtin_ffs(x); }
+// fibers never switch inside a read-modify-write, so a plain one is atomic here
+static inline u32 atomicXor(u32* p, u32 v) {
+    const u32 old = *p;
+    *p = old ^ v;
+    return old;
+}
 
 static dim3 threadIdx, blockIdx, blockDim, gridDim;
 
