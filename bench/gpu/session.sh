@@ -108,7 +108,7 @@ tables() {
 tables-dry() {
   phase "tables dry run"
   timeout "${TABLES_TIMEOUT:-900}" python3 bench/gpu/chain_tables.py --dry-run model \
-    --gib 0.004 --seconds 2 --runs 2 --block-pages 40 --interval 0.3 --readers 1 --out "$OUT"
+    --gib 0.004 --seconds 3 --runs 2 --block-pages 20 --interval 1 --readers 1 --out "$OUT"
 }
 
 status=0

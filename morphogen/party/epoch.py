@@ -34,6 +34,8 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine, check_domain
+from morphogen.engine.gpu_writes import ScanGate
+from morphogen.party.device_fold import device_writable, fold_on_device
 from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
@@ -92,6 +94,9 @@ class ShardState:
         self._staged_at = 0.0
         self._loading = False  # a prepare_snapshot is loading its range
         self._table_loader = TableLoader(engine)
+        # GPU shards fold pending updates into the device copy between scans (device_fold)
+        self._gate = ScanGate() if engine.name == "gpu" else None
+        self._broken: BaseException | None = None
 
     # -- reads
     @property
@@ -120,7 +125,11 @@ class ShardState:
         """`scan` plus its seconds by phase (Version.scan_timed); with `table`, of this
         shard's pages inside that table only, the keys in the table's domain."""
         batch = as_batch(keys)
-        with self.lease() as version:
+        if self._broken is not None:
+            raise RuntimeError("the device copy is undefined after a failed write; this shard "
+                               "must be replaced") from self._broken
+        gate = self._gate.scan() if self._gate is not None else contextlib.nullcontext()
+        with gate, self.lease() as version:
             if table is not None:
                 table.check(version.snapshot.manifest, version.first_page, version.stop_page)
                 want = table.table.domain_bits
@@ -238,6 +247,7 @@ class ShardState:
                     segments=base.segments,
                     pending=tuple(pending),
                     folded=base.folded,
+                    written=base.written,
                 ),
                 op,
             )
@@ -280,6 +290,10 @@ class ShardState:
             self._staged = None
             self._staged_op = None
             self._leases.retire(old.segments, keep=staged.segments)
+            if staged.pending and self._gate is not None and device_writable(staged):
+                # a GPU shard writes the updates into device memory now: no answer pays the
+                # CPU pass over them afterwards (the answers are the same bytes either way)
+                self._fold_on_device(staged)
 
     def commit_staged(self, epoch_id: int, digest: str) -> bool:
         """Commit the staged version if it is epoch `epoch_id` of identity `digest`, whichever
@@ -315,22 +329,34 @@ class ShardState:
         Builds a version with the same epoch id and identical answers, and swaps it in only if
         nothing was published meanwhile. Returns the number of updates folded.
 
-        Every touched chunk becomes a private copy and the untouched runs around it become
-        segments of their own. On the CPU these are views (no copy); on the GPU engine each new
-        segment is a device load, so a fold re-uploads the untouched runs of a split segment
-        too: correct, but an in-place device write between scans (an engine API) is the
-        efficient form there.
+        On the CPU engines every touched chunk becomes a private copy and the untouched runs
+        around it become segments of their own (views, no copy). On a GPU shard the updates
+        are written into the device copy in place (morphogen.party.device_fold), which a
+        commit of updates already does, so little is left pending there.
         """
         with self._lock:
             base = self.current
             if not base.pending or self._staged is not None:
                 return 0
+            if self._gate is not None and device_writable(base):
+                self._fold_on_device(base)
+                return len(base.pending)
             folded_version = self._fold(base)
             self._leases.swap(folded_version)
             self._leases.retire(base.segments, keep=folded_version.segments)
             return len(base.pending)
 
     # -- internals
+    def _fold_on_device(self, base: Version) -> None:
+        """fold_pending on a GPU shard (morphogen.party.device_fold), under the lock: no scan
+        runs while the device copy changes, and the version swaps before the next one."""
+        assert self._gate is not None
+        with self._gate.write():
+            try:
+                fold_on_device(base, self._leases.swap)
+            except BaseException as exc:
+                self._broken = exc  # part of the diffs may be in device memory: stop serving
+                raise
     def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
         cur = self.current
         if epoch_id <= cur.epoch_id:

@@ -383,12 +383,14 @@ def _model_sliced_table(grid: int, args: tuple[Any, ...]) -> None:
     records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
     partial = partial_a.buf.view(np.uint8)
     size = sliced.SLICE_BYTES
+    naturals = [unslice_chunk(data_a.buf[c * size : (c + 1) * size].view("<u4"))
+                for c in range(n_chunks)]
     for pb in range(page_blocks):
         lo, hi = n_chunks * pb // page_blocks, n_chunks * (pb + 1) // page_blocks
         for k in range(k_total):
             acc = np.zeros(PAGE_SIZE, np.uint8)
             for c in range(lo, hi):
-                natural = unslice_chunk(data_a.buf[c * size : (c + 1) * size].view("<u4"))
+                natural = naturals[c]
                 first_leaf = 256 * (int(first_chunk) + c) - int(shift)
                 start = max(first_leaf, int(lo_leaf))
                 stop = min(first_leaf + 256, int(hi_leaf))
@@ -409,16 +411,17 @@ def _model_patch(name: str, args: tuple[Any, ...]) -> None:
     n = int(n)
     diffs = diffs_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE)
     slots = slots_a.buf[: n * 4].view(np.uint32)
+    chunks: dict[int, np.ndarray] = {}
     for slot, diff in zip(slots, diffs, strict=True):
         slot = int(slot)
         if name == "morphogen_patch_pages":
             dest_a.buf[slot * PAGE_SIZE : (slot + 1) * PAGE_SIZE] ^= diff
             continue
-        chunk = np.zeros((256, PAGE_SIZE), np.uint8)
-        chunk[slot % 256] = diff
-        size = sliced.SLICE_BYTES
-        at = slot // 256 * size
-        dest_a.buf[at : at + size] ^= sliced.slice_chunk(chunk).view(np.uint8)
+        chunk = chunks.setdefault(slot // 256, np.zeros((256, PAGE_SIZE), np.uint8))
+        chunk[slot % 256] ^= diff
+    size = sliced.SLICE_BYTES
+    for c, chunk in chunks.items():
+        dest_a.buf[c * size : (c + 1) * size] ^= sliced.slice_chunk(chunk).view(np.uint8)
 
 
 def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int) -> None:
