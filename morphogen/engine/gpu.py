@@ -5,7 +5,8 @@ Kernel design: see the comments at the top of the .cu files. The host side is sp
 small modules: launch planning (`gpu_plan`, `sliced`), key records (`gpu_keys`), the CUDA
 operations (`gpu_backend`), errors (`gpu_errors`), the program and its compilation
 (`gpu_kernels`), page upload (`gpu_upload`), workspaces and their pool (`gpu_pool`), phase
-timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`). Here:
+timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`), table scans at any offset
+(`gpu_tables`), page writes into the device copy (`gpu_writes`; docs/gpu.md). Here:
 
 - `GpuEngine(...)` compiles the kernels, once per engine: a CuPy that imports but cannot
   compile (no NVRTC, no CUDA headers) fails there with a GpuError naming the fix, not at a scan.
@@ -16,6 +17,8 @@ timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`). Here:
   (`plan_launch`), runs it on the workspace's own stream, at most max_keys keys a launch, and
   gives the workspace back. Concurrent scans overlap on different workspaces; they are never
   merged into one launch (merging concurrent queries is the router's coalescer's job).
+- `GpuShard.table_scanner` scans a range of the shard numbered from a table's first page;
+  `GpuShard.write_pages` XORs page diffs into the device copy between scans.
 - CUDA, NVRTC and allocation errors surface as `GpuError`; `scan_timed` also returns the
   h2d / kernel / d2h times measured with CUDA events (what they include: `PhaseTimings`).
 
@@ -225,14 +228,9 @@ class GpuShard:
         keys evaluated at `first_index` onwards (a table's part: first_index = first_page -
         table.first_page), scanned on the device copy at any offset (sliced_table_kernel.cu);
         no memory of its own."""
-        if not (self.first_page <= first_page and num_pages >= 1
-                and first_page + num_pages <= self.first_page + self.num_pages):
-            raise ValueError(f"pages [{first_page}, {first_page + num_pages}) are not in the "
-                             f"shard [{self.first_page}, {self.first_page + self.num_pages})")
-        if not 0 <= first_index <= first_page:
-            raise ValueError("first_index must be in 0..first_page (a table starts at page "
-                             "first_page - first_index)")
-        return GpuTableScanner(self, ScanRange(first_page, num_pages, first_index, table=True))
+        rng = ScanRange.of_table(first_page, num_pages, first_index, self.first_page,
+                                 self.num_pages)
+        return GpuTableScanner(self, rng)
 
     def scan_range_timed(self, keys: Sequence[DpfKey] | KeyBatch,
                          rng: ScanRange) -> tuple[np.ndarray, PhaseTimings]:

@@ -38,6 +38,19 @@ class ScanRange:
     first_index: int
     table: bool
 
+    @classmethod
+    def of_table(cls, first_page: int, num_pages: int, first_index: int, shard_first: int,
+                 shard_pages: int) -> ScanRange:
+        """A table's part in the shard [shard_first, shard_first + shard_pages), checked."""
+        if not (shard_first <= first_page and num_pages >= 1
+                and first_page + num_pages <= shard_first + shard_pages):
+            raise ValueError(f"pages [{first_page}, {first_page + num_pages}) are not in the "
+                             f"shard [{shard_first}, {shard_first + shard_pages})")
+        if not 0 <= first_index <= first_page:
+            raise ValueError("first_index must be in 0..first_page (a table starts at page "
+                             "first_page - first_index)")
+        return cls(first_page, num_pages, first_index, table=True)
+
 
 class GpuTableScanner:
     """A ShardScanner over a range of a GpuShard's device copy (GpuShard.table_scanner). It

@@ -272,62 +272,62 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
             table_shift_masks<KG>(mt, mt2, win, nkeys);
             __syncthreads();
         } else {
+            // 1. Root-to-chunk path: recompute only below the highest bit that changed.
+            if (tid < nkeys) {
+                const u32* wkey = gkeys + tid * key_words;
+                advance_path(path_s + tid * PATH_SLOTS, path_t + tid * PATH_SLOTS, wkey,
+                             root_depth, chunk, c == lo);
+                tree[tid] = path_s[tid * PATH_SLOTS + root_depth];
+                tree_t[tid] = path_t[tid * PATH_SLOTS + root_depth];
+            }
+            __syncthreads();
 
-        // 1. Root-to-chunk path: recompute only below the highest bit that changed.
-        if (tid < nkeys) {
-            const u32* wkey = gkeys + tid * key_words;
-            advance_path(path_s + tid * PATH_SLOTS, path_t + tid * PATH_SLOTS, wkey, root_depth,
-                         chunk, c == lo);
-            tree[tid] = path_s[tid * PATH_SLOTS + root_depth];
-            tree_t[tid] = path_t[tid * PATH_SLOTS + root_depth];
-        }
-        __syncthreads();
+            // 2. Levels 1 .. h-1 in place; consecutive threads take consecutive keys.
+            for (u32 l = 0; l + 1u < h; ++l) {
+                const u32 half = 1u << (h - 2u - l);
+                const u32 work = nkeys << l;
+                for (u32 w = tid; w < work; w += SLICED_THREADS) {
+                    const u32 k = w % nkeys;
+                    const u32 slot = (w / nkeys) * 2u * half;
+                    uint4 sl, sr;
+                    u32 tl, tr;
+                    dpf_children(tree[slot * KG + k], tree_t[slot * KG + k],
+                                 gkeys + k * key_words, root_depth + l, sl, tl, sr, tr);
+                    tree[slot * KG + k] = sl;
+                    tree_t[slot * KG + k] = (u8)tl;
+                    tree[(slot + half) * KG + k] = sr;
+                    tree_t[(slot + half) * KG + k] = (u8)tr;
+                }
+                __syncthreads();
+            }
 
-        // 2. Levels 1 .. h-1 in place; consecutive threads take consecutive keys.
-        for (u32 l = 0; l + 1u < h; ++l) {
-            const u32 half = 1u << (h - 2u - l);
-            const u32 work = nkeys << l;
-            for (u32 w = tid; w < work; w += SLICED_THREADS) {
-                const u32 k = w % nkeys;
-                const u32 slot = (w / nkeys) * 2u * half;
-                uint4 sl, sr;
-                u32 tl, tr;
-                dpf_children(tree[slot * KG + k], tree_t[slot * KG + k], gkeys + k * key_words,
-                             root_depth + l, sl, tl, sr, tr);
-                tree[slot * KG + k] = sl;
-                tree_t[slot * KG + k] = (u8)tl;
-                tree[(slot + half) * KG + k] = sr;
-                tree_t[(slot + half) * KG + k] = (u8)tr;
+            // 3. Leaves and their transposition into B fragments.
+            const u32 level_nodes = 1u << (h - 1u);
+            for (u32 task = warp; task < nkeys * 4u; task += SLICED_THREADS / 32u) {
+                const u32 k = task >> 2, q = task & 3u;
+                const u32 n = 32u * q + lane;
+                uint4 left = make_uint4(0u, 0u, 0u, 0u), right = left;
+                if (n < level_nodes) {  // a domain under 256 pages has fewer leaves: the rest 0
+                    const u32* key = gkeys + k * key_words;
+                    u32 tl, tr;
+                    dpf_children(tree[n * KG + k], tree_t[n * KG + k], key, root_depth + h - 1u,
+                                 left, tl, right, tr);
+                    const uint4 f = load_key_words(key + 4);
+                    const u32 ol = 0u - tl, orr = 0u - tr;
+                    left.x ^= f.x & ol; left.y ^= f.y & ol; left.z ^= f.z & ol;
+                    left.w ^= f.w & ol;
+                    right.x ^= f.x & orr; right.y ^= f.y & orr; right.z ^= f.z & orr;
+                    right.w ^= f.w & orr;
+                }
+                transpose_bits32x4(left, lane);
+                transpose_bits32x4(right, lane);
+                u32* row = mt + (k * 8u + 2u * q) * MT_STRIDE + lane;
+                row[0] = left.x; row[32] = left.y; row[64] = left.z; row[96] = left.w;
+                row += MT_STRIDE;
+                row[0] = right.x; row[32] = right.y; row[64] = right.z; row[96] = right.w;
             }
             __syncthreads();
         }
-
-        // 3. Leaves and their transposition into B fragments.
-        const u32 level_nodes = 1u << (h - 1u);
-        for (u32 task = warp; task < nkeys * 4u; task += SLICED_THREADS / 32u) {
-            const u32 k = task >> 2, q = task & 3u;
-            const u32 n = 32u * q + lane;
-            uint4 left = make_uint4(0u, 0u, 0u, 0u), right = left;
-            if (n < level_nodes) {  // a domain under 256 pages has fewer leaves; the rest are 0
-                const u32* key = gkeys + k * key_words;
-                u32 tl, tr;
-                dpf_children(tree[n * KG + k], tree_t[n * KG + k], key, root_depth + h - 1u,
-                             left, tl, right, tr);
-                const uint4 f = load_key_words(key + 4);
-                const u32 ol = 0u - tl, orr = 0u - tr;
-                left.x ^= f.x & ol; left.y ^= f.y & ol; left.z ^= f.z & ol; left.w ^= f.w & ol;
-                right.x ^= f.x & orr; right.y ^= f.y & orr; right.z ^= f.z & orr;
-                right.w ^= f.w & orr;
-            }
-            transpose_bits32x4(left, lane);
-            transpose_bits32x4(right, lane);
-            u32* row = mt + (k * 8u + 2u * q) * MT_STRIDE + lane;
-            row[0] = left.x; row[32] = left.y; row[64] = left.z; row[96] = left.w;
-            row += MT_STRIDE;
-            row[0] = right.x; row[32] = right.y; row[64] = right.z; row[96] = right.w;
-        }
-        __syncthreads();
-        }  // TABLE
 
         // 4. Tensor-core AND-popc over this chunk; parities folded into acc.
         const uint4* a_base = sliced + c * SLICE_U4 + lane;
