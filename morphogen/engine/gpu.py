@@ -133,6 +133,8 @@ class GpuShard:
         self._whole = ScanRange(self.first_page, self.num_pages, self.first_page, table=False)
         self._partial_rows: int | None = None
         self._closed = False
+        self._holders = 1  # share() adds one, close() drops one
+        self._holders_lock = threading.Lock()
         backend = self._backend
         with cuda_errors(backend, "loading the pages"):
             with backend.activate():
@@ -396,11 +398,25 @@ class GpuShard:
             self._device_bytes if self.num_pages else 0, self._info.sm_count, repeats,
         )
 
+    def share(self) -> GpuShard:
+        """Another holder of this device copy (a rotation that writes its diff into it): the
+        copy is freed when every holder has closed it."""
+        with self._holders_lock:
+            if self._closed:
+                raise RuntimeError("the shard is closed")
+            self._holders += 1
+        return self
+
     def close(self) -> None:
-        """Waits for the scans in flight, then frees the device memory."""
-        if self._closed:
-            return
-        self._closed = True
+        """Drops one holder; the last one waits for the scans in flight, then frees the
+        device memory."""
+        with self._holders_lock:
+            if self._closed:
+                return
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            self._closed = True
         self._pool.close()
         self._pages_dev = None
 

@@ -27,15 +27,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine, check_domain
 from morphogen.engine.gpu_writes import ScanGate
-from morphogen.party.device_fold import device_writable, fold_on_device
+from morphogen.party.device_fold import (
+    commit_rotation,
+    device_writable,
+    fold_on_device,
+    stage_rotation,
+)
+from morphogen.party.host_fold import fold_on_host
 from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
@@ -46,6 +52,7 @@ from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.tables import advertised
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
+T = TypeVar("T")
 # A staged version left by an admin operation that never committed nor aborted (its router
 # died) may be replaced by another operation after this long.
 DEFAULT_STALE_STAGE_S = 300.0
@@ -271,7 +278,14 @@ class ShardState:
             self._replace_staged(None, None)
             self._loading = True
             try:
-                version = self._fresh_version(snapshot, first_page, stop_page, epoch_id)
+                pages = snapshot.read_verified(first_page, stop_page)
+                version = None
+                if self._gate is not None:  # a GPU shard keeps its device copy if it can
+                    version = stage_rotation(self.current, snapshot, first_page, pages,
+                                             epoch_id)
+                if version is None:
+                    version = self._fresh_version(snapshot, first_page, stop_page, epoch_id,
+                                                  pages)
             finally:
                 self._loading = False
             self._replace_staged(version, op)
@@ -286,7 +300,12 @@ class ShardState:
             if op is not None and self._staged_op != op:
                 raise StagingConflict(f"epoch {epoch_id} was staged by another admin operation")
             old = self.current
-            self._leases.swap(staged)
+            if staged.device_diffs is not None:
+                rotation = staged
+                staged = self._device_write(lambda: commit_rotation(rotation,
+                                                                    self._leases.swap))
+            else:
+                self._leases.swap(staged)
             self._staged = None
             self._staged_op = None
             self._leases.retire(old.segments, keep=staged.segments)
@@ -341,22 +360,28 @@ class ShardState:
             if self._gate is not None and device_writable(base):
                 self._fold_on_device(base)
                 return len(base.pending)
-            folded_version = self._fold(base)
+            folded_version = fold_on_host(base, self._engine, self._chunk)
             self._leases.swap(folded_version)
             self._leases.retire(base.segments, keep=folded_version.segments)
             return len(base.pending)
 
     # -- internals
-    def _fold_on_device(self, base: Version) -> None:
-        """fold_pending on a GPU shard (morphogen.party.device_fold), under the lock: no scan
-        runs while the device copy changes, and the version swaps before the next one."""
+    def _device_write(self, action: Callable[[], T]) -> T:
+        """`action` (a device write and its version swap, morphogen.party.device_fold) under
+        the scan gate, with the lock held: no scan runs while the device copy changes, and
+        the version swaps before the next one. A failed write leaves the copy undefined:
+        the shard stops serving."""
         assert self._gate is not None
         with self._gate.write():
             try:
-                fold_on_device(base, self._leases.swap)
+                return action()
             except BaseException as exc:
-                self._broken = exc  # part of the diffs may be in device memory: stop serving
+                self._broken = exc
                 raise
+
+    def _fold_on_device(self, base: Version) -> None:
+        self._device_write(lambda: fold_on_device(base, self._leases.swap))
+
     def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
         cur = self.current
         if epoch_id <= cur.epoch_id:
@@ -390,70 +415,16 @@ class ShardState:
             self._leases.retire(self.current.segments + (staged.segments if staged else ()))
 
     def _fresh_version(
-        self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int
+        self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int,
+        pages: np.ndarray | None = None,
     ) -> Version:
         if not 0 <= first_page < stop_page <= snapshot.num_pages:
             raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
         # A verified private copy, never the mapping: the identity below names the chunk
         # hashes, and only bytes checked against them (and that no one can change afterwards)
         # may be scanned under it; the GPU engine uploads these same checked bytes.
-        pages = snapshot.read_verified(first_page, stop_page)
+        if pages is None:
+            pages = snapshot.read_verified(first_page, stop_page)
         seg = Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
         identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
         return Version(identity, snapshot, first_page, stop_page, (seg,))
-
-    def _fold(self, base: Version) -> Version:
-        c = self._chunk
-        touched: dict[int, np.ndarray] = {}
-        for u in base.pending:
-            idx = u.page // c
-            if idx not in touched:
-                lo = max(base.first_page, idx * c)
-                hi = min(base.stop_page, (idx + 1) * c)
-                touched[idx] = np.stack([base.stored_page(p) for p in range(lo, hi)])
-            lo = max(base.first_page, idx * c)
-            touched[idx][u.page - lo] ^= np.frombuffer(u.diff, np.uint8)
-        kept = []
-        for seg in base.segments:
-            lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
-            if any(lo < (i + 1) * c and i * c < hi for i in touched):
-                kept.extend(self._split_around(seg, touched, c))
-            else:
-                kept.append(seg)
-        for idx, arr in touched.items():
-            lo = max(base.first_page, idx * c)
-            # never written again; read-only like the loaded pages, so a jitted engine reuses
-            # the kernel it compiled for those instead of compiling another signature
-            arr.flags.writeable = False
-            kept.append(Segment(lo, arr, self._engine.load(arr, first_page=lo)))
-        kept.sort(key=lambda s: s.first_page)
-        return Version(
-            identity=base.identity,
-            snapshot=base.snapshot,
-            first_page=base.first_page,
-            stop_page=base.stop_page,
-            segments=tuple(kept),
-            pending=(),
-            folded=base.folded | frozenset(touched),
-        )
-
-    def _split_around(
-        self, seg: Segment, touched: dict[int, np.ndarray], c: int
-    ) -> list[Segment]:
-        """The parts of `seg` outside the touched chunks, as segments of their own."""
-        lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
-        out, run_start = [], lo
-        p = lo
-        while p < hi:
-            idx = p // c
-            chunk_end = min(hi, (idx + 1) * c)
-            if idx in touched:
-                if run_start < p:
-                    view = seg.pages[run_start - lo : p - lo]
-                    out.append(Segment(run_start, view, self._engine.load(view, run_start)))
-                run_start = chunk_end
-            p = chunk_end
-        if run_start < hi:
-            view = seg.pages[run_start - lo : hi - lo]
-            out.append(Segment(run_start, view, self._engine.load(view, run_start)))
-        return out

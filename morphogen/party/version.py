@@ -66,6 +66,9 @@ class Version:
     folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
     # pages whose bytes changed in a device copy (morphogen.party.device_fold): their host bytes
     written: Mapping[int, bytes] = field(default_factory=dict, hash=False, compare=False)
+    # a staged rotation's (pages, diffs) against the device copy it shares: written at commit
+    device_diffs: tuple[np.ndarray, np.ndarray] | None = field(default=None, hash=False,
+                                                               compare=False)
 
     @property
     def epoch_id(self) -> int:

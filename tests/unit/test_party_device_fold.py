@@ -2,7 +2,8 @@
 after a commit nothing is pending (no answer pays the CPU pass over the updates), no page is
 uploaded again, answers of the whole range and of tables match the updated matrix, page writes
 after a fold see the written bytes, and a scan in flight during the commit answers on the epoch
-it started on. The device is the CuPy fakes' model of the real kernels (tests/unit/_gpu_fakes)."""
+it started on; a rotation to the same range writes only the pages that differ. The device is the
+CuPy fakes' model of the real kernels (tests/unit/_gpu_fakes)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from morphogen.protocol.changes import PageUpdate, PageWrite
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 from morphogen.snapshot.tables import Table
+from morphogen.snapshot.writer import write_snapshot
 
 N = 600
 TABLE = Table("t", 133, 300)
@@ -118,3 +120,53 @@ def test_a_scan_in_flight_during_a_commit_answers_on_its_epoch(world):
     old = state.scan([key0])[1]
     np.testing.assert_array_equal(old ^ b, (model[7] ^ diff)[None])
     assert not np.array_equal(a ^ b, (model[7] ^ diff)[None])  # epoch 1's answer was older
+
+
+def test_a_rotation_to_the_same_range_writes_only_the_pages_that_differ(world, tmp_path):
+    """Rotating to a snapshot of the range that differs from the device copy in a few pages
+    writes those pages at commit (the updates already written are not), keeps the device shard
+    and brings the new snapshot's tables; an aborted one changes nothing."""
+    state, backend, model = world
+    rng = np.random.default_rng(9)
+    state.prepare_updates(2, [PageUpdate(10, rng.bytes(PAGE_SIZE)), PageUpdate(300,
+                          rng.bytes(PAGE_SIZE))])
+    state.commit(2)
+    for p in (10, 300):
+        model[p] = state.current.page(p)
+    new = model.copy()
+    for p in (0, 256, 599):
+        new[p] = rng.integers(0, 256, PAGE_SIZE, dtype=np.uint8)
+    write_snapshot(tmp_path / "next", new, epoch_id=3, source="test", progress=None,
+                   tables=[{"name": "n", "first_page": 250, "num_pages": 100}])
+    loads = sum(x.kernel == sliced.SLICE_KERNEL for x in backend.launches)
+    shard = state.current.segments[0].scanner
+    # an aborted rotation leaves the device copy and its holder count as they were
+    state.prepare_snapshot(3, Snapshot.open(tmp_path / "next"), 0, N)
+    state.abort(3)
+    answers(state, model, [0, 10, 256])
+    patches = sum(x.kernel == "morphogen_patch_sliced" for x in backend.launches)
+    state.prepare_snapshot(3, Snapshot.open(tmp_path / "next"), 0, N)
+    assert state.current.epoch_id == 2
+    answers(state, model, [0, 256, 599])  # staged, not yet written: the old epoch answers
+    state.commit(3)
+    assert state.epoch_id == 3 and state.current.segments[0].scanner is shard
+    patch = [x for x in backend.launches if x.kernel == "morphogen_patch_sliced"]
+    assert len(patch) == patches + 1 and int(patch[-1].args[2]) == 3  # three pages
+    assert sum(x.kernel == sliced.SLICE_KERNEL for x in backend.launches) == loads
+    answers(state, new, [0, 10, 256, 300, 599, 5])
+    answers(state, new, [0, 6, 99], Table("n", 250, 100))
+    np.testing.assert_array_equal(state.current.page(300), new[300])
+
+
+def test_a_rotation_that_changes_most_pages_loads_afresh(world, tmp_path):
+    state, backend, _ = world
+    build_synthetic(tmp_path / "other", N, seed=8, epoch_id=2, progress=False)
+    old = state.current.segments[0].scanner
+    loads = sum(x.kernel == sliced.SLICE_KERNEL for x in backend.launches)
+    state.prepare_snapshot(2, Snapshot.open(tmp_path / "other"), 0, N)
+    state.commit(2)
+    assert state.current.segments[0].scanner is not old
+    assert sum(x.kernel == sliced.SLICE_KERNEL for x in backend.launches) > loads
+    answers(state, synthetic_pages(8, 0, N), [0, 300, 599])
+    with pytest.raises(RuntimeError, match="closed"):
+        old.scan([dpf.generate_keys(10, 1)[0]])  # the old copy was freed
