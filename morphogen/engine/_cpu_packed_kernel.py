@@ -1,0 +1,106 @@
+"""The CPU scan kernel for packed keys (numba, multi-threaded): a conditional XOR of whole pages.
+
+A packed key's leaf holds the selection bits of 128 pages, so a worker expands each key's
+leaves for a tile of pages (one PRG call per 128 pages per key, a few microseconds a tile) and
+then streams the tile's pages once, eight at a time: for each key one loop over the page words
+XORs into its accumulator the eight pages masked by the key's eight bits (`0 - bit`, all ones
+or zero). A page's mask is the same for all its words, so no even/odd split is needed.
+
+Eight pages a pass, not one: with a page at a time each selected key costs a load and a store
+of its 4 KiB accumulator (from L2 once the keys' accumulators outgrow L1); eight pages share
+one. Measured on 2 cores, 24 keys: 1.8x the branchy one-page-at-a-time loop, and as fast
+for 3 keys. Branch-free, so the work does not depend on the keys' bits either.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from morphogen.engine._cpu_kernel import U64_PER_PAGE, _worker_bounds
+from morphogen.protocol._dpf_jit import eval_range_into
+
+LEAF_SHIFT = 7
+LEAF_PAGES = 1 << LEAF_SHIFT
+
+
+@nb.njit(inline="always", cache=True)
+def _xor_masked(acc, page, m):
+    for i in range(U64_PER_PAGE):
+        acc[i] ^= page[i] & m
+
+
+@nb.njit(inline="always", cache=True)
+def _xor_masked8(acc, q0, q1, q2, q3, q4, q5, q6, q7, bits):
+    z = np.uint64(0)
+    one = np.uint64(1)
+    m0 = z - (bits & one)
+    m1 = z - ((bits >> np.uint64(1)) & one)
+    m2 = z - ((bits >> np.uint64(2)) & one)
+    m3 = z - ((bits >> np.uint64(3)) & one)
+    m4 = z - ((bits >> np.uint64(4)) & one)
+    m5 = z - ((bits >> np.uint64(5)) & one)
+    m6 = z - ((bits >> np.uint64(6)) & one)
+    m7 = z - ((bits >> np.uint64(7)) & one)
+    for i in range(U64_PER_PAGE):
+        acc[i] ^= ((q0[i] & m0) ^ (q1[i] & m1) ^ (q2[i] & m2) ^ (q3[i] & m3)
+                   ^ (q4[i] & m4) ^ (q5[i] & m5) ^ (q6[i] & m6) ^ (q7[i] & m7))
+
+
+@nb.njit(parallel=True, cache=True)
+def scan_packed(
+    pages, first_page, levels, roots, root_ts, cws, tcws, finals,
+    tile, acc, leaves, leaves64, sa, sta, sb, stb, out,
+):
+    """out[k] (512 u64) = XOR of pages[i] over the i whose bit of key k is set.
+
+    pages: (n, 512) u64; `tile` a multiple of 128 pages (tiles are leaf-aligned in global
+    numbering). Per worker w: acc[w] (>=K, 512) u64, leaves/leaves64[w] (>=K, tile/128 + 1,
+    4|2) u32|u64 views of one buffer, sa/sb[w] (4, L) u32 and sta/stb[w] (L,) u32 scratch.
+    """
+    n = pages.shape[0]
+    n_keys = roots.shape[0]
+    workers = acc.shape[0]
+    for w in nb.prange(workers):
+        a = acc[w]
+        a[:n_keys, :] = 0
+        lo, hi = _worker_bounds(first_page, n, tile, workers, w)
+        pos = lo
+        while pos < hi:
+            g = first_page + pos
+            end = min(hi, pos + (tile - g % tile))
+            leaf0 = g >> LEAF_SHIFT
+            leaf1 = ((first_page + end - 1) >> LEAF_SHIFT) + 1
+            for k in range(n_keys):
+                eval_range_into(
+                    roots[k], root_ts[k], cws[k], tcws[k], finals[k], levels, leaf0, leaf1,
+                    leaves[w, k], sa[w], sta[w], sb[w], stb[w],
+                )
+            p = pos
+            while p < end:
+                gp = first_page + p
+                li = (gp >> LEAF_SHIFT) - leaf0
+                bit = gp & (LEAF_PAGES - 1)
+                word = bit >> 6
+                shift = np.uint64(bit & 63)
+                if gp & 7 == 0 and p + 8 <= end:
+                    # eight pages in one byte of one leaf word
+                    q0, q1, q2, q3 = pages[p], pages[p + 1], pages[p + 2], pages[p + 3]
+                    q4, q5, q6, q7 = pages[p + 4], pages[p + 5], pages[p + 6], pages[p + 7]
+                    for k in range(n_keys):
+                        _xor_masked8(a[k], q0, q1, q2, q3, q4, q5, q6, q7,
+                                     leaves64[w, k, li, word] >> shift)
+                    p += 8
+                else:
+                    page = pages[p]
+                    for k in range(n_keys):
+                        m = np.uint64(0) - ((leaves64[w, k, li, word] >> shift) & np.uint64(1))
+                        _xor_masked(a[k], page, m)
+                    p += 1
+            pos = end
+    for k in range(n_keys):
+        for i in range(U64_PER_PAGE):
+            x = np.uint64(0)
+            for w in range(workers):
+                x ^= acc[w, k, i]
+            out[k, i] = x
