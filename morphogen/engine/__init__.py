@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
-from morphogen.engine.base import Engine, EngineUnavailable, ShardScanner
+from morphogen.engine.base import Engine, EngineUnavailable, ShardScanner, key_formats
 
 ENGINE_NAMES = ("reference", "cpu", "gpu", "auto")
 # About the longest reason `auto` logs when it falls back (an NVRTC log can run to pages).
@@ -34,6 +34,7 @@ __all__ = [
     "ShardScanner",
     "create",
     "gpu_available",
+    "key_formats",
 ]
 
 

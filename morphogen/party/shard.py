@@ -21,6 +21,12 @@ from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import Change, ChangeBatch
 from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import (
+    AnyBatch,
+    PackedKeyBatch,
+    generate_packed_keys,
+    masks_at,
+)
 from morphogen.publication.log import EpochLog, EpochLogError, LogEntry
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
@@ -116,7 +122,7 @@ class ShardCore:
     def engine_name(self) -> str:
         return str(self.engine.name)
 
-    def scan(self, batch: KeyBatch,
+    def scan(self, batch: AnyBatch,
              table: TableSlice | None = None) -> tuple[EpochIdentity, np.ndarray]:
         """`(identity, (K, 4096) partial accumulators)` of every key over this shard's pages
         (with `table`: its pages inside that table), all of one epoch (the version current
@@ -124,7 +130,7 @@ class ShardCore:
         identity, acc, _ = self.scan_timed(batch, table)
         return identity, acc
 
-    def scan_timed(self, batch: KeyBatch, table: TableSlice | None = None
+    def scan_timed(self, batch: AnyBatch, table: TableSlice | None = None
                    ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
         """`scan` plus its seconds by phase (device phases from a GPU engine)."""
         identity, acc, phases = self.state.scan_timed(batch, table)
@@ -265,7 +271,8 @@ class ShardCore:
 
     def info(self) -> dict[str, Any]:
         out = self.state.info()
-        out.update(shard=self.index, num_shards=self.num_shards, engine=self.engine_name)
+        out.update(shard=self.index, num_shards=self.num_shards, engine=self.engine_name,
+                   key_formats=list(engines.key_formats(self.engine)))
         return out
 
     def self_test(self) -> None:
@@ -290,6 +297,12 @@ def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any]
         batch = KeyBatch.from_keys(keys)
         core.scan(batch)
         eval_points(batch, np.zeros(1, np.int64))  # the pending-update path's kernel
+        if "packed" in engines.key_formats(core.engine):
+            packed = PackedKeyBatch.from_keys(
+                [generate_packed_keys(core.domain_bits, i % core.stop_page)[0]
+                 for i in range(3)])
+            core.scan(packed)
+            masks_at(packed, np.zeros(1, np.int64))
         return core.engine_name
     finally:
         core.close()
