@@ -10,6 +10,11 @@ Eight pages a pass, not one: with a page at a time each selected key costs a loa
 of its 4 KiB accumulator (from L2 once the keys' accumulators outgrow L1); eight pages share
 one. Measured on 2 cores, 24 keys: 1.8x the branchy one-page-at-a-time loop, and as fast
 for 3 keys. Branch-free, so the work does not depend on the keys' bits either.
+
+With many keys (`many_keys` and more) the eight pages are first combined into two tables of
+the 16 XORs of each half (the method of Four Russians: 22 page XORs a group, once), and each
+key then XORs in two table rows: three loads a word a key instead of nine. Measured (2 cores,
+16 k pages): 96 keys 1.5x the eight-page pass, 48 keys 1.9x, 24 even, 3 keys 0.6x.
 """
 
 from __future__ import annotations
@@ -47,10 +52,52 @@ def _xor_masked8(acc, q0, q1, q2, q3, q4, q5, q6, q7, bits):
                    ^ (q4[i] & m4) ^ (q5[i] & m5) ^ (q6[i] & m6) ^ (q7[i] & m7))
 
 
+@nb.njit(inline="always", cache=True)
+def _copy_row(dst, src):
+    for i in range(U64_PER_PAGE):
+        dst[i] = src[i]
+
+
+@nb.njit(inline="always", cache=True)
+def _xor_row(dst, x, y):
+    for i in range(U64_PER_PAGE):
+        dst[i] = x[i] ^ y[i]
+
+
+@nb.njit(inline="always", cache=True)
+def _half_table(t, a, b, c, d):
+    """t[j] = XOR of the pages (a, b, c, d) whose bit is set in j; one row a loop (a loop
+    writing all sixteen rows at once does not vectorise)."""
+    for i in range(U64_PER_PAGE):
+        t[0, i] = 0
+    _copy_row(t[1], a)
+    _copy_row(t[2], b)
+    _xor_row(t[3], a, b)
+    _copy_row(t[4], c)
+    for j in range(5, 8):
+        _xor_row(t[j], t[j - 4], c)
+    _copy_row(t[8], d)
+    for j in range(9, 16):
+        _xor_row(t[j], t[j - 8], d)
+
+
+@nb.njit(inline="always", cache=True)
+def _build_tables(tab, q0, q1, q2, q3, q4, q5, q6, q7):
+    """tab[h, j] = XOR of the pages of half h (q0..q3, q4..q7) whose bit is set in j."""
+    _half_table(tab[0], q0, q1, q2, q3)
+    _half_table(tab[1], q4, q5, q6, q7)
+
+
+@nb.njit(inline="always", cache=True)
+def _xor_rows(acc, r0, r1):
+    for i in range(U64_PER_PAGE):
+        acc[i] ^= r0[i] ^ r1[i]
+
+
 @nb.njit(parallel=True, cache=True)
 def scan_packed(
     pages, first_page, levels, roots, root_ts, cws, tcws, finals,
-    tile, acc, leaves, leaves64, sa, sta, sb, stb, out,
+    tile, acc, leaves, leaves64, sa, sta, sb, stb, out, tables, many_keys,
 ):
     """out[k] (512 u64) = XOR of pages[i] over the i whose bit of key k is set.
 
@@ -87,9 +134,17 @@ def scan_packed(
                     # eight pages in one byte of one leaf word
                     q0, q1, q2, q3 = pages[p], pages[p + 1], pages[p + 2], pages[p + 3]
                     q4, q5, q6, q7 = pages[p + 4], pages[p + 5], pages[p + 6], pages[p + 7]
-                    for k in range(n_keys):
-                        _xor_masked8(a[k], q0, q1, q2, q3, q4, q5, q6, q7,
-                                     leaves64[w, k, li, word] >> shift)
+                    if n_keys >= many_keys:
+                        tab = tables[w]
+                        _build_tables(tab, q0, q1, q2, q3, q4, q5, q6, q7)
+                        for k in range(n_keys):
+                            byte = (leaves64[w, k, li, word] >> shift) & np.uint64(0xFF)
+                            _xor_rows(a[k], tab[0, byte & np.uint64(15)],
+                                      tab[1, byte >> np.uint64(4)])
+                    else:
+                        for k in range(n_keys):
+                            _xor_masked8(a[k], q0, q1, q2, q3, q4, q5, q6, q7,
+                                         leaves64[w, k, li, word] >> shift)
                     p += 8
                 else:
                     page = pages[p]

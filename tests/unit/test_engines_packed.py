@@ -20,8 +20,10 @@ def _pairs(rng, d, n):
     return out
 
 
-@pytest.fixture(params=["cpu", "cpu-few-keys"])
+@pytest.fixture(params=["cpu", "cpu-few-keys", "cpu-tables"])
 def cpu(request):
+    if request.param == "cpu-tables":  # the Four Russians pass for any number of keys
+        return engine.create("cpu", packed_table_keys=1)
     return engine.create("cpu") if request.param == "cpu" else engine.create("cpu", max_keys=5)
 
 
