@@ -176,3 +176,31 @@ def test_repr_hides_secrets_and_out_of_domain_is_refused():
     with pytest.raises(DomainError):
         selections_at(PackedKeyBatch.from_keys([k0]), [512])
     assert packed.batch_format(PackedKeyBatch.from_keys([k0])) == "packed"
+
+
+def test_the_batch_check_agrees_with_the_rules_key_by_key():
+    """The vectorised check (and its all-good fast path) against docs/packed-keys.md section
+    4 spelled out per key, on random flag and tag mutations."""
+    rng = np.random.default_rng(8)
+    d, n = 11, 4
+    keys = [generate_packed_keys(d, t)[t % 2] for t in range(5)]
+    good = np.frombuffer(b"".join(k.to_bytes() for k in keys), np.uint8).reshape(5, -1)
+    flag_bytes = [16, 17, 19] + [20 + 18 * i + 16 + j for i in range(n) for j in (0, 1)]
+
+    def breaks_a_rule(row: np.ndarray) -> bool:
+        root_t, party, tag = int(row[16]), int(row[17]), int(row[19])
+        levels = [int(row[20 + 18 * i + 16 + j]) for i in range(n) for j in (0, 1)]
+        return (tag != 2 or party > 1 or root_t > 1 or root_t != party
+                or any(x > 1 for x in levels))
+
+    assert packed.malformed_packed(good.copy()) is None
+    for _ in range(300):
+        rows = good.copy()
+        for _ in range(int(rng.integers(1, 3))):
+            rows[rng.integers(5), flag_bytes[rng.integers(len(flag_bytes))]] = rng.choice(
+                [0, 1, 2, 255])
+        bad = [i for i in range(5) if breaks_a_rule(rows[i])]
+        found = packed.malformed_packed(rows)
+        assert (found is None) == (not bad)
+        if bad:
+            assert found[0] == bad[0]
