@@ -141,8 +141,11 @@ _LENGTHS = {KEY_FORMAT_V1: key_length, KEY_FORMAT_PACKED: packed_key_length}
 
 def _key_format(raw: bytes, where: str, formats: Sequence[str]) -> str:
     """The format a key's length names (docs/packed-keys.md section 4), if this server takes
-    it; a length of neither format is judged as v1's (the reference's messages)."""
-    fmt = key_format_of(len(raw)) or KEY_FORMAT_V1
+    it; a length of neither format, or shorter than any packed key, is judged as v1's (the
+    reference's messages)."""
+    fmt = KEY_FORMAT_V1
+    if len(raw) >= packed_key_length(MIN_DOMAIN_BITS):
+        fmt = key_format_of(len(raw)) or KEY_FORMAT_V1
     if fmt not in formats:
         raise WireError(400, ErrorCode.BAD_KEY,
                         f"{where}: this server does not take {fmt} keys (it takes "

@@ -14,6 +14,7 @@ from _party_world import NUM_PAGES, ReplicaSet, cfg_for, start_replica
 
 from morphogen import engine
 from morphogen.engine.base import KeyFormatUnsupported
+from morphogen.party import wire
 from morphogen.party.epoch import ShardState
 from morphogen.party.router import Party
 from morphogen.protocol import dpf
@@ -182,3 +183,12 @@ def test_an_engine_without_packed_kernels_refuses_packed_batches(tmp_path):
     with pytest.raises(KeyFormatUnsupported, match="gpu engine does not scan packed"):
         state.scan(batch)
     state.scan([dpf.generate_keys(6, 1)[0]])  # v1 keys still scan
+
+
+def test_short_keys_get_the_reference_messages_on_any_server():
+    for formats in (("v1",), ("v1", "packed")):
+        for raw in (b"", bytes(18)):
+            with pytest.raises(WireError) as err:
+                wire.validate_queries([[raw] * 3], wire.MSGPACK, domain_bits=7, max_queries=4,
+                                      key_formats=formats)
+            assert err.value.status == 400 and "too short" in err.value.message
