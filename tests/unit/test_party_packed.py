@@ -14,9 +14,12 @@ from _party_world import NUM_PAGES, ReplicaSet, cfg_for, start_replica
 
 from morphogen import engine
 from morphogen.engine.base import KeyFormatUnsupported
+from morphogen.party import shard as shard_module
 from morphogen.party import wire
 from morphogen.party.epoch import ShardState
+from morphogen.party.replica import ShardReplica
 from morphogen.party.router import Party
+from morphogen.party.shard import ShardCore
 from morphogen.protocol import dpf
 from morphogen.protocol.changes import ChangeBatch, PageUpdate
 from morphogen.protocol.codec import ErrorCode, WireError
@@ -192,3 +195,25 @@ def test_short_keys_get_the_reference_messages_on_any_server():
                 wire.validate_queries([[raw] * 3], wire.MSGPACK, domain_bits=7, max_queries=4,
                                       key_formats=formats)
             assert err.value.status == 400 and "too short" in err.value.message
+
+
+def test_a_replica_on_a_v1_only_engine_says_so_and_answers_400(tmp_path, monkeypatch):
+    class V1Only:  # the GPU engine today: it names no formats
+        name = "gpu"
+
+        def __init__(self, inner):
+            self._inner = inner
+
+        def load(self, pages, first_page=0):
+            return self._inner.load(pages, first_page)
+
+    cpu = engine.create("cpu")
+    monkeypatch.setattr(shard_module.engines, "create", lambda name, **kw: V1Only(cpu))
+    build_synthetic(tmp_path / "s", 64, seed=1, epoch_id=1, progress=False)
+    core = ShardCore.open(Snapshot.open(tmp_path / "s"), 0, 1, "gpu")
+    replica = ShardReplica(core, None)
+    assert asyncio.run(replica.info())["key_formats"] == ["v1"]
+    batch = PackedKeyBatch.from_keys([generate_packed_keys(6, 1)[0]])
+    with pytest.raises(WireError) as err:
+        asyncio.run(replica.scan(batch))
+    assert err.value.status == 400 and "does not scan packed keys" in err.value.message
