@@ -15,8 +15,9 @@ does not depend on the keys' bits either.
 
 With many keys (`many_keys` and more) the eight pages are first combined into two tables of
 the 16 XORs of each half (the method of Four Russians: 22 page XORs a group, once), and each
-key then XORs in two table rows: three loads a word a key instead of nine. Measured (2 cores,
-16 k pages): 96 keys 1.5x the eight-page pass, 48 keys 1.9x, 24 even, 3 keys 0.6x.
+key then XORs in two table rows: two ALU ops a word a key instead of sixteen. Measured (one
+core, 16 k pages, against the two-keys-a-pass loop): 48 keys 2.0x, 24 keys 1.4x, 12 even,
+3 keys 0.5x; hence `PACKED_TABLE_KEYS` (cpu.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ DEFAULT_TILE_PAGES = 512
 PACKED_TILE_PAGES = 1024
 # From this many keys a call, packed scans combine each eight pages into tables first
 # (`_cpu_packed_kernel`): slower for a few keys, up to twice as fast for a full batch.
-PACKED_TABLE_KEYS = 32
+PACKED_TABLE_KEYS = 12
 
 # numba's thread pool is per process and runs one parallel region at a time (its default
 # workqueue layer aborts on concurrent entry), so every CPU scan in the process takes turns.
