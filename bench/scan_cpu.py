@@ -6,7 +6,9 @@ For each key format named (v1: PROTOCOL.md's keys; packed: docs/packed-keys.md),
 run and against the same bandwidth figure, writes bench/results/scan_cpu_<format>.csv (and a
 .png) and prints the ratios the targets speak of: Q=1 (3 keys) matrix bytes/time vs bandwidth,
 Q=8 keys x matrix bytes/time vs bandwidth and vs Q=1's, and eval_range outputs per second on
-one core.
+one core. `--threads N` runs the engine on N threads (default: numba's, the machine's cores)
+and names the files scan_cpu_<format>_t<N>.csv: on a machine shared with other work, a
+2-thread call waits for its slower thread, where one thread shows what the kernel does.
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--queries", default=",".join(map(str, QUERIES)))
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="engine threads (default: numba's)")
     ap.add_argument("--key-format", default="v1,packed",
                     help="comma-separated key formats to run (v1, packed)")
     args = ap.parse_args()
@@ -82,10 +86,11 @@ def main() -> None:
     er = measure_eval_range(args.runs)
     print(f"eval_range: {er / 1e6:.1f} M outputs/s on one core (target >= 50)")
 
-    shard = engine.create("cpu").load(pages)
+    shard = engine.create("cpu", threads=args.threads).load(pages)
+    suffix = "" if args.threads is None else f"_t{args.threads}"
     for fmt in formats:
         rows = _run_format(fmt, shard, pages, d, queries, args.runs, bw, bw_par, er)
-        _report(fmt, rows, args.out, args.matrix_mib)
+        _report(fmt + suffix, rows, args.out, args.matrix_mib)
 
 
 def _batch(fmt: str, d: int, targets: list[int]):
