@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from morphogen import engine as engines
-from morphogen.constants import PAGE_SIZE
+from morphogen.constants import KEY_FORMAT_PACKED, PAGE_SIZE
 from morphogen.party.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
 from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import Change, ChangeBatch
@@ -78,6 +78,13 @@ class ShardCore:
         self._probe_batch = KeyBatch.from_keys([key])
         self._probe_expected = np.bitwise_and(page.reshape(-1), np.tile(mask, PAGE_SIZE // 16))
         self._probe = self.engine.load(page, first_page=first_page)
+        # and where the engine scans packed keys, both keys of a pair for that page: one
+        # selects it and the other not (the plain-Python leaf walk says which)
+        self._packed_probe: tuple[PackedKeyBatch, np.ndarray] | None = None
+        if KEY_FORMAT_PACKED in engines.key_formats(self.engine):
+            pair = generate_packed_keys(int(snapshot.domain_bits), first_page)
+            want = np.stack([page.reshape(-1) * np.uint8(k.eval(first_page)) for k in pair])
+            self._packed_probe = PackedKeyBatch.from_keys(list(pair)), want
 
     @classmethod
     def open(
@@ -278,7 +285,11 @@ class ShardCore:
     def self_test(self) -> None:
         """Raise unless the engine computes the known one-page answer."""
         got = np.asarray(self._probe.scan(self._probe_batch)).reshape(-1)
-        if not np.array_equal(got, self._probe_expected):
+        packed_ok = True
+        if self._packed_probe is not None:
+            batch, want = self._packed_probe
+            packed_ok = np.array_equal(np.asarray(self._probe.scan(batch)), want)
+        if not np.array_equal(got, self._probe_expected) or not packed_ok:
             raise RuntimeError("engine self-test gave a wrong accumulator")
 
     def close(self) -> None:

@@ -217,3 +217,19 @@ def test_a_replica_on_a_v1_only_engine_says_so_and_answers_400(tmp_path, monkeyp
     with pytest.raises(WireError) as err:
         asyncio.run(replica.scan(batch))
     assert err.value.status == 400 and "does not scan packed keys" in err.value.message
+
+
+def test_the_self_test_checks_packed_answers_where_the_engine_scans_them(tmp_path):
+    build_synthetic(tmp_path / "s", 64, seed=1, epoch_id=1, progress=False)
+    core = ShardCore.open(Snapshot.open(tmp_path / "s"), 1, 2, "cpu")
+    core.self_test()
+    real = core._probe
+
+    class WrongPacked:  # right on v1 keys, zeros for packed ones
+        def scan(self, batch):
+            got = real.scan(batch)
+            return np.zeros_like(got) if isinstance(batch, PackedKeyBatch) else got
+
+    core._probe = WrongPacked()
+    with pytest.raises(RuntimeError, match="self-test"):
+        core.self_test()
