@@ -1,6 +1,8 @@
 """Scan engines: one contract (`base.py`), several backends giving identical bytes.
 
-- `reference`: NumPy, the oracle; `cpu`: numba, a fused DPF-expand and AND-XOR pass;
+- `reference`: NumPy, the oracle; `cpu`: numba, a fused DPF-expand and AND-XOR pass (v1 keys)
+  or leaf expansion and conditional page XORs (packed keys, `_cpu_packed_kernel`); an engine's
+  `key_formats` names the formats it scans (`key_formats()`: v1 alone when it names none);
 - `gpu`: CuPy over two CUDA kernels, `sliced` (tensor cores over bit-sliced pages, the default)
   and `fused` (integer AND-XOR): `gpu.py` drives them, `gpu_kernels`/`gpu_plan`/`sliced` plan
   and compile, `gpu_pool` lends the workspaces, `nvcc_check` holds the kernels to a clean
