@@ -22,7 +22,11 @@ client's verification time.
     python bench/keyword_lookup.py          # 1 M records, 20 s per HTTP measurement
     python bench/keyword_lookup.py --quick  # 100 k records, short measurements
     python bench/keyword_lookup.py --parts verify http --http-records 50000 --seconds 12
-Results: bench/results/keyword.json
+    python bench/keyword_lookup.py --parts http --key-format v1 packed \
+        --out bench/results/keyword_http_v1_packed.json
+Results: bench/results/keyword.json. With several `--key-format`s (v1: PROTOCOL.md's keys,
+packed: docs/packed-keys.md), each HTTP figure is measured for each format in the same run,
+interleaved, on the same parties (the client made to use that format).
 """
 
 from __future__ import annotations
@@ -170,7 +174,7 @@ def _rate(fn, seconds: float) -> tuple[float, int]:
 
 
 def http_rates(sizes: list[int], seconds: float, per_request: list[int],
-               whole_level_pages: int) -> dict:
+               whole_level_pages: int, formats: list[str]) -> dict:
     from _common import serve_two_parties
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from ray import serve
@@ -194,44 +198,65 @@ def http_rates(sizes: list[int], seconds: float, per_request: list[int],
             keys = sorted(accounts)
             serve_two_parties(cluster, snapshot, work, admin=False)
             out[f"records_{n}"] = _http_pair(cluster, key, accounts, keys, num_pages, rng,
-                                             seconds, per_request, whole_level_pages)
+                                             seconds, per_request, whole_level_pages, formats)
             for name in ("a", "b"):
                 serve.delete(name)
     return out
 
 
 def _http_pair(cluster, key, accounts: dict, keys: list, num_pages: int, rng: random.Random,
-               seconds: float, per_request: list[int], whole_level_pages: int) -> dict:
+               seconds: float, per_request: list[int], whole_level_pages: int,
+               formats: list[str]) -> dict:
     from morphogen.client import PirClient
     from morphogen.keyword import KeywordClient
 
     out: dict = {"table_pages": num_pages, "table_mib": round(num_pages * 4096 / 2**20, 1),
                  "whole_level_pages": whole_level_pages}
-    with PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack") as pir:
-        kc = KeywordClient(pir, key.public_key(), whole_level_pages=whole_level_pages)
-        kc.descriptor()
+    pirs = {f: PirClient(cluster.app_url("/a"), cluster.app_url("/b"), encoding="msgpack",
+                         key_format="v1" if f == "v1" else "auto") for f in formats}
+    try:
+        kcs = {}
+        for f, pir in pirs.items():
+            if pir.info().key_format() != f and f != "v1":
+                raise SystemExit(f"the parties do not take {f} keys")
+            kcs[f] = KeywordClient(pir, key.public_key(), whole_level_pages=whole_level_pages)
+            kcs[f].descriptor()
         for q_req in per_request:
-            def pages_fn(q=q_req) -> int:
-                pir.get([rng.randrange(num_pages) for _ in range(3 * q)])
+            def pages_fn(f: str, q=q_req) -> int:
+                pirs[f].get([rng.randrange(num_pages) for _ in range(3 * q)])
                 return q
 
-            def lookups_fn(q=q_req) -> int:
+            def lookups_fn(f: str, q=q_req) -> int:
                 wanted = rng.sample(keys, q)
-                got = kc.get_many(wanted)
+                got = kcs[f].get_many(wanted)
                 assert got == [accounts[k] for k in wanted]
                 return q
 
-            # interleaved halves: drift on a shared machine hits both sides alike
-            page_rates, lookup_rates = [], []
+            # interleaved thirds, formats in turn: drift on a shared machine hits all alike
+            page_rates: dict = {f: [] for f in formats}
+            lookup_rates: dict = {f: [] for f in formats}
             for _ in range(3):
-                page_rates.append(_rate(pages_fn, seconds / 6)[0])
-                lookup_rates.append(_rate(lookups_fn, seconds / 6)[0])
-            pr, lr = statistics.median(page_rates), statistics.median(lookup_rates)
-            out[f"queries_per_request_{q_req}"] = {
-                "page_queries_per_s": round(pr, 1), "lookups_per_s": round(lr, 1),
-                "ratio": round(lr / pr, 3)}
-            _log(f"[bench] {num_pages} pages, {q_req} per request: {lr:.1f} "
-                 f"lookups/s against {pr:.1f} page queries/s: {lr / pr:.2f}")
+                for f in formats:
+                    page_rates[f].append(_rate(lambda f=f: pages_fn(f), seconds / 6)[0])
+                    lookup_rates[f].append(_rate(lambda f=f: lookups_fn(f), seconds / 6)[0])
+            for f in formats:
+                pr = statistics.median(page_rates[f])
+                lr = statistics.median(lookup_rates[f])
+                name = f"queries_per_request_{q_req}"
+                if len(formats) > 1:
+                    name += f"_{f}"
+                out[name] = {"key_format": f, "page_queries_per_s": round(pr, 1),
+                             "lookups_per_s": round(lr, 1), "ratio": round(lr / pr, 3)}
+                _log(f"[bench] {num_pages} pages, {q_req} per request, {f} keys: {lr:.1f} "
+                     f"lookups/s against {pr:.1f} page queries/s: {lr / pr:.2f}")
+            if "v1" in formats and "packed" in formats:
+                gain = (statistics.median(lookup_rates["packed"])
+                        / statistics.median(lookup_rates["v1"]))
+                out[f"packed_vs_v1_lookups_{q_req}"] = round(gain, 3)
+                _log(f"[bench] {q_req} per request: packed/v1 lookups/s {gain:.2f}")
+    finally:
+        for pir in pirs.values():
+            pir.close()
     return out
 
 
@@ -252,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                          "privately, a page a candidate)")
     ap.add_argument("--runs", type=int, default=3, help="builds per layout (median)")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--key-format", nargs="+", default=["v1"], choices=["v1", "packed"],
+                    help="key formats the HTTP figures are measured with, in the same run")
     ap.add_argument("--out", default=str(RESULTS / "keyword.json"))
     args = ap.parse_args(argv)
     if args.quick:
@@ -262,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_load": lambda: max_load(args.load_records),
         "verification": lambda: verify_time(300, args.per_request),
         "http": lambda: http_rates(args.http_records, args.seconds, args.per_request,
-                                   args.whole_level_pages),
+                                   args.whole_level_pages, args.key_format),
         "tree_scan": lambda: tree_scan_fraction([50_000, 1_000_000, 100_000_000]),
     }
     result: dict = {"machine": f"{os.cpu_count()} cpus"}

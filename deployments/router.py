@@ -309,6 +309,7 @@ class Router:
                 domain_bits=lay.domain_bits,
                 max_queries=self._cfg.max_batch_queries,
                 tables=lay.table_domains,
+                key_formats=lay.key_formats,
             )
             return parsed, None if parsed.table is None else lay.tables[parsed.table]
 

@@ -52,7 +52,7 @@ from morphogen.client.wire import (
     plan_targets,
     xor_pages,
 )
-from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
+from morphogen.constants import KEY_FORMAT_V1, KEYS_PER_QUERY, MAX_BATCH_QUERIES
 
 T = TypeVar("T")
 
@@ -195,10 +195,14 @@ class ClientCore:
     `info`, replaced whole."""
 
     def __init__(
-        self, retry: RetryPolicy | None = None, max_batch_queries: int | None = None
+        self, retry: RetryPolicy | None = None, max_batch_queries: int | None = None,
+        key_format: str = "auto",
     ) -> None:
+        if key_format not in ("auto", KEY_FORMAT_V1):
+            raise ValueError(f"key_format is 'auto' or 'v1', not {key_format!r}")
         self.retry = retry or RetryPolicy()
         self.max_batch_queries = max_batch_queries
+        self.key_format = key_format  # "auto": packed keys where both parties take them
         self.info: ServerInfo | None = None
 
     def pages_per_request(self, info: ServerInfo) -> int:
@@ -301,7 +305,8 @@ class ClientCore:
         while True:
             size, domain = info.shape(table)
             targets = plan_targets(wanted, size)
-            qa, qb = make_keys(targets, domain)
+            fmt = info.key_format(self.key_format)
+            qa, qb = make_keys(targets, domain, fmt)
             try:
                 a, b = yield Send(qa, qb, table)
             except Transient as reason:
@@ -309,6 +314,15 @@ class ClientCore:
                 info = self.info
                 continue
             except PirError as exc:
+                if exc.code == "bad_key" and fmt != KEY_FORMAT_V1:
+                    # a party that stopped taking packed keys (redeployed on shards without
+                    # them): re-read /epoch once; refused again under the same formats, raise
+                    refusals += 1
+                    fresh = yield from self._refresh(budget)
+                    if fresh.key_format(self.key_format) == fmt or refusals > 1:
+                        raise exc from None
+                    info = fresh
+                    continue
                 if exc.code != "bad_domain":
                     raise
                 refusals += 1

@@ -3,7 +3,9 @@
 For every wanted page the client makes a DPF key pair, sends one key to server A and the other
 to server B, and XORs the two answers. Pages are packed three per query (a query is exactly
 three keys); the last query is padded with random dummy pages, so every query looks alike to a
-server. Queries go in batches of at most `max_batch_queries` per request.
+server. Queries go in batches of at most `max_batch_queries` per request. `key_format`:
+"auto" (the default) sends packed keys (docs/packed-keys.md) where both parties' /epoch list
+them and the reference's v1 keys otherwise; "v1" always sends v1 keys.
 
 Answers are checked and combined by `morphogen.client.core` (its docstring says what the
 client vouches for, retries and raises); the classes here only do the I/O, over HTTP (sync and
@@ -123,8 +125,9 @@ def _http_pair(cls: Any, urls: tuple[str, str], encoding: str, timeout_s: float,
 
 
 class _Base:
-    def __init__(self, *, retry: RetryPolicy | None, max_batch_queries: int | None) -> None:
-        self._core = ClientCore(retry, max_batch_queries)
+    def __init__(self, *, retry: RetryPolicy | None, max_batch_queries: int | None,
+                 key_format: str = "auto") -> None:
+        self._core = ClientCore(retry, max_batch_queries, key_format)
 
     @property
     def retry(self) -> RetryPolicy:
@@ -190,9 +193,11 @@ class PirClient(_Blocking):
         connect_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
         max_batch_queries: int | None = None,
+        key_format: str = "auto",
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        super().__init__(retry=retry, max_batch_queries=max_batch_queries)
+        super().__init__(retry=retry, max_batch_queries=max_batch_queries,
+                         key_format=key_format)
         self.encoding = encoding
         self._http = _http_pair(httpx.Client, (server_a, server_b), encoding, timeout_s,
                                 connect_timeout_s, transport)
@@ -257,9 +262,11 @@ class AsyncPirClient(_Base):
         connect_timeout_s: float = 5.0,
         retry: RetryPolicy | None = None,
         max_batch_queries: int | None = None,
+        key_format: str = "auto",
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        super().__init__(retry=retry, max_batch_queries=max_batch_queries)
+        super().__init__(retry=retry, max_batch_queries=max_batch_queries,
+                         key_format=key_format)
         self.encoding = encoding
         self._http = _http_pair(httpx.AsyncClient, (server_a, server_b), encoding, timeout_s,
                                 connect_timeout_s, transport)
@@ -355,8 +362,10 @@ class HandlePirClient(_Blocking):
         timeout_s: float = 60.0,
         retry: RetryPolicy | None = None,
         max_batch_queries: int | None = None,
+        key_format: str = "auto",
     ) -> None:
-        super().__init__(retry=retry, max_batch_queries=max_batch_queries)
+        super().__init__(retry=retry, max_batch_queries=max_batch_queries,
+                         key_format=key_format)
         self._handles = (handle_a, handle_b)
         self.timeout_s = timeout_s
 

@@ -16,7 +16,15 @@ from typing import Any, NamedTuple
 import msgpack
 import numpy as np
 
-from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES, MAX_DOMAIN_BITS, PAGE_SIZE
+from morphogen.constants import (
+    KEY_FORMAT_PACKED,
+    KEY_FORMAT_V1,
+    KEY_FORMATS,
+    KEYS_PER_QUERY,
+    MAX_BATCH_QUERIES,
+    MAX_DOMAIN_BITS,
+    PAGE_SIZE,
+)
 from morphogen.protocol.codec import (
     BATCH_PATH,
     JSON_TYPE,
@@ -27,6 +35,7 @@ from morphogen.protocol.codec import (
     to_hex,
 )
 from morphogen.protocol.dpf import generate_keys
+from morphogen.protocol.packed import generate_packed_keys
 
 # What a replica's death, an overloaded party or a restart looks like from outside: retried with
 # fresh keys to both parties (a read is safe to repeat). Serve answers 500 for a request whose
@@ -153,6 +162,15 @@ class ServerInfo:
     epoch_ids: tuple[int, ...] = ()
     identities: tuple[str | None, ...] = ()
     tables: dict[str, TableInfo] = field(default_factory=dict, hash=False)
+    # the key formats both parties take (a server that names none takes v1 only)
+    key_formats: tuple[str, ...] = (KEY_FORMAT_V1,)
+
+    def key_format(self, allowed: str = "auto") -> str:
+        """The format keys are made in: packed where both parties take it and `allowed` is
+        "auto", v1 otherwise."""
+        if allowed == "auto" and KEY_FORMAT_PACKED in self.key_formats:
+            return KEY_FORMAT_PACKED
+        return KEY_FORMAT_V1
 
     def __post_init__(self) -> None:
         if not self.epoch_ids:
@@ -212,15 +230,19 @@ def plan_targets(pages: Sequence[int], num_pages: int) -> list[int]:
 
 
 def make_keys(
-    targets: Sequence[int], domain_bits: int
+    targets: Sequence[int], domain_bits: int, key_format: str = KEY_FORMAT_V1
 ) -> tuple[list[list[bytes]], list[list[bytes]]]:
-    """Fresh key pairs for `targets`, grouped as queries: (queries for A, queries for B)."""
+    """Fresh key pairs for `targets` (of `key_format`: v1 or packed), grouped as queries:
+    (queries for A, queries for B)."""
+    if key_format not in KEY_FORMATS:
+        raise ValueError(f"key format is one of {', '.join(KEY_FORMATS)}, not {key_format!r}")
+    gen = generate_packed_keys if key_format == KEY_FORMAT_PACKED else generate_keys
     qa: list[list[bytes]] = []
     qb: list[list[bytes]] = []
     for i in range(0, len(targets), KEYS_PER_QUERY):
         ka, kb = [], []
         for t in targets[i : i + KEYS_PER_QUERY]:
-            k0, k1 = generate_keys(domain_bits, t)
+            k0, k1 = gen(domain_bits, t)
             ka.append(k0.to_bytes())
             kb.append(k1.to_bytes())
         qa.append(ka)
@@ -312,6 +334,7 @@ def info_from_epoch(doc_a: Any, doc_b: Any) -> ServerInfo:
         epochs = (int(doc_a["epoch_id"]), int(doc_b["epoch_id"]))
         idents = (_identity(doc_a.get("identity")), _identity(doc_b.get("identity")))
         tables_a, tables_b = _tables(doc_a), _tables(doc_b)
+        formats = [set(p.get("key_formats") or (KEY_FORMAT_V1,)) for p in (pa, pb)]
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise PirError(f"malformed /epoch document: {exc}") from None
     if shape_a != shape_b:
@@ -332,8 +355,9 @@ def info_from_epoch(doc_a: Any, doc_b: Any) -> ServerInfo:
         if not (1 <= t.num_pages <= 1 << t.domain_bits and t.domain_bits <= MAX_DOMAIN_BITS
                 and 0 <= t.first_page and t.first_page + t.num_pages <= num_pages):
             raise PirError(f"malformed /epoch document: table {name!r} is {t}")
+    both = tuple(f for f in KEY_FORMATS if f in formats[0] and f in formats[1])
     return ServerInfo(num_pages, domain_bits, epochs[0], max_batch, idents[0], epochs, idents,
-                      tables_a)
+                      tables_a, both or (KEY_FORMAT_V1,))
 
 
 def _tables(doc: Any) -> dict[str, TableInfo]:

@@ -1,6 +1,8 @@
 """Scan engines: one contract (`base.py`), several backends giving identical bytes.
 
-- `reference`: NumPy, the oracle; `cpu`: numba, a fused DPF-expand and AND-XOR pass;
+- `reference`: NumPy, the oracle; `cpu`: numba, a fused DPF-expand and AND-XOR pass (v1 keys)
+  or leaf expansion and conditional page XORs (packed keys, `_cpu_packed_kernel`); an engine's
+  `key_formats` names the formats it scans (`key_formats()`: v1 alone when it names none);
 - `gpu`: CuPy over two CUDA kernels, `sliced` (tensor cores over bit-sliced pages, the default)
   and `fused` (integer AND-XOR): `gpu.py` drives them, `gpu_kernels`/`gpu_plan`/`sliced` plan
   and compile, `gpu_pool` lends the workspaces, `gpu_tables` scans tables at any offset,
@@ -18,7 +20,7 @@ import logging
 from typing import Any
 
 from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
-from morphogen.engine.base import Engine, EngineUnavailable, ShardScanner
+from morphogen.engine.base import Engine, EngineUnavailable, ShardScanner, key_formats
 
 ENGINE_NAMES = ("reference", "cpu", "gpu", "auto")
 # About the longest reason `auto` logs when it falls back (an NVRTC log can run to pages).
@@ -35,6 +37,7 @@ __all__ = [
     "ShardScanner",
     "create",
     "gpu_available",
+    "key_formats",
 ]
 
 

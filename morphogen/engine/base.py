@@ -13,8 +13,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from morphogen.constants import PAGE_SIZE
+from morphogen.constants import KEY_FORMAT_V1, PAGE_SIZE
 from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch
+from morphogen.protocol.packed import PackedKeyBatch, batch_format
 
 
 class EngineUnavailable(RuntimeError):
@@ -47,7 +48,27 @@ def check_pages(pages: np.ndarray) -> np.ndarray:
     return pages
 
 
-def check_domain(batch: KeyBatch, first_page: int, num_pages: int) -> None:
+def key_formats(engine: object) -> tuple[str, ...]:
+    """The key formats `engine` scans: its `key_formats`, v1 alone for an engine that names
+    none (the GPU engine until its kernels learn packed keys)."""
+    return tuple(getattr(engine, "key_formats", (KEY_FORMAT_V1,)))
+
+
+class KeyFormatUnsupported(ValueError):
+    """A batch of a key format the engine does not scan."""
+
+
+def check_format(engine: object, batch: object) -> None:
+    fmt = batch_format(batch)
+    if fmt not in key_formats(engine):
+        name = getattr(engine, "name", type(engine).__name__)
+        raise KeyFormatUnsupported(
+            f"the {name} engine does not scan {fmt} keys (it takes: "
+            f"{', '.join(key_formats(engine))})"
+        )
+
+
+def check_domain(batch: KeyBatch | PackedKeyBatch, first_page: int, num_pages: int) -> None:
     """Every page of the shard must be inside the keys' domain (no aliasing, PROTOCOL.md 7)."""
     if first_page + num_pages > (1 << batch.domain_bits):
         raise DomainError(

@@ -1,4 +1,6 @@
-"""The fast CPU engine: numba, multi-threaded, one fused pass over the pages per call."""
+"""The fast CPU engine: numba, multi-threaded, one fused pass over the pages per call, for v1
+keys (`_cpu_kernel`: DPF expansion and AND-XOR) and packed keys (`_cpu_packed_kernel`: leaf
+expansion and a conditional XOR of whole pages)."""
 
 from __future__ import annotations
 
@@ -8,13 +10,20 @@ from collections.abc import Sequence
 import numba
 import numpy as np
 
-from morphogen.constants import MAX_KEYS_PER_SCAN, PAGE_SIZE
-from morphogen.engine import _cpu_kernel
+from morphogen.constants import KEY_FORMATS, MAX_KEYS_PER_SCAN, PAGE_SIZE
+from morphogen.engine import _cpu_kernel, _cpu_packed_kernel
 from morphogen.engine.base import check_domain, check_pages
 from morphogen.protocol import _dpf_jit
 from morphogen.protocol.dpf import DpfKey, KeyBatch, as_batch
+from morphogen.protocol.packed import PackedKeyBatch
 
 DEFAULT_TILE_PAGES = 512
+# Pages a packed-key tile covers (a multiple of 128): its leaves are 8 PRG calls a key and
+# the tile's pages are XORed while they are still in L2.
+PACKED_TILE_PAGES = 1024
+# From this many keys a call, packed scans combine each eight pages into tables first
+# (`_cpu_packed_kernel`): slower for a few keys, up to twice as fast for a full batch.
+PACKED_TABLE_KEYS = 12
 
 # numba's thread pool is per process and runs one parallel region at a time (its default
 # workqueue layer aborts on concurrent entry), so every CPU scan in the process takes turns.
@@ -36,6 +45,13 @@ class _Workspace:
         self.sb = np.zeros((workers, 4, leaves), np.uint32)
         self.stb = np.zeros((workers, leaves), np.uint32)
         self.out = np.zeros((max_keys, _cpu_kernel.U64_PER_PAGE), np.uint64)
+        # a tile's leaves, one more than tile/128 for a tile cut by a shard boundary
+        self.leaves = np.zeros(
+            (workers, max_keys, PACKED_TILE_PAGES // _cpu_packed_kernel.LEAF_PAGES + 1, 4),
+            np.uint32,
+        )
+        self.leaves64 = self.leaves.view(np.uint64)
+        self.tables = np.zeros((workers, 2, 16, _cpu_kernel.U64_PER_PAGE), np.uint64)
 
 
 class CpuShard:
@@ -49,8 +65,8 @@ class CpuShard:
         self.first_page = int(first_page)
         self._engine = engine
 
-    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> np.ndarray:
-        batch = as_batch(keys)
+    def scan(self, keys: Sequence[DpfKey] | KeyBatch | PackedKeyBatch) -> np.ndarray:
+        batch = keys if isinstance(keys, PackedKeyBatch) else as_batch(keys)
         check_domain(batch, self.first_page, self.num_pages)
         result = np.empty((len(batch), PAGE_SIZE), np.uint8)
         step = self._engine.max_keys
@@ -59,7 +75,7 @@ class CpuShard:
             result[start:stop] = self._scan_chunk(batch.select(start, stop))
         return result
 
-    def _scan_chunk(self, b: KeyBatch) -> np.ndarray:
+    def _scan_chunk(self, b: KeyBatch | PackedKeyBatch) -> np.ndarray:
         eng = self._engine
         k = len(b)
         with eng.lock:
@@ -67,6 +83,14 @@ class CpuShard:
             prev = numba.get_num_threads()
             numba.set_num_threads(eng.threads)
             try:
+                if isinstance(b, PackedKeyBatch):
+                    _cpu_packed_kernel.scan_packed(
+                        self._pages, self.first_page, b.levels,
+                        b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw,
+                        PACKED_TILE_PAGES, ws.acc, ws.leaves, ws.leaves64,
+                        ws.sa, ws.sta, ws.sb, ws.stb, ws.out, ws.tables, eng.packed_table_keys,
+                    )
+                    return ws.out[:k].view(np.uint8).copy()
                 _cpu_kernel.scan_pages(
                     self._pages, self.first_page, b.domain_bits,
                     b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw,
@@ -83,12 +107,14 @@ class CpuShard:
 
 class CpuEngine:
     name = "cpu"
+    key_formats = KEY_FORMATS
 
     def __init__(
         self,
         threads: int | None = None,
         tile_pages: int = DEFAULT_TILE_PAGES,
         max_keys: int = MAX_KEYS_PER_SCAN,
+        packed_table_keys: int = PACKED_TABLE_KEYS,
     ) -> None:
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads or limit), limit))
@@ -101,6 +127,7 @@ class CpuEngine:
             raise ValueError("max_keys must be at least 1")
         self.tile_pages = tile_pages
         self.max_keys = max_keys
+        self.packed_table_keys = max(1, int(packed_table_keys))
         # Scanners loaded from one engine share its workspace (they take turns on the pool
         # anyway): a shard split into many copy-on-write segments must not multiply buffers.
         self.lock = _POOL_LOCK

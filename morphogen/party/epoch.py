@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.engine.base import Engine, check_domain
+from morphogen.engine.base import Engine, check_domain, check_format
 from morphogen.engine.gpu_writes import ScanGate
 from morphogen.party.device_fold import (
     commit_rotation,
@@ -46,8 +46,9 @@ from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
 from morphogen.protocol.changes import Change, ChangeBatch, PageUpdate, PageWrite
-from morphogen.protocol.dpf import DomainError, DpfKey, KeyBatch, as_batch
+from morphogen.protocol.dpf import DomainError, DpfKey, as_batch
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import AnyBatch, PackedKeyBatch
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.tables import advertised
 
@@ -118,7 +119,7 @@ class ShardState:
     def identity(self) -> EpochIdentity:
         return self.current.identity
 
-    def scan(self, keys: Sequence[DpfKey] | KeyBatch,
+    def scan(self, keys: Sequence[DpfKey] | AnyBatch,
              table: TableSlice | None = None) -> tuple[EpochIdentity, np.ndarray]:
         """`(identity, partials)`: every key over this shard's pages (of `table` only, when
         given), all on the version that was current when the scan started (held by a lease
@@ -127,11 +128,12 @@ class ShardState:
         return identity, acc
 
     def scan_timed(
-        self, keys: Sequence[DpfKey] | KeyBatch, table: TableSlice | None = None
+        self, keys: Sequence[DpfKey] | AnyBatch, table: TableSlice | None = None
     ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
         """`scan` plus its seconds by phase (Version.scan_timed); with `table`, of this
         shard's pages inside that table only, the keys in the table's domain."""
-        batch = as_batch(keys)
+        batch = keys if isinstance(keys, PackedKeyBatch) else as_batch(keys)
+        check_format(self._engine, batch)  # an engine without packed kernels refuses them
         if self._broken is not None:
             raise RuntimeError("the device copy is undefined after a failed write; this shard "
                                "must be replaced") from self._broken

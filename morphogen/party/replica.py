@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from morphogen.engine.base import KeyFormatUnsupported
 from morphogen.party.epoch import EpochError
 from morphogen.party.observe import NullObserver, Observer
 from morphogen.party.redact import reason
@@ -43,8 +44,9 @@ from morphogen.party.shard import ShardCore
 from morphogen.party.tables import TableMoved, TableSlice
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
-from morphogen.protocol.dpf import DomainError, KeyBatch
+from morphogen.protocol.dpf import DomainError
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import AnyBatch
 from morphogen.publication.log import EpochLog, LogState
 from morphogen.publication.records import EpochLogUnreachable
 from morphogen.storage.failures import ride_out
@@ -134,7 +136,7 @@ class ShardReplica:
 
     # ------------------------------------------------------------------ queries
 
-    async def scan(self, batch: KeyBatch, want: EpochIdentity | None = None,
+    async def scan(self, batch: AnyBatch, want: EpochIdentity | None = None,
                    table: TableSlice | None = None) -> tuple[EpochIdentity, bytes]:
         """`(identity, K * 4096 bytes)`: partial accumulators of every key over this shard's
         pages (with `table`, its pages inside that table), all computed on the one epoch
@@ -152,6 +154,9 @@ class ShardReplica:
             raise WireError(
                 400, ErrorCode.BAD_DOMAIN, f"{exc} (the snapshot changed; see GET /epoch)"
             ) from None
+        except KeyFormatUnsupported as exc:
+            # a replica whose engine lacks the format (the layout read another's): refused
+            raise WireError(400, ErrorCode.BAD_KEY, f"{exc} (see GET /epoch)") from None
         except TableMoved as exc:
             # the router planned with a layout a rotation replaced: it re-reads and retries
             raise unavailable(f"shard {self.core.index}: {exc}", self._retry_after) from None

@@ -36,8 +36,9 @@ from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
 from morphogen.party.tables import TableKeys, TableSlice, shard_slices
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
-from morphogen.protocol.dpf import DomainError, KeyBatch
+from morphogen.protocol.dpf import DomainError, KeyFormatError
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import AnyBatch, concat_batches
 from morphogen.publication.log import EpochLog
 from morphogen.snapshot.tables import Table, advertised
 
@@ -194,7 +195,7 @@ class Party:
 
     # ------------------------------------------------------------------ queries
 
-    async def _call_shard(self, shard: ShardLink, batch: KeyBatch,
+    async def _call_shard(self, shard: ShardLink, batch: AnyBatch,
                           part: TableSlice | None = None) -> tuple[EpochIdentity, Any]:
         try:
             if part is None:
@@ -211,8 +212,8 @@ class Party:
         keys of `requests` (a coalesced group, all of one table), XORed under one identity."""
         table = requests[0].table
         try:
-            batch = KeyBatch.concat([r.keys for r in requests])
-        except DomainError:
+            batch = concat_batches([r.keys for r in requests])
+        except (DomainError, KeyFormatError):
             # requests validated on both sides of a domain-changing rotation met in one group
             raise self.unavailable("the snapshot is changing, retry") from None
         self.observer.coalesced(len(batch))
@@ -252,7 +253,7 @@ class Party:
         self._note_identity(identity)
         return identity, acc
 
-    async def answer(self, keys: KeyBatch,
+    async def answer(self, keys: AnyBatch,
                      table: Table | None = None) -> tuple[EpochIdentity, Any]:
         """The accumulators of one request's validated keys (`wire.validate_queries`), over
         the whole matrix or over `table`."""
@@ -280,10 +281,11 @@ class Party:
 
     async def _handle_query(self, queries: list[list[bytes]], table: str | None, *,
                             batch: bool, max_queries: int) -> dict[str, Any]:
-        def parse(layout: Layout) -> tuple[KeyBatch, Table | None]:
+        def parse(layout: Layout) -> tuple[AnyBatch, Table | None]:
             d = wire.table_domain(table, layout.domain_bits, layout.table_domains)
             keys = wire.handle_queries(queries, domain_bits=d, max_queries=max_queries,
-                                       batch=batch, table=table)
+                                       batch=batch, table=table,
+                                       key_formats=layout.key_formats)
             return keys, None if table is None else layout.tables[table]
 
         keys, resolved = await self.validated(parse)
@@ -336,6 +338,8 @@ class Party:
                 "keys_per_query": KEYS_PER_QUERY,
                 "max_batch_queries": cfg.max_batch_queries,
                 "num_shards": layout.num_shards,
+                # the key formats every shard scans (docs/packed-keys.md)
+                "key_formats": list(layout.key_formats),
             },
             # this project's named tables: page ranges queried with a "table" field
             "tables": advertised(layout.tables.values()),

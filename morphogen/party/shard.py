@@ -15,12 +15,18 @@ from typing import Any
 import numpy as np
 
 from morphogen import engine as engines
-from morphogen.constants import PAGE_SIZE
+from morphogen.constants import KEY_FORMAT_PACKED, PAGE_SIZE
 from morphogen.party.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, ShardState
 from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import Change, ChangeBatch
 from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import (
+    AnyBatch,
+    PackedKeyBatch,
+    generate_packed_keys,
+    masks_at,
+)
 from morphogen.publication.log import EpochLog, EpochLogError, LogEntry
 from morphogen.snapshot.layout import shard_ranges
 from morphogen.snapshot.manifest import SnapshotError
@@ -72,6 +78,13 @@ class ShardCore:
         self._probe_batch = KeyBatch.from_keys([key])
         self._probe_expected = np.bitwise_and(page.reshape(-1), np.tile(mask, PAGE_SIZE // 16))
         self._probe = self.engine.load(page, first_page=first_page)
+        # and where the engine scans packed keys, both keys of a pair for that page: one
+        # selects it and the other not (the plain-Python leaf walk says which)
+        self._packed_probe: tuple[PackedKeyBatch, np.ndarray] | None = None
+        if KEY_FORMAT_PACKED in engines.key_formats(self.engine):
+            pair = generate_packed_keys(int(snapshot.domain_bits), first_page)
+            want = np.stack([page.reshape(-1) * np.uint8(k.eval(first_page)) for k in pair])
+            self._packed_probe = PackedKeyBatch.from_keys(list(pair)), want
 
     @classmethod
     def open(
@@ -116,7 +129,7 @@ class ShardCore:
     def engine_name(self) -> str:
         return str(self.engine.name)
 
-    def scan(self, batch: KeyBatch,
+    def scan(self, batch: AnyBatch,
              table: TableSlice | None = None) -> tuple[EpochIdentity, np.ndarray]:
         """`(identity, (K, 4096) partial accumulators)` of every key over this shard's pages
         (with `table`: its pages inside that table), all of one epoch (the version current
@@ -124,7 +137,7 @@ class ShardCore:
         identity, acc, _ = self.scan_timed(batch, table)
         return identity, acc
 
-    def scan_timed(self, batch: KeyBatch, table: TableSlice | None = None
+    def scan_timed(self, batch: AnyBatch, table: TableSlice | None = None
                    ) -> tuple[EpochIdentity, np.ndarray, dict[str, float]]:
         """`scan` plus its seconds by phase (device phases from a GPU engine)."""
         identity, acc, phases = self.state.scan_timed(batch, table)
@@ -265,13 +278,18 @@ class ShardCore:
 
     def info(self) -> dict[str, Any]:
         out = self.state.info()
-        out.update(shard=self.index, num_shards=self.num_shards, engine=self.engine_name)
+        out.update(shard=self.index, num_shards=self.num_shards, engine=self.engine_name,
+                   key_formats=list(engines.key_formats(self.engine)))
         return out
 
     def self_test(self) -> None:
         """Raise unless the engine computes the known one-page answer."""
         got = np.asarray(self._probe.scan(self._probe_batch)).reshape(-1)
-        if not np.array_equal(got, self._probe_expected):
+        packed_ok = True
+        if self._packed_probe is not None:
+            batch, want = self._packed_probe
+            packed_ok = np.array_equal(np.asarray(self._probe.scan(batch)), want)
+        if not np.array_equal(got, self._probe_expected) or not packed_ok:
             raise RuntimeError("engine self-test gave a wrong accumulator")
 
     def close(self) -> None:
@@ -290,6 +308,12 @@ def warm_up(snapshot: Snapshot, engine_name: str, engine_options: dict[str, Any]
         batch = KeyBatch.from_keys(keys)
         core.scan(batch)
         eval_points(batch, np.zeros(1, np.int64))  # the pending-update path's kernel
+        if "packed" in engines.key_formats(core.engine):
+            packed = PackedKeyBatch.from_keys(
+                [generate_packed_keys(core.domain_bits, i % core.stop_page)[0]
+                 for i in range(3)])
+            core.scan(packed)
+            masks_at(packed, np.zeros(1, np.int64))
         return core.engine_name
     finally:
         core.close()

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Any, Protocol
 
+from morphogen.constants import KEY_FORMAT_V1, KEY_FORMATS
 from morphogen.party.combine import ShardFailure
 from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import ChangeBatch
-from morphogen.protocol.dpf import KeyBatch
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import AnyBatch
 from morphogen.snapshot.tables import Table
 
 
@@ -23,7 +24,7 @@ class ShardLink(Protocol):
     """One shard deployment as the party calls it (deployments/shard.py's methods)."""
 
     def scan(
-        self, batch: KeyBatch, want: EpochIdentity | None, table: TableSlice | None = None
+        self, batch: AnyBatch, want: EpochIdentity | None, table: TableSlice | None = None
     ) -> Awaitable[tuple[EpochIdentity, Any]]: ...
     def info(self) -> Awaitable[dict[str, Any]]: ...
     # the publication steps reach every replica of the shard
@@ -66,6 +67,10 @@ class Layout:
         self.checksum: str | None = first.get("checksum")
         self.identities = {i["identity"] for i in infos}
         self.epoch_id: int = max(int(i["epoch_id"]) for i in infos)
+        # the formats every shard scans (a shard naming none is one of before packed keys)
+        taken = [set(i.get("key_formats") or (KEY_FORMAT_V1,)) for i in infos]
+        self.key_formats: tuple[str, ...] = tuple(
+            f for f in KEY_FORMATS if all(f in t for t in taken))
 
     @property
     def table_domains(self) -> dict[str, int]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from morphogen.engine.base import Engine, ShardScanner
-from morphogen.protocol.dpf import KeyBatch
+from morphogen.protocol.packed import AnyBatch, batch_format
 from morphogen.snapshot.manifest import Manifest
 from morphogen.snapshot.tables import Table
 
@@ -32,15 +32,16 @@ class TableKeys:
     """One request's validated keys and the table they are of (None: the whole matrix), as
     the router's coalescer holds them."""
 
-    keys: KeyBatch
+    keys: AnyBatch
     table: Table | None
 
     def __len__(self) -> int:
         return len(self.keys)
 
     def group(self) -> Hashable:
-        """What requests sharing one scan must agree on: the page range and the key domain."""
-        return self.table, self.keys.domain_bits
+        """What requests sharing one scan must agree on: the page range, the key domain and
+        the key format (a batch never mixes formats)."""
+        return self.table, self.keys.domain_bits, batch_format(self.keys)
 
 
 class TableMoved(RuntimeError):

@@ -22,8 +22,8 @@ from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import ShardScanner
 from morphogen.party.tables import Loader, SubScanners, TableSlice
 from morphogen.protocol.changes import PageUpdate
-from morphogen.protocol.dpf import KeyBatch, eval_points
 from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.packed import AnyBatch, masks_at
 from morphogen.snapshot.reader import Snapshot
 
 # Bytes of the (keys x updates x page) temporary when pending updates are applied to a scan.
@@ -95,10 +95,10 @@ class Version:
         diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
         return pages, diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
 
-    def scan(self, batch: KeyBatch) -> np.ndarray:
+    def scan(self, batch: AnyBatch) -> np.ndarray:
         return self.scan_timed(batch)[0]
 
-    def scan_timed(self, batch: KeyBatch) -> tuple[np.ndarray, dict[str, float]]:
+    def scan_timed(self, batch: AnyBatch) -> tuple[np.ndarray, dict[str, float]]:
         """The answers and seconds by phase: `h2d`, `kernel`, `d2h` from an engine that
         times its device phases, `scan` for the rest, `pending` for the pending updates."""
         acc = np.zeros((len(batch), PAGE_SIZE), np.uint8)
@@ -110,7 +110,7 @@ class Version:
         return acc, phases
 
     def scan_table_timed(
-        self, batch: KeyBatch, part: TableSlice, load: Loader
+        self, batch: AnyBatch, part: TableSlice, load: Loader
     ) -> tuple[np.ndarray, dict[str, float]]:
         """`scan_timed` of this version's pages inside a table only, the keys evaluated at
         `page - table.first_page` (`load` builds a segment's scanner of them, on first use)."""
@@ -134,7 +134,7 @@ class Version:
         return acc, phases
 
 
-def _scan_one(scanner: ShardScanner, batch: KeyBatch, phases: dict[str, float]) -> np.ndarray:
+def _scan_one(scanner: ShardScanner, batch: AnyBatch, phases: dict[str, float]) -> np.ndarray:
     timed = getattr(scanner, "scan_timed", None)
     if timed is not None:
         part, t = timed(batch)
@@ -147,14 +147,15 @@ def _scan_one(scanner: ShardScanner, batch: KeyBatch, phases: dict[str, float]) 
     return part
 
 
-def _apply_pending(acc: np.ndarray, batch: KeyBatch, pages: np.ndarray, diffs: np.ndarray,
+def _apply_pending(acc: np.ndarray, batch: AnyBatch, pages: np.ndarray, diffs: np.ndarray,
                    phases: dict[str, float]) -> None:
     """XOR into `acc` the pending updates' diffs at DPF indices `pages`."""
     if not len(pages):
         return
     start = time.perf_counter()
     # the same work for every key whatever its target: all pending pages, every key
-    masks = eval_points(batch, pages)  # (K, U, 16)
+    # (K, U, 16): a packed key's bit as ff*16 or 00*16, the same XOR as its scan's
+    masks = masks_at(batch, pages)
     k = len(batch)
     step = max(1, _PENDING_STEP_BYTES // (k * PAGE_SIZE))
     for j0 in range(0, len(pages), step):

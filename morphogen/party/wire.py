@@ -19,11 +19,15 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, StrictBytes, StrictStr, ValidationError
 
 from morphogen.constants import (
+    KEY_FORMAT_PACKED,
+    KEY_FORMAT_V1,
     KEYS_PER_QUERY,
     MAX_DOMAIN_BITS,
     MIN_DOMAIN_BITS,
     PAGE_SIZE,
+    key_format_of,
     key_length,
+    packed_key_length,
 )
 from morphogen.protocol.codec import (
     JSON_TYPE,
@@ -35,7 +39,8 @@ from morphogen.protocol.codec import (
     is_msgpack,
     media_type,
 )
-from morphogen.protocol.dpf import KeyBatch, KeyFormatError
+from morphogen.protocol.dpf import KeyFormatError
+from morphogen.protocol.packed import AnyBatch, batch_from_rows
 
 JSON = "json"
 MSGPACK = "msgpack"
@@ -76,7 +81,7 @@ class _BinBatch(BaseModel):
 class ParsedQueries:
     """The validated keys of one request, query after query (KEYS_PER_QUERY each)."""
 
-    keys: KeyBatch
+    keys: AnyBatch  # a KeyBatch or a PackedKeyBatch: one format a request
     encoding: str  # JSON or MSGPACK: how the request came
     table: str | None = None  # the table named, None for the whole matrix
 
@@ -131,7 +136,25 @@ def decode_body(body: bytes, encoding: str) -> Any:
         raise WireError(400, ErrorCode.BAD_REQUEST, f"request body is not valid {what}") from None
 
 
-def _check_key_size(raw: bytes, domain_bits: int, where: str, table: str | None) -> None:
+_LENGTHS = {KEY_FORMAT_V1: key_length, KEY_FORMAT_PACKED: packed_key_length}
+
+
+def _key_format(raw: bytes, where: str, formats: Sequence[str]) -> str:
+    """The format a key's length names (docs/packed-keys.md section 4), if this server takes
+    it; a length of neither format, or shorter than any packed key, is judged as v1's (the
+    reference's messages)."""
+    fmt = KEY_FORMAT_V1
+    if len(raw) >= packed_key_length(MIN_DOMAIN_BITS):
+        fmt = key_format_of(len(raw)) or KEY_FORMAT_V1
+    if fmt not in formats:
+        raise WireError(400, ErrorCode.BAD_KEY,
+                        f"{where}: this server does not take {fmt} keys (it takes "
+                        f"{', '.join(formats)}; see GET /epoch page_pir.key_formats)")
+    return fmt
+
+
+def _check_key_size(raw: bytes, domain_bits: int, where: str, table: str | None,
+                    fmt: str = KEY_FORMAT_V1) -> None:
     """Length and domain byte of one key (PROTOCOL.md section 4, `d == advertised domain`);
     the flag bytes are checked for the whole request at once (`KeyBatch.from_rows`)."""
     if len(raw) < 19:
@@ -147,11 +170,12 @@ def _check_key_size(raw: bytes, domain_bits: int, where: str, table: str | None)
             + (f"table {table!r} has" if table is not None else "this server's domain is")
             + f" {domain_bits} (see GET /epoch)",
         )
-    if len(raw) != key_length(d):
+    want = _LENGTHS[fmt](d)
+    if len(raw) != want:
         raise WireError(
             400,
             ErrorCode.BAD_KEY,
-            f"{where}: key is {len(raw)} bytes, a key of domain {d} is {key_length(d)}",
+            f"{where}: key is {len(raw)} bytes, a {fmt} key of domain {d} is {want}",
         )
 
 
@@ -174,6 +198,7 @@ def parse_queries(
     domain_bits: int,
     max_queries: int,
     tables: Mapping[str, int] | None = None,
+    key_formats: Sequence[str] = (KEY_FORMAT_V1,),
 ) -> ParsedQueries:
     """Decode, type-check and validate a query or batch body; raises WireError. `tables`
     maps each table's name to its domain: a body naming a table is checked against that,
@@ -194,7 +219,8 @@ def parse_queries(
     domain = table_domain(table, domain_bits, tables or {})
     return ParsedQueries(
         validate_queries(raw_queries, encoding, domain_bits=domain,
-                         max_queries=max_queries, batch=batch, table=table),
+                         max_queries=max_queries, batch=batch, table=table,
+                         key_formats=key_formats),
         encoding,
         table,
     )
@@ -220,9 +246,11 @@ def validate_queries(
     max_queries: int,
     batch: bool = True,
     table: str | None = None,
-) -> KeyBatch:
+    key_formats: Sequence[str] = (KEY_FORMAT_V1,),
+) -> AnyBatch:
     """Counts first (cheap), then every key, into one buffer that becomes the request's
-    `KeyBatch`; nothing is scanned unless all of them pass."""
+    `KeyBatch` (`PackedKeyBatch` for packed keys, which `key_formats` must allow); nothing
+    is scanned unless all of them pass, and a request never mixes formats."""
     n = len(raw_queries)
     if batch and not 1 <= n <= max_queries:
         raise WireError(
@@ -237,15 +265,23 @@ def validate_queries(
                 f"got {len(keys)}",
             )
     raws = []
+    first: str | None = None
     for qi, keys in enumerate(raw_queries):
         for ki, item in enumerate(keys):
             where = _where(qi, ki, batch)
             raw = _key_bytes(item, encoding, where)
-            _check_key_size(raw, domain_bits, where, table)
+            fmt = _key_format(raw, where, key_formats)
+            if first is None:
+                first = fmt
+            elif fmt != first:
+                raise WireError(400, ErrorCode.BAD_KEY,
+                                f"{where}: a {fmt} key in a request of {first} keys "
+                                "(a request never mixes key formats)")
+            _check_key_size(raw, domain_bits, where, table, fmt)
             raws.append(raw)
     rows = np.frombuffer(b"".join(raws), np.uint8).reshape(len(raws), -1)
     try:
-        return KeyBatch.from_rows(rows)  # the batch's arrays are its own copies
+        return batch_from_rows(rows)  # the batch's arrays are its own copies
     except KeyFormatError as exc:
         # the parser's reasons name fields and small flag values, never seeds
         qi, ki = divmod(exc.index, KEYS_PER_QUERY)
@@ -261,8 +297,8 @@ def _where(query: int, key: int | None, batch: bool) -> str:
 
 def handle_queries(
     queries: Sequence[Sequence[bytes]], *, domain_bits: int, max_queries: int, batch: bool,
-    table: str | None = None,
-) -> KeyBatch:
+    table: str | None = None, key_formats: Sequence[str] = (KEY_FORMAT_V1,),
+) -> AnyBatch:
     """Validation for the handle API (raw key bytes from Python drivers); `domain_bits` is
     the domain of `table` (resolved by the caller) or of the whole matrix."""
     if not isinstance(queries, Sequence) or isinstance(queries, bytes | str):
@@ -279,7 +315,7 @@ def handle_queries(
     if table is not None and not isinstance(table, str):
         raise WireError(422, ErrorCode.INVALID_FIELD, "table must be a string")
     return validate_queries(raw, MSGPACK, domain_bits=domain_bits, max_queries=max_queries,
-                            batch=batch, table=table)
+                            batch=batch, table=table, key_formats=key_formats)
 
 
 # --------------------------------------------------------------------------- responses

@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 SEED = 5
 PAGES = 64
+# a replica of a party started (the deploy watch's line), as opposed to serve's own "ready"
+SHARD_READY = r": (shard_\d+|router) on node \w+: ready in "
 
 
 def _snapshot(tmp_path: Path) -> str:
@@ -204,8 +206,10 @@ def test_a_stuck_serve_stops_and_a_second_signal_forces(tmp_path: Path) -> None:
         stuck = CliProcess(args, env, tmp_path / "stuck.log")
         procs.append(stuck)
         stuck.wait_for(r"^\[serve\] deploying")
-        time.sleep(3)
-        assert "ready" not in stuck.output
+        # the replicas that fit start (a shard and the router fit in 2 CPUs); the party never
+        # is: no line of serve's own "ready"
+        stuck.wait_for(SHARD_READY)
+        assert not re.search(r"^ready", stuck.output, re.M), stuck.output
         sent = stuck.signal(signal.SIGINT)
         assert stuck.wait_exit(sent, STOP_BOUND_S + 30) == 0, stuck.output
         _stopped_cleanly(stuck, port)
@@ -213,7 +217,7 @@ def test_a_stuck_serve_stops_and_a_second_signal_forces(tmp_path: Path) -> None:
         forced = CliProcess(args, env, tmp_path / "forced.log")
         procs.append(forced)
         forced.wait_for(r"^\[serve\] deploying")
-        time.sleep(2)
+        forced.wait_for(SHARD_READY)
         sent = forced.signal(signal.SIGINT)
         forced.wait_for(r"SIGINT: stopping", 10)
         forced.signal(signal.SIGINT)

@@ -16,6 +16,7 @@ from morphogen.client import AsyncPirClient, HandlePirClient, PirClient
 from morphogen.protocol.codec import from_hex, to_hex
 from morphogen.protocol.dpf import generate_keys
 
+from . import spec_client
 from .conftest import NUM_PAGES
 
 pytestmark = pytest.mark.ray
@@ -189,3 +190,28 @@ def test_concurrent_requests_are_coalesced(parties) -> None:
     calls = after["calls"] - before["calls"]
     assert submissions == 48
     assert calls < submissions  # merged into fewer shard passes
+
+
+def test_packed_keys_over_http_by_the_spec_client_and_the_project_client(parties, pages) -> None:
+    """docs/packed-keys.md by hand (the spec client's key generation, no project code on the
+    wire), then the project's client, which picks packed keys since both parties list them."""
+    url_a, url_b = parties.app_url("a"), parties.app_url("b")
+    for url in (url_a, url_b):
+        assert httpx.get(url + "/epoch").json()["page_pir"]["key_formats"] == ["v1", "packed"]
+    targets = [0, 639, 128, 127, 5, 300]
+    pairs = [spec_client.packed_keygen(D, t) for t in targets]
+    got = []
+    for i, url in enumerate((url_a, url_b)):
+        body = {"queries": [{"keys": [to_hex(p[i]) for p in pairs[j:j + 3]]}
+                            for j in (0, 3)]}
+        r = _post(url + "/query/page/gpu/batch", json.dumps(body).encode())
+        assert r.status_code == 200, r.text
+        got.append([from_hex(p) for res in r.json()["results"] for p in res["pages"]])
+    assert [_xor(a, b) for a, b in zip(*got, strict=True)] == [pages[t].tobytes()
+                                                               for t in targets]
+    mixed = {"keys": [to_hex(pairs[0][0]), to_hex(_pairs([1])[0][0]), to_hex(pairs[1][0])]}
+    r = _post(url_a + "/query/page/gpu", json.dumps(mixed).encode())
+    assert r.status_code == 400 and "mixes key formats" in r.text
+    with PirClient(url_a, url_b) as client:
+        assert client.info().key_format() == "packed"
+        assert client.get([7, 600]) == [pages[7].tobytes(), pages[600].tobytes()]
