@@ -13,6 +13,16 @@
 #          kernel $KERNEL names (default: the engine's)
 #   big    bench/gpu/reference_scale.py (2^24 pages, 64 GiB in host memory)
 #   prof   Nsight Compute on bench/gpu/profile.py: HBM bytes read and pipe utilisation
+#   tables bench/gpu/chain_tables.py: the mainnet-shaped matrix (accounts, storage, code and
+#          their tree levels) at $TABLES_GIB GiB (default 32 on an H100, 64 on an H200); table
+#          queries against the whole-matrix kernel, lookups with and without blocks of 3,000
+#          pages written into device memory; every answer checked; at most $TABLES_TIMEOUT s
+#          (default 300)
+#   tables-dry  the same script on the CuPy fakes at 4 MiB (no device needed: its logic)
+#   tables-check  nvcc register report, tests/gpu/test_gpu_tables.py, memcheck and racecheck
+#          on the table and patch kernels (bench/gpu/sanitize.py --tables-only), each bounded
+#
+# Issue 41 in one call of under 8 minutes (figures first): bash bench/gpu/session.sh tables tables-check
 #
 # Logs and results go to $OUT (default /tmp/morphogen-gpu-session). Runs without Ray or
 # pydantic: the engines import neither, and pytest gets an empty warning filter list. The
@@ -92,6 +102,33 @@ prof() {
   ncu --kernel-name regex:"morphogen_(sliced_)?scan" --launch-skip "$skip" --launch-count 3 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
     python3 bench/gpu/profile.py "${PROF_GIB:-4}"
+}
+
+tables() {
+  phase "tables ${TABLES_GIB:-auto} GiB"
+  timeout "${TABLES_TIMEOUT:-300}" python3 bench/gpu/chain_tables.py --out "$OUT" \
+    ${TABLES_GIB:+--gib "$TABLES_GIB"} --seconds "${TABLES_SECONDS:-15}"
+}
+
+tables-check() {
+  local rc=0
+  phase tables-check
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  timeout 120 python3 -m morphogen.engine.nvcc_check || rc=1
+  timeout 120 python3 -m pytest -q -o filterwarnings= -p no:cacheprovider \
+    tests/gpu/test_gpu_tables.py || rc=1
+  for tool in memcheck racecheck; do
+    echo "-- compute-sanitizer --tool $tool (tables and writes)"
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 bench/gpu/sanitize.py --tables-only 2>&1 | tail -n 8 || rc=1
+  done
+  return $rc
+}
+
+tables-dry() {
+  phase "tables dry run"
+  timeout "${TABLES_TIMEOUT:-900}" python3 bench/gpu/chain_tables.py --dry-run model \
+    --gib 0.004 --seconds 3 --runs 2 --block-pages 20 --interval 1 --readers 1 --out "$OUT"
 }
 
 status=0

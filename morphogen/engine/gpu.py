@@ -5,7 +5,8 @@ Kernel design: see the comments at the top of the .cu files. The host side is sp
 small modules: launch planning (`gpu_plan`, `sliced`), key records (`gpu_keys`), the CUDA
 operations (`gpu_backend`), errors (`gpu_errors`), the program and its compilation
 (`gpu_kernels`), page upload (`gpu_upload`), workspaces and their pool (`gpu_pool`), phase
-timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`). Here:
+timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`), table scans at any offset
+(`gpu_tables`), page writes into the device copy (`gpu_writes`; docs/gpu.md). Here:
 
 - `GpuEngine(...)` compiles the kernels, once per engine: a CuPy that imports but cannot
   compile (no NVRTC, no CUDA headers) fails there with a GpuError naming the fix, not at a scan.
@@ -16,6 +17,8 @@ timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`). Here:
   (`plan_launch`), runs it on the workspace's own stream, at most max_keys keys a launch, and
   gives the workspace back. Concurrent scans overlap on different workspaces; they are never
   merged into one launch (merging concurrent queries is the router's coalescer's job).
+- `GpuShard.table_scanner` scans a range of the shard numbered from a table's first page;
+  `GpuShard.write_pages` XORs page diffs into the device copy between scans.
 - CUDA, NVRTC and allocation errors surface as `GpuError`; `scan_timed` also returns the
   h2d / kernel / d2h times measured with CUDA events (what they include: `PhaseTimings`).
 
@@ -65,15 +68,24 @@ from morphogen.engine.gpu_pool import (
     clamp_pool_size,
     fit_pool_size,
 )
+from morphogen.engine.gpu_tables import GpuTableScanner, ScanRange, table_launch_args
 from morphogen.engine.gpu_timings import PhaseTimings
 from morphogen.engine.gpu_upload import (
     DEFAULT_LOAD_CHUNK_BYTES,
     upload_pages,
     upload_sliced_pages,
 )
+from morphogen.engine.gpu_writes import (
+    PATCH_PAGES_KERNEL,
+    PATCH_SLICED_KERNEL,
+    DeviceWriter,
+    ScanGate,
+    buffer_slots,
+)
 from morphogen.engine.sliced import (
     SLICE_BYTES,
     SLICE_KERNEL,
+    SLICE_PAGES,
     SLICED_THREADS,
     SlicedPlan,
     chunk_range,
@@ -118,8 +130,11 @@ class GpuShard:
         self._max_keys = engine.max_keys
         self.layout = engine.layout
         self._first_chunk, self._num_chunks = chunk_range(self.first_page, self.num_pages)
+        self._whole = ScanRange(self.first_page, self.num_pages, self.first_page, table=False)
         self._partial_rows: int | None = None
         self._closed = False
+        self._holders = 1  # share() adds one, close() drops one
+        self._holders_lock = threading.Lock()
         backend = self._backend
         with cuda_errors(backend, "loading the pages"):
             with backend.activate():
@@ -139,21 +154,28 @@ class GpuShard:
                 ]
         self._pool = WorkspacePool(workspaces)
         self.pool_size = pool
+        self._gate = ScanGate()
+        patch = PATCH_SLICED_KERNEL if self.layout == "sliced" else PATCH_PAGES_KERNEL
+        self._writer = DeviceWriter(backend, compiled.kernels[patch], self._info.sm_count)
         self._warm_up(workspaces[0])
 
     # -- sizing ------------------------------------------------------------------------------
 
-    def _plan(self, num_keys: int, domain_bits: int, num_pages: int) -> LaunchPlan | SlicedPlan:
-        """The launch for `num_keys` keys over the first `num_pages` pages (all of them, except
-        in the warm-up); for the sliced layout, over the chunks that hold those pages."""
+    def _plan(self, num_keys: int, domain_bits: int, num_pages: int,
+              rng: ScanRange) -> LaunchPlan | SlicedPlan:
+        """The launch for `num_keys` keys over the first `num_pages` pages of `rng` (all of
+        them, except in the warm-up); for the sliced layout, over the chunks that hold them."""
         if self.layout == "sliced":
+            chunks = (chunk_range(rng.first_page, num_pages)[1] if rng.table
+                      else self._chunks_holding(num_pages))
             return plan_sliced_launch(
                 num_keys,
-                self._chunks_holding(num_pages),
+                max(1, chunks),
                 domain_bits,
                 sm_count=self._info.sm_count,
                 blocks_per_sm=self._compiled.blocks_per_sm,
                 max_partial_rows=self._partial_rows,
+                table=rng.table,
             )
         return plan_launch(
             num_keys,
@@ -200,27 +222,42 @@ class GpuShard:
 
     def scan_timed(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[np.ndarray, PhaseTimings]:
         """The answers and where the time went (see PhaseTimings)."""
+        return self.scan_range_timed(keys, self._whole)
+
+    def table_scanner(self, first_page: int, num_pages: int,
+                      first_index: int) -> GpuTableScanner:
+        """A scanner of this shard's global pages [first_page, first_page + num_pages), the
+        keys evaluated at `first_index` onwards (a table's part: first_index = first_page -
+        table.first_page), scanned on the device copy at any offset (sliced_table_kernel.cu);
+        no memory of its own."""
+        rng = ScanRange.of_table(first_page, num_pages, first_index, self.first_page,
+                                 self.num_pages)
+        return GpuTableScanner(self, rng)
+
+    def scan_range_timed(self, keys: Sequence[DpfKey] | KeyBatch,
+                         rng: ScanRange) -> tuple[np.ndarray, PhaseTimings]:
+        """`scan_timed` over the pages of `rng` (the whole shard, or a table's part)."""
         if self._closed:
             raise RuntimeError("the shard is closed")
         start = time.perf_counter()
         batch = as_batch(keys)
-        check_domain(batch, self.first_page, self.num_pages)
+        check_domain(batch, rng.first_index, rng.num_pages)
         k = len(batch)
-        if self.num_pages == 0:
+        if rng.num_pages == 0:
             zero = PhaseTimings(0.0, 0.0, 0.0, 0.0, 0.0, 0, 0)
             return np.zeros((k, PAGE_SIZE), np.uint8), zero
         result = np.empty((k, PAGE_SIZE), np.uint8)
         d = batch.domain_bits
         h2d = kern = d2h = 0.0
         launches = shared = 0
-        with self._pool.lease() as lease:
+        with self._pool.lease() as lease, self._gate.scan() as generation:
             ws = lease.workspace
             for lo in range(0, k, self._max_keys):
                 part = batch.select(lo, min(k, lo + self._max_keys))
                 n = len(part)
                 pack_keys(part, ws.keys_host)
                 with cuda_errors(self._backend, "running a scan"):
-                    out = self._launch(ws, n, d, self.num_pages)
+                    out = self._launch(ws, n, d, rng.num_pages, rng)
                     times = self._phase_times(ws)
                 result[lo : lo + n] = out
                 h2d, kern, d2h = h2d + times[0], kern + times[1], d2h + times[2]
@@ -234,19 +271,45 @@ class GpuShard:
             total_ms=(time.perf_counter() - start) * 1e3,
             launches=launches,
             shared_launches=shared,
+            generation=generation,
         )
         return result, timings
 
+    # -- page updates ------------------------------------------------------------------------
+
+    @property
+    def generation(self) -> int:
+        """Writes applied to the device copy so far (PhaseTimings.generation of a scan)."""
+        return self._gate.generation
+
+    def write_pages(self, pages: Sequence[int] | np.ndarray, diffs: np.ndarray) -> int:
+        """XOR `diffs` ((n, 4096) uint8, PageUpdate diffs) into global `pages` of the device
+        copy, in place (gpu_writes.py): the scans in flight finish on the data they started
+        on, the ones after read the new data, and no answer pays for the write afterwards.
+        Returns the generation the write made (scans report the one they read)."""
+        if self._closed:
+            raise RuntimeError("the shard is closed")
+        base = self._first_chunk * SLICE_PAGES if self.layout == "sliced" else self.first_page
+        slots, diffs = buffer_slots(pages, diffs, self.first_page, self.num_pages, base)
+        with self._gate.write(), cuda_errors(self._backend, "writing pages"):
+            self._writer.apply(slots, diffs, self._pages_dev)
+        return self._gate.generation
+
     def _launch(
-        self, ws: Workspace, num_keys: int, domain_bits: int, num_pages: int
+        self, ws: Workspace, num_keys: int, domain_bits: int, num_pages: int,
+        rng: ScanRange,
     ) -> np.ndarray:
         """Keys already packed in ws.keys_host; returns a view of ws.out_host (num_keys rows)."""
         b = self._backend
-        plan = self._plan(num_keys, domain_bits, num_pages)
+        plan = self._plan(num_keys, domain_bits, num_pages, rng)
         kernels = self._compiled.kernels
         key_bytes = num_keys * key_words(domain_bits) * 4
         out_bytes = num_keys * PAGE_SIZE
-        if isinstance(plan, SlicedPlan):
+        if rng.table:
+            threads = SLICED_THREADS if isinstance(plan, SlicedPlan) else SCAN_THREADS
+            args = table_launch_args(b, self._pages_dev, self.first_page, plan, num_pages, rng,
+                                     ws.keys_dev, num_keys, domain_bits, ws.partial_dev)
+        elif isinstance(plan, SlicedPlan):
             threads = SLICED_THREADS
             args: tuple[Any, ...] = (
                 self._pages_dev,
@@ -312,14 +375,17 @@ class GpuShard:
         d = max(1, (self.first_page + self.num_pages - 1).bit_length())
         pages = min(self.num_pages, 256)
         warmed: set[str] = set()
+        # the table kernels too, over a range starting at the shard's first page
+        table = ScanRange(self.first_page, pages, 0, table=True)
         with cuda_errors(self._backend, "warming the kernels"):
             for n in range(1, self._max_keys + 1):
-                kernel = self._plan(n, d, pages).kernel
-                if kernel in warmed:
-                    continue
-                warmed.add(kernel)
-                ws.keys_host[: n * key_words(d)] = 0  # any seeds do; the answer is discarded
-                self._launch(ws, n, d, pages)
+                for rng, dom in ((self._whole, d), (table, max(1, (pages - 1).bit_length()))):
+                    kernel = self._plan(n, dom, pages, rng).kernel
+                    if kernel in warmed:
+                        continue
+                    warmed.add(kernel)
+                    ws.keys_host[: n * key_words(dom)] = 0  # any seeds; the answer is discarded
+                    self._launch(ws, n, dom, pages, rng)
 
     # -- benchmark support -------------------------------------------------------------------
 
@@ -332,11 +398,25 @@ class GpuShard:
             self._device_bytes if self.num_pages else 0, self._info.sm_count, repeats,
         )
 
+    def share(self) -> GpuShard:
+        """Another holder of this device copy (a rotation that writes its diff into it): the
+        copy is freed when every holder has closed it."""
+        with self._holders_lock:
+            if self._closed:
+                raise RuntimeError("the shard is closed")
+            self._holders += 1
+        return self
+
     def close(self) -> None:
-        """Waits for the scans in flight, then frees the device memory."""
-        if self._closed:
-            return
-        self._closed = True
+        """Drops one holder; the last one waits for the scans in flight, then frees the
+        device memory."""
+        with self._holders_lock:
+            if self._closed:
+                return
+            self._holders -= 1
+            if self._holders > 0:
+                return
+            self._closed = True
         self._pool.close()
         self._pages_dev = None
 

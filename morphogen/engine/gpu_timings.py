@@ -31,3 +31,6 @@ class PhaseTimings:
     total_ms: float  # host wall time of the call
     launches: int
     shared_launches: int = 0  # launches that overlapped another scan: see above
+    # writes applied to the device copy before the scan (GpuShard.write_pages): the data the
+    # answers are on; every launch of the call reads the same
+    generation: int = 0

@@ -42,6 +42,15 @@ def sliced_kernel_name(n_tiles: int, prefetch: bool) -> str:
 
 
 SLICED_KERNELS = tuple(sliced_kernel_name(nt, pf) for nt, pf in SLICED_VARIANTS)
+
+
+def table_kernel_name(n_tiles: int, prefetch: bool) -> str:
+    """The variant of the table scan (sliced_table_kernel.cu): a page range starting and
+    stopping anywhere, numbered from the table's first page."""
+    return f"morphogen_sliced_table_n{n_tiles}" + ("_prefetch" if prefetch else "")
+
+
+TABLE_KERNELS = tuple(table_kernel_name(nt, pf) for nt, pf in SLICED_VARIANTS)
 SLICED_MAX_GROUP_KEYS = 8 * max(N_TILES)
 
 # Tuning switches of the sliced scan, generated as #defines like the geometry. Each changes the
@@ -137,10 +146,12 @@ def sliced_digest(pages: np.ndarray, first_page: int, step_chunks: int = 64) -> 
     return np.bitwise_xor.reduce(words, axis=0).astype("<u4").tobytes()
 
 
-def sliced_smem_bytes(n_tiles: int) -> int:
-    """Dynamic shared memory of one sliced-scan block (see the kernel's layout comment)."""
+def sliced_smem_bytes(n_tiles: int, table: bool = False) -> int:
+    """Dynamic shared memory of one sliced-scan block (see the kernel's layout comment); a
+    table scan keeps a second subtree's transposed masks (sliced_table_kernel.cu)."""
     kg = 8 * n_tiles
-    per_key = SLICED_TREE_SLOTS * 16 + PATH_SLOTS * 16 + 8 * MT_STRIDE * 4 + SLICED_TREE_SLOTS
+    mt = 8 * MT_STRIDE * 4 * (2 if table else 1)
+    per_key = SLICED_TREE_SLOTS * 16 + PATH_SLOTS * 16 + mt + SLICED_TREE_SLOTS
     return kg * (per_key + PATH_SLOTS)
 
 
@@ -166,10 +177,11 @@ def plan_sliced_launch(
     blocks_per_sm: Callable[[str, int], int],
     max_partial_rows: int | None = None,
     page_blocks: int | None = None,
+    table: bool = False,
 ) -> SlicedPlan:
     """Key groups of at most SLICED_MAX_GROUP_KEYS keys, split evenly (every block does the
     same PRG work); one wave of resident blocks shared between the groups, each block taking a
-    contiguous run of chunks."""
+    contiguous run of chunks. `table`: the table scan's kernels (TABLE_KERNELS)."""
     if not 1 <= domain_bits <= MAX_DOMAIN_BITS:
         raise ValueError(f"domain bits must be in 1..{MAX_DOMAIN_BITS}, got {domain_bits}")
     if num_keys < 1:
@@ -180,8 +192,8 @@ def plan_sliced_launch(
     per_group = -(-num_keys // groups)
     nt = min(t for t in N_TILES if 8 * t >= per_group)
     prefetch = nt > 1 and groups <= PREFETCH_MAX_GROUPS
-    kernel = sliced_kernel_name(nt, prefetch)
-    smem = sliced_smem_bytes(nt)
+    kernel = (table_kernel_name if table else sliced_kernel_name)(nt, prefetch)
+    smem = sliced_smem_bytes(nt, table)
     if page_blocks is None:
         resident = sm_count * max(1, int(blocks_per_sm(kernel, smem)))
         page_blocks = max(1, min(num_chunks, resident // groups))

@@ -115,10 +115,14 @@ extern "C" __global__ void __launch_bounds__(SLICE_THREADS)
 // d = popc-sums of (a AND b) over K = 256: rows = 16 page lanes, columns = 8 keys, C = 0.
 __device__ __forceinline__ void mma_and_popc(u32& d0, u32& d1, u32& d2, u32& d3, const uint4 a,
                                              const u32 b0, const u32 b1) {
+#ifdef MORPHOGEN_HOST_EMULATION  // tests/unit/cuda_emu: the same product, as a warp collective
+    emu_mma_and_popc(d0, d1, d2, d3, a, b0, b1);
+#else
     asm("mma.sync.aligned.m16n8k256.row.col.s32.b1.b1.s32.and.popc "
         "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};"
         : "=r"(d0), "=r"(d1), "=r"(d2), "=r"(d3)
         : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b0), "r"(b1), "r"(0u));
+#endif
 }
 
 // The count parities of one MMA (D components d0..d3) into the two accumulator words of its
@@ -155,7 +159,9 @@ __device__ __forceinline__ u32 parity_bits(const u32 (&acc)[2], const int r) {
 // L2 prefetch of `lines` 128-byte lines from p (lines a multiple of 32: each lane asks for
 // every 32nd), or with SLICED_PREFETCH_BULK one bulk prefetch by lane 0.
 __device__ __forceinline__ void prefetch_l2(const uint4* p, const u32 lines, const u32 lane) {
-#if SLICED_PREFETCH_BULK
+#if defined(MORPHOGEN_HOST_EMULATION)  // a hint only: no answer depends on it
+    (void)p; (void)lines; (void)lane;
+#elif SLICED_PREFETCH_BULK
     if (lane == 0u) {
         asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(lines * 128u)
                      : "memory");
@@ -178,18 +184,38 @@ constexpr u32 kRoundLines = kRoundU4 * 16u / 128u;
 //   mt     u32   [KG * 8][MT_STRIDE]       transposed masks; at the end, the answer rows
 //   tree_t u8    [SLICED_TREE_SLOTS][KG]
 //   path_t u8    [KG][PATH_SLOTS]
-template <int NT, bool PREFETCH>
+// The table scan's half (sliced_table_kernel.cu): one subtree's masks into an mt buffer, and
+// the shift of two subtrees' masks onto a chunk's pages.
+struct TableWindow {
+    u32 shift;        // chunk position of a subtree's leaf 0 (the table's first page mod 256)
+    u64 leaf_lo;      // leaves (table pages) scanned: [leaf_lo, leaf_hi); others are zero
+    u64 leaf_hi;
+};
+template <int KG>
+__device__ void table_subtree_masks(long long subtree, const TableWindow& win, u32* mt_out,
+                                    uint4* tree, u8* tree_t, uint4* path_s, u8* path_t,
+                                    const u32* __restrict__ gkeys, u32 nkeys, u32 key_words,
+                                    u32 h, u32 root_depth, long long first_subtree);
+template <int KG>
+__device__ void table_shift_masks(u32* prev, const u32* cur, const TableWindow& win, u32 nkeys);
+
+template <int NT, bool PREFETCH, bool TABLE = false>
 __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ sliced,
                                                  const u64 num_chunks, const u64 first_chunk,
                                                  const u32* __restrict__ keys, const u32 num_keys,
                                                  const u32 domain_bits, const u32 num_groups,
-                                                 uint4* __restrict__ partial) {
+                                                 uint4* __restrict__ partial,
+                                                 const TableWindow win = TableWindow{0u, 0ull,
+                                                                                     0ull}) {
     constexpr u32 KG = 8 * NT;
     MG_DYNAMIC_SMEM(morphogen_smem);
     uint4* tree = morphogen_smem;
     uint4* path_s = tree + SLICED_TREE_SLOTS * KG;
     u32* mt = reinterpret_cast<u32*>(path_s + KG * PATH_SLOTS);
-    u8* tree_t = reinterpret_cast<u8*>(mt + KG * 8 * MT_STRIDE);
+    // a table scan keeps two subtrees' masks, in mt and after it, their roles swapping each
+    // chunk: mt below is the one the chunk's MMAs read
+    u32* const mt_base = mt;
+    u8* tree_t = reinterpret_cast<u8*>(mt + (TABLE ? 2 : 1) * KG * 8 * MT_STRIDE);
     u8* path_t = tree_t + SLICED_TREE_SLOTS * KG;
 
     const u32 tid = threadIdx.x, lane = tid & 31u, warp = tid >> 5;
@@ -227,61 +253,81 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
             prefetch_l2(sliced + c * SLICE_U4 + 16u * warp * kRoundU4,
                         SLICED_PREFETCH_ROUNDS * kRoundLines, lane);
         }
+        if (TABLE) {
+            // Chunk c holds leaves of table subtrees first_chunk + c - 1 (positions below
+            // win.shift) and first_chunk + c: expand the latter into mt2 (the former is in mt,
+            // from the chunk before, or expanded now at the block's first chunk), then shift
+            // both into mt, the B fragments of this chunk. mt2 becomes the next chunk's mt.
+            const long long t = (long long)(first_chunk + c);
+            const u32 odd = (u32)(c - lo) & 1u;
+            mt = mt_base + odd * (KG * 8 * MT_STRIDE);
+            u32* const mt2 = mt_base + (odd ^ 1u) * (KG * 8 * MT_STRIDE);
+            const long long t0 = (long long)(first_chunk + lo) - 1;  // the block's first
+            if (c == lo) {
+                table_subtree_masks<KG>(t - 1, win, mt, tree, tree_t, path_s, path_t, gkeys,
+                                        nkeys, key_words, h, root_depth, t0);
+            }
+            table_subtree_masks<KG>(t, win, mt2, tree, tree_t, path_s, path_t, gkeys, nkeys,
+                                    key_words, h, root_depth, t0);
+            table_shift_masks<KG>(mt, mt2, win, nkeys);
+            __syncthreads();
+        } else {
+            // 1. Root-to-chunk path: recompute only below the highest bit that changed.
+            if (tid < nkeys) {
+                const u32* wkey = gkeys + tid * key_words;
+                advance_path(path_s + tid * PATH_SLOTS, path_t + tid * PATH_SLOTS, wkey,
+                             root_depth, chunk, c == lo);
+                tree[tid] = path_s[tid * PATH_SLOTS + root_depth];
+                tree_t[tid] = path_t[tid * PATH_SLOTS + root_depth];
+            }
+            __syncthreads();
 
-        // 1. Root-to-chunk path: recompute only below the highest bit that changed.
-        if (tid < nkeys) {
-            const u32* wkey = gkeys + tid * key_words;
-            advance_path(path_s + tid * PATH_SLOTS, path_t + tid * PATH_SLOTS, wkey, root_depth,
-                         chunk, c == lo);
-            tree[tid] = path_s[tid * PATH_SLOTS + root_depth];
-            tree_t[tid] = path_t[tid * PATH_SLOTS + root_depth];
-        }
-        __syncthreads();
+            // 2. Levels 1 .. h-1 in place; consecutive threads take consecutive keys.
+            for (u32 l = 0; l + 1u < h; ++l) {
+                const u32 half = 1u << (h - 2u - l);
+                const u32 work = nkeys << l;
+                for (u32 w = tid; w < work; w += SLICED_THREADS) {
+                    const u32 k = w % nkeys;
+                    const u32 slot = (w / nkeys) * 2u * half;
+                    uint4 sl, sr;
+                    u32 tl, tr;
+                    dpf_children(tree[slot * KG + k], tree_t[slot * KG + k],
+                                 gkeys + k * key_words, root_depth + l, sl, tl, sr, tr);
+                    tree[slot * KG + k] = sl;
+                    tree_t[slot * KG + k] = (u8)tl;
+                    tree[(slot + half) * KG + k] = sr;
+                    tree_t[(slot + half) * KG + k] = (u8)tr;
+                }
+                __syncthreads();
+            }
 
-        // 2. Levels 1 .. h-1 in place; consecutive threads take consecutive keys.
-        for (u32 l = 0; l + 1u < h; ++l) {
-            const u32 half = 1u << (h - 2u - l);
-            const u32 work = nkeys << l;
-            for (u32 w = tid; w < work; w += SLICED_THREADS) {
-                const u32 k = w % nkeys;
-                const u32 slot = (w / nkeys) * 2u * half;
-                uint4 sl, sr;
-                u32 tl, tr;
-                dpf_children(tree[slot * KG + k], tree_t[slot * KG + k], gkeys + k * key_words,
-                             root_depth + l, sl, tl, sr, tr);
-                tree[slot * KG + k] = sl;
-                tree_t[slot * KG + k] = (u8)tl;
-                tree[(slot + half) * KG + k] = sr;
-                tree_t[(slot + half) * KG + k] = (u8)tr;
+            // 3. Leaves and their transposition into B fragments.
+            const u32 level_nodes = 1u << (h - 1u);
+            for (u32 task = warp; task < nkeys * 4u; task += SLICED_THREADS / 32u) {
+                const u32 k = task >> 2, q = task & 3u;
+                const u32 n = 32u * q + lane;
+                uint4 left = make_uint4(0u, 0u, 0u, 0u), right = left;
+                if (n < level_nodes) {  // a domain under 256 pages has fewer leaves: the rest 0
+                    const u32* key = gkeys + k * key_words;
+                    u32 tl, tr;
+                    dpf_children(tree[n * KG + k], tree_t[n * KG + k], key, root_depth + h - 1u,
+                                 left, tl, right, tr);
+                    const uint4 f = load_key_words(key + 4);
+                    const u32 ol = 0u - tl, orr = 0u - tr;
+                    left.x ^= f.x & ol; left.y ^= f.y & ol; left.z ^= f.z & ol;
+                    left.w ^= f.w & ol;
+                    right.x ^= f.x & orr; right.y ^= f.y & orr; right.z ^= f.z & orr;
+                    right.w ^= f.w & orr;
+                }
+                transpose_bits32x4(left, lane);
+                transpose_bits32x4(right, lane);
+                u32* row = mt + (k * 8u + 2u * q) * MT_STRIDE + lane;
+                row[0] = left.x; row[32] = left.y; row[64] = left.z; row[96] = left.w;
+                row += MT_STRIDE;
+                row[0] = right.x; row[32] = right.y; row[64] = right.z; row[96] = right.w;
             }
             __syncthreads();
         }
-
-        // 3. Leaves and their transposition into B fragments.
-        const u32 level_nodes = 1u << (h - 1u);
-        for (u32 task = warp; task < nkeys * 4u; task += SLICED_THREADS / 32u) {
-            const u32 k = task >> 2, q = task & 3u;
-            const u32 n = 32u * q + lane;
-            uint4 left = make_uint4(0u, 0u, 0u, 0u), right = left;
-            if (n < level_nodes) {  // a domain under 256 pages has fewer leaves; the rest are 0
-                const u32* key = gkeys + k * key_words;
-                u32 tl, tr;
-                dpf_children(tree[n * KG + k], tree_t[n * KG + k], key, root_depth + h - 1u,
-                             left, tl, right, tr);
-                const uint4 f = load_key_words(key + 4);
-                const u32 ol = 0u - tl, orr = 0u - tr;
-                left.x ^= f.x & ol; left.y ^= f.y & ol; left.z ^= f.z & ol; left.w ^= f.w & ol;
-                right.x ^= f.x & orr; right.y ^= f.y & orr; right.z ^= f.z & orr;
-                right.w ^= f.w & orr;
-            }
-            transpose_bits32x4(left, lane);
-            transpose_bits32x4(right, lane);
-            u32* row = mt + (k * 8u + 2u * q) * MT_STRIDE + lane;
-            row[0] = left.x; row[32] = left.y; row[64] = left.z; row[96] = left.w;
-            row += MT_STRIDE;
-            row[0] = right.x; row[32] = right.y; row[64] = right.z; row[96] = right.w;
-        }
-        __syncthreads();
 
         // 4. Tensor-core AND-popc over this chunk; parities folded into acc.
         const uint4* a_base = sliced + c * SLICE_U4 + lane;
@@ -313,12 +359,16 @@ __device__ __forceinline__ void sliced_scan_body(const uint4* __restrict__ slice
             }
         }
         // the next chunk's leaf step rewrites mt only after the barrier in its step 1
+        if (TABLE) {
+            __syncthreads();  // every warp is done with mt before the next subtree lands there
+        }
     }
 
     // 5. Answer rows: thread (warp, g, tig) owns half-word `warp` (bit positions 16 warp ..
     //    16 warp + 15) of every lane it multiplied, for keys 8 nt + 2 tig (+1).
     __syncthreads();
     unsigned short* rows16 = reinterpret_cast<unsigned short*>(mt);  // [KG][256 lanes][8]
+    // (a table scan's mt is either buffer, each of which holds the rows)
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
 #pragma unroll

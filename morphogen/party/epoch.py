@@ -27,13 +27,21 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine, check_domain, check_format
+from morphogen.engine.gpu_writes import ScanGate
+from morphogen.party.device_fold import (
+    commit_rotation,
+    device_writable,
+    fold_on_device,
+    stage_rotation,
+)
+from morphogen.party.host_fold import fold_on_host
 from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
@@ -45,6 +53,7 @@ from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.tables import advertised
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
+T = TypeVar("T")
 # A staged version left by an admin operation that never committed nor aborted (its router
 # died) may be replaced by another operation after this long.
 DEFAULT_STALE_STAGE_S = 300.0
@@ -93,6 +102,9 @@ class ShardState:
         self._staged_at = 0.0
         self._loading = False  # a prepare_snapshot is loading its range
         self._table_loader = TableLoader(engine)
+        # GPU shards fold pending updates into the device copy between scans (device_fold)
+        self._gate = ScanGate() if engine.name == "gpu" else None
+        self._broken: BaseException | None = None
 
     # -- reads
     @property
@@ -122,7 +134,11 @@ class ShardState:
         shard's pages inside that table only, the keys in the table's domain."""
         batch = keys if isinstance(keys, PackedKeyBatch) else as_batch(keys)
         check_format(self._engine, batch)  # an engine without packed kernels refuses them
-        with self.lease() as version:
+        if self._broken is not None:
+            raise RuntimeError("the device copy is undefined after a failed write; this shard "
+                               "must be replaced") from self._broken
+        gate = self._gate.scan() if self._gate is not None else contextlib.nullcontext()
+        with gate, self.lease() as version:
             if table is not None:
                 table.check(version.snapshot.manifest, version.first_page, version.stop_page)
                 want = table.table.domain_bits
@@ -240,6 +256,7 @@ class ShardState:
                     segments=base.segments,
                     pending=tuple(pending),
                     folded=base.folded,
+                    written=base.written,
                 ),
                 op,
             )
@@ -263,7 +280,14 @@ class ShardState:
             self._replace_staged(None, None)
             self._loading = True
             try:
-                version = self._fresh_version(snapshot, first_page, stop_page, epoch_id)
+                pages = snapshot.read_verified(first_page, stop_page)
+                version = None
+                if self._gate is not None:  # a GPU shard keeps its device copy if it can
+                    version = stage_rotation(self.current, snapshot, first_page, pages,
+                                             epoch_id)
+                if version is None:
+                    version = self._fresh_version(snapshot, first_page, stop_page, epoch_id,
+                                                  pages)
             finally:
                 self._loading = False
             self._replace_staged(version, op)
@@ -278,10 +302,19 @@ class ShardState:
             if op is not None and self._staged_op != op:
                 raise StagingConflict(f"epoch {epoch_id} was staged by another admin operation")
             old = self.current
-            self._leases.swap(staged)
+            if staged.device_diffs is not None:
+                rotation = staged
+                staged = self._device_write(lambda: commit_rotation(rotation,
+                                                                    self._leases.swap))
+            else:
+                self._leases.swap(staged)
             self._staged = None
             self._staged_op = None
             self._leases.retire(old.segments, keep=staged.segments)
+            if staged.pending and self._gate is not None and device_writable(staged):
+                # a GPU shard writes the updates into device memory now: no answer pays the
+                # CPU pass over them afterwards (the answers are the same bytes either way)
+                self._fold_on_device(staged)
 
     def commit_staged(self, epoch_id: int, digest: str) -> bool:
         """Commit the staged version if it is epoch `epoch_id` of identity `digest`, whichever
@@ -317,22 +350,40 @@ class ShardState:
         Builds a version with the same epoch id and identical answers, and swaps it in only if
         nothing was published meanwhile. Returns the number of updates folded.
 
-        Every touched chunk becomes a private copy and the untouched runs around it become
-        segments of their own. On the CPU these are views (no copy); on the GPU engine each new
-        segment is a device load, so a fold re-uploads the untouched runs of a split segment
-        too: correct, but an in-place device write between scans (an engine API) is the
-        efficient form there.
+        On the CPU engines every touched chunk becomes a private copy and the untouched runs
+        around it become segments of their own (views, no copy). On a GPU shard the updates
+        are written into the device copy in place (morphogen.party.device_fold), which a
+        commit of updates already does, so little is left pending there.
         """
         with self._lock:
             base = self.current
             if not base.pending or self._staged is not None:
                 return 0
-            folded_version = self._fold(base)
+            if self._gate is not None and device_writable(base):
+                self._fold_on_device(base)
+                return len(base.pending)
+            folded_version = fold_on_host(base, self._engine, self._chunk)
             self._leases.swap(folded_version)
             self._leases.retire(base.segments, keep=folded_version.segments)
             return len(base.pending)
 
     # -- internals
+    def _device_write(self, action: Callable[[], T]) -> T:
+        """`action` (a device write and its version swap, morphogen.party.device_fold) under
+        the scan gate, with the lock held: no scan runs while the device copy changes, and
+        the version swaps before the next one. A failed write leaves the copy undefined:
+        the shard stops serving."""
+        assert self._gate is not None
+        with self._gate.write():
+            try:
+                return action()
+            except BaseException as exc:
+                self._broken = exc
+                raise
+
+    def _fold_on_device(self, base: Version) -> None:
+        self._device_write(lambda: fold_on_device(base, self._leases.swap))
+
     def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
         cur = self.current
         if epoch_id <= cur.epoch_id:
@@ -366,70 +417,16 @@ class ShardState:
             self._leases.retire(self.current.segments + (staged.segments if staged else ()))
 
     def _fresh_version(
-        self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int
+        self, snapshot: Snapshot, first_page: int, stop_page: int, epoch_id: int,
+        pages: np.ndarray | None = None,
     ) -> Version:
         if not 0 <= first_page < stop_page <= snapshot.num_pages:
             raise ValueError(f"shard range [{first_page}, {stop_page}) is not in the snapshot")
         # A verified private copy, never the mapping: the identity below names the chunk
         # hashes, and only bytes checked against them (and that no one can change afterwards)
         # may be scanned under it; the GPU engine uploads these same checked bytes.
-        pages = snapshot.read_verified(first_page, stop_page)
+        if pages is None:
+            pages = snapshot.read_verified(first_page, stop_page)
         seg = Segment(first_page, pages, self._engine.load(pages, first_page=first_page))
         identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
         return Version(identity, snapshot, first_page, stop_page, (seg,))
-
-    def _fold(self, base: Version) -> Version:
-        c = self._chunk
-        touched: dict[int, np.ndarray] = {}
-        for u in base.pending:
-            idx = u.page // c
-            if idx not in touched:
-                lo = max(base.first_page, idx * c)
-                hi = min(base.stop_page, (idx + 1) * c)
-                touched[idx] = np.stack([base.stored_page(p) for p in range(lo, hi)])
-            lo = max(base.first_page, idx * c)
-            touched[idx][u.page - lo] ^= np.frombuffer(u.diff, np.uint8)
-        kept = []
-        for seg in base.segments:
-            lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
-            if any(lo < (i + 1) * c and i * c < hi for i in touched):
-                kept.extend(self._split_around(seg, touched, c))
-            else:
-                kept.append(seg)
-        for idx, arr in touched.items():
-            lo = max(base.first_page, idx * c)
-            # never written again; read-only like the loaded pages, so a jitted engine reuses
-            # the kernel it compiled for those instead of compiling another signature
-            arr.flags.writeable = False
-            kept.append(Segment(lo, arr, self._engine.load(arr, first_page=lo)))
-        kept.sort(key=lambda s: s.first_page)
-        return Version(
-            identity=base.identity,
-            snapshot=base.snapshot,
-            first_page=base.first_page,
-            stop_page=base.stop_page,
-            segments=tuple(kept),
-            pending=(),
-            folded=base.folded | frozenset(touched),
-        )
-
-    def _split_around(
-        self, seg: Segment, touched: dict[int, np.ndarray], c: int
-    ) -> list[Segment]:
-        """The parts of `seg` outside the touched chunks, as segments of their own."""
-        lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
-        out, run_start = [], lo
-        p = lo
-        while p < hi:
-            idx = p // c
-            chunk_end = min(hi, (idx + 1) * c)
-            if idx in touched:
-                if run_start < p:
-                    view = seg.pages[run_start - lo : p - lo]
-                    out.append(Segment(run_start, view, self._engine.load(view, run_start)))
-                run_start = chunk_end
-            p = chunk_end
-        if run_start < hi:
-            view = seg.pages[run_start - lo : hi - lo]
-            out.append(Segment(run_start, view, self._engine.load(view, run_start)))
-        return out

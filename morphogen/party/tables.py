@@ -22,7 +22,9 @@ from morphogen.protocol.packed import AnyBatch, batch_format
 from morphogen.snapshot.manifest import Manifest
 from morphogen.snapshot.tables import Table
 
-Loader = Callable[[np.ndarray, int], ShardScanner]
+# (the segment's scanner, its pages of the table, their first global page, the first one's
+# index in the table) -> a scanner of those pages, numbered from that index
+Loader = Callable[[ShardScanner, np.ndarray, int, int], ShardScanner]
 
 
 @dataclass(frozen=True)
@@ -84,25 +86,22 @@ class TableLoader:
     """Builds the scanner of a table's pages in a segment (`first_index`: the first one's
     index in the table).
 
-    The CPU engines take a row slice of the segment's pages (a view, no copy). The GPU
-    engine's default sliced layout packs pages bit-sliced in fixed chunks of the device copy,
-    so a table starting mid-chunk is no base offset into it: GPU shards scan tables from the
-    verified host copy every segment keeps, with the CPU engine (correct, at host speed)."""
+    The CPU engines take a row slice of the segment's pages (a view, no copy). A GPU shard
+    scans the table on its device copy, in place (GpuShard.table_scanner: any offset, no
+    copy); it never builds a host engine for a table, so a segment whose scanner cannot scan
+    a range of itself on the device is an error, not a slow path."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._lock = threading.Lock()
-        self._host: Engine | None = None
 
-    def __call__(self, pages: np.ndarray, first_index: int) -> ShardScanner:
+    def __call__(self, scanner: ShardScanner, pages: np.ndarray, first_page: int,
+                 first_index: int) -> ShardScanner:
         if self._engine.name != "gpu":
             return self._engine.load(pages, first_page=first_index)
-        with self._lock:
-            if self._host is None:
-                from morphogen.engine.cpu import CpuEngine
-
-                self._host = CpuEngine()
-        return self._host.load(pages, first_page=first_index)
+        table_scanner = getattr(scanner, "table_scanner", None)
+        if table_scanner is None:
+            raise TypeError(f"{type(scanner).__name__} cannot scan a table on the device")
+        return table_scanner(first_page, pages.shape[0], first_index)
 
 
 class SubScanners:
@@ -115,10 +114,11 @@ class SubScanners:
         self._by_range: dict[tuple[int, int], ShardScanner] = {}
         self._closed = False
 
-    def get(self, table: Table, seg_first: int, pages: np.ndarray,
+    def get(self, table: Table, seg_first: int, pages: np.ndarray, seg_scanner: ShardScanner,
             load: Loader) -> ShardScanner | None:
         """The scanner of `table`'s pages among the segment's (`pages`, starting at global
-        page `seg_first`), numbered from the table's first page; None where they miss it."""
+        page `seg_first`, scanned whole by `seg_scanner`), numbered from the table's first
+        page; None where they miss it."""
         span = table.overlap(seg_first, seg_first + pages.shape[0])
         if span is None:
             return None
@@ -130,7 +130,8 @@ class SubScanners:
             if scanner is None:
                 lo, hi = span
                 # a row slice: a view of the segment's pages, no copy on the CPU engines
-                scanner = load(pages[lo - seg_first : hi - seg_first], lo - table.first_page)
+                scanner = load(seg_scanner, pages[lo - seg_first : hi - seg_first], lo,
+                               lo - table.first_page)
                 self._by_range[key] = scanner
             return scanner
 

@@ -12,7 +12,7 @@ them into private page copies (new segments, no pending updates) changes no answ
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -64,6 +64,11 @@ class Version:
     segments: tuple[Segment, ...]
     pending: tuple[PageUpdate, ...] = ()
     folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
+    # pages whose bytes changed in a device copy (morphogen.party.device_fold): their host bytes
+    written: Mapping[int, bytes] = field(default_factory=dict, hash=False, compare=False)
+    # a staged rotation's (pages, diffs) against the device copy it shares: written at commit
+    device_diffs: tuple[np.ndarray, np.ndarray] | None = field(default=None, hash=False,
+                                                               compare=False)
 
     @property
     def epoch_id(self) -> int:
@@ -75,6 +80,9 @@ class Version:
 
     def stored_page(self, page: int) -> np.ndarray:
         """The page's bytes in this version's segments (pending updates not applied)."""
+        now = self.written.get(page)
+        if now is not None:
+            return np.frombuffer(now, np.uint8)
         for seg in self.segments:
             if seg.first_page <= page < seg.first_page + seg.pages.shape[0]:
                 return np.asarray(seg.pages[page - seg.first_page])
@@ -117,7 +125,7 @@ class Version:
                 # a GPU shard), not by a second one over the same pages
                 scanner = seg.scanner
             else:
-                scanner = seg.subs.get(table, seg.first_page, seg.pages, load)
+                scanner = seg.subs.get(table, seg.first_page, seg.pages, seg.scanner, load)
             if scanner is not None:
                 acc ^= _scan_one(scanner, batch, phases)
         pages, diffs = self._pending_arrays

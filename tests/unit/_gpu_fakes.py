@@ -54,6 +54,12 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
         for name in sliced.SLICED_KERNELS
     },
     sliced.SLICE_KERNEL: (P, np.uint64, P),
+    **{
+        name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, P, np.uint32,
+               np.uint64, np.uint64)
+        for name in sliced.TABLE_KERNELS
+    },
+    **{name: (P, P, np.uint32, P) for name in gpu_kernels.PATCH_KERNELS},
 }
 
 
@@ -156,16 +162,17 @@ class FakeBackend:
             kg = name.removeprefix("morphogen_scan_k")
             if kg != name:
                 assert f"MG_SCAN_KERNEL({kg}," in source
-            elif name in sliced.SLICED_KERNELS:
+            elif name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS:
                 assert f", {name})" in source
             else:
                 assert f"{name}(" in source
         return {name: FakeKernel(name) for name in names}
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
-        launched = sliced.SLICED_THREADS if kernel.name in sliced.SLICED_KERNELS else SCAN_THREADS
+        is_sliced = kernel.name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS
+        launched = sliced.SLICED_THREADS if is_sliced else SCAN_THREADS
         assert block == launched, f"{kernel.name}: occupancy of {block}-thread blocks asked"
-        if kernel.name in sliced.SLICED_KERNELS:
+        if is_sliced:
             assert smem_bytes <= self.max_dynamic_smem.get(kernel.name, 48 * 1024)
         return self.blocks_per_sm_value
 
@@ -365,6 +372,58 @@ def _model_sliced_scan(grid: int, args: tuple[Any, ...]) -> None:
             partial[row : row + PAGE_SIZE] = acc
 
 
+def _model_sliced_table(grid: int, args: tuple[Any, ...]) -> None:
+    """sliced_table_kernel.cu's contract: chunk c's position p is leaf 256 (first_chunk + c)
+    + p - shift of the table, scanned where it is in [leaf_lo, leaf_hi)."""
+    data_a, num_chunks, first_chunk, keys_a, num_keys, d, groups, partial_a, shift, lo_leaf, \
+        hi_leaf = args
+    n_chunks, k_total, d, groups = int(num_chunks), int(num_keys), int(d), int(groups)
+    page_blocks = grid // groups
+    w = key_words(d)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    size = sliced.SLICE_BYTES
+    naturals = [unslice_chunk(data_a.buf[c * size : (c + 1) * size].view("<u4"))
+                for c in range(n_chunks)]
+    for pb in range(page_blocks):
+        lo, hi = n_chunks * pb // page_blocks, n_chunks * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            for c in range(lo, hi):
+                natural = naturals[c]
+                first_leaf = 256 * (int(first_chunk) + c) - int(shift)
+                start = max(first_leaf, int(lo_leaf))
+                stop = min(first_leaf + 256, int(hi_leaf))
+                if start >= stop:
+                    continue
+                masks = eval_range(unpack_key(records[k], d), start, stop)
+                tiled = np.tile(masks, (1, PAGE_SIZE // 16))
+                rows = natural[start - first_leaf : stop - first_leaf]
+                acc ^= np.bitwise_xor.reduce(rows & tiled, axis=0)
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
+def _model_patch(name: str, args: tuple[Any, ...]) -> None:
+    """patch_kernel.cu's contract: each diff XORed into its page of the buffer, as the layout
+    stores it (the sliced image of a diff alone in a chunk is the diff's bits there)."""
+    diffs_a, slots_a, n, dest_a = args
+    n = int(n)
+    diffs = diffs_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE)
+    slots = slots_a.buf[: n * 4].view(np.uint32)
+    chunks: dict[int, np.ndarray] = {}
+    for slot, diff in zip(slots, diffs, strict=True):
+        slot = int(slot)
+        if name == "morphogen_patch_pages":
+            dest_a.buf[slot * PAGE_SIZE : (slot + 1) * PAGE_SIZE] ^= diff
+            continue
+        chunk = chunks.setdefault(slot // 256, np.zeros((256, PAGE_SIZE), np.uint8))
+        chunk[slot % 256] ^= diff
+    size = sliced.SLICE_BYTES
+    for c, chunk in chunks.items():
+        dest_a.buf[c * size : (c + 1) * size] ^= sliced.slice_chunk(chunk).view(np.uint8)
+
+
 def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int) -> None:
     if name in SCAN_KERNELS:
         assert block == SCAN_THREADS
@@ -372,8 +431,13 @@ def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int
     elif name in sliced.SLICED_KERNELS:
         assert block == sliced.SLICED_THREADS
         _model_sliced_scan(grid, args)
+    elif name in sliced.TABLE_KERNELS:
+        assert block == sliced.SLICED_THREADS
+        _model_sliced_table(grid, args)
     elif name == sliced.SLICE_KERNEL:
         _model_slice(args)
+    elif name in gpu_kernels.PATCH_KERNELS:
+        _model_patch(name, args)
     elif name == REDUCE_KERNEL:
         _model_reduce(args)
     else:
@@ -394,12 +458,12 @@ _EMU: dict[str, ctypes.CDLL] = {}
 
 def load_emulator() -> ctypes.CDLL:
     """Builds (once per source hash) and loads the emulation library: the harness with the
-    fused kernel's generated source (gpu_kernels.kernel_source() of scan_kernel.cu alone; the
-    sliced kernel's tensor-core instructions have no host emulation)."""
+    program gpu_kernels.kernel_source() generates (both .cu files; the prelude emulates warp
+    shuffles and the tensor-core MMA as warp collectives)."""
     cxx = emulator_compiler()
     if cxx is None:
         raise RuntimeError("no C++ compiler to build the kernel emulator")
-    kernel = gpu_kernels.kernel_source((gpu_kernels.KERNEL_SOURCE,))
+    kernel = gpu_kernels.kernel_source()
     src = [EMU_DIR / "emu_prelude.h", EMU_DIR / "emu_harness.cpp"]
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in src) + kernel.encode())
     tag = digest.hexdigest()[:16]
@@ -432,6 +496,15 @@ def load_emulator() -> ctypes.CDLL:
         dll.emu_reduce.restype = i
         dll.emu_read_bw.argtypes = [u32, vp, u64, vp]
         dll.emu_read_bw.restype = i
+        dll.emu_sliced.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp]
+        dll.emu_sliced.restype = i
+        dll.emu_sliced_table.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp,
+                                         u32, u64, u64]
+        dll.emu_sliced_table.restype = i
+        dll.emu_patch.argtypes = [i, u32, u32, vp, vp, u32, vp]
+        dll.emu_patch.restype = i
+        dll.emu_slice_pages.argtypes = [u32, vp, u64, vp]
+        dll.emu_slice_pages.restype = i
         dll.emu_prg_g.argtypes = [vp, vp]
         dll.emu_prg_g.restype = None
         dll.emu_set_order.argtypes = [i, ctypes.c_uint]
@@ -466,6 +539,20 @@ def run_emulated(
         elif name == REDUCE_KERNEL:
             assert block == REDUCE_LANES * REDUCE_SLICES
             rc = dll.emu_reduce(grid, *[v(a) for a in args])
+        elif name in sliced.SLICED_KERNELS:
+            assert block == sliced.SLICED_THREADS
+            variant = sliced.SLICED_KERNELS.index(name)
+            rc = dll.emu_sliced(variant, grid, smem, *[v(a) for a in args])
+        elif name in sliced.TABLE_KERNELS:
+            assert block == sliced.SLICED_THREADS
+            variant = sliced.TABLE_KERNELS.index(name)
+            rc = dll.emu_sliced_table(variant, grid, smem, *[v(a) for a in args])
+        elif name == sliced.SLICE_KERNEL:
+            assert block == sliced.SLICE_THREADS
+            rc = dll.emu_slice_pages(grid, *[v(a) for a in args])
+        elif name in gpu_kernels.PATCH_KERNELS:
+            rc = dll.emu_patch(gpu_kernels.PATCH_KERNELS.index(name), grid, block,
+                               *[v(a) for a in args])
         else:
             assert block == gpu_kernels.READ_BW_THREADS
             rc = dll.emu_read_bw(grid, *[v(a) for a in args])

@@ -203,3 +203,20 @@ def test_read_bandwidth_kernel_checksum(emu):
     folded = np.bitwise_xor.reduce(sink.buf.view(np.uint64).reshape(-1, 2), axis=0)
     np.testing.assert_array_equal(folded, np.bitwise_xor.reduce(data.view(np.uint64).reshape(-1, 2),
                                                                 axis=0))
+
+
+@pytest.mark.parametrize("n,first,d,count", [(300, 100, 10, 3), (600, 256, 10, 12)])
+def test_sliced_kernel_matches_reference(n, first, d, count):
+    """The tensor-core scan (sliced_scan_kernel.cu: the slicing at load, the leaf transposes,
+    the MMAs, emulated as warp collectives) through GpuShard, against the oracle."""
+    rng = np.random.default_rng(n + count)
+    pages = rng.integers(0, 256, (n, PAGE_SIZE), dtype=np.uint8)
+    backend = FakeBackend(mode="emulator", sm_count=1, blocks_per_sm_value=2)
+    shard = make_engine(backend, kernel="sliced", pool_size=1, max_keys=count).load(pages, first)
+    try:
+        keys = [dpf.generate_keys(d, int(rng.integers(first, first + n)))[0]
+                for _ in range(count)]
+        np.testing.assert_array_equal(shard.scan(keys), ReferenceEngine().load(pages, first)
+                                      .scan(keys))
+    finally:
+        shard.close()

@@ -110,6 +110,10 @@ def test_kernel_variants_match_the_python_tables():
     assert [(int(nt), pf == "true") for nt, pf, _ in stamped_sliced] == list(sliced.SLICED_VARIANTS)
     assert tuple(name for *_, name in stamped_sliced) == sliced.SLICED_KERNELS
     assert {nt for nt, _ in sliced.SLICED_VARIANTS} == set(sliced.N_TILES)
+    stamped_table = re.findall(r"^MG_SLICED_TABLE_KERNEL\((\d+), \d+, (true|false), (\w+)\)$",
+                               gpu_kernels.TABLE_KERNEL_SOURCE.read_text(), re.M)
+    assert [(int(nt), pf == "true") for nt, pf, _ in stamped_table] == list(sliced.SLICED_VARIANTS)
+    assert tuple(name for *_, name in stamped_table) == sliced.TABLE_KERNELS
     harness = (EMU_DIR / "emu_harness.cpp").read_text()
     cases = [int(kg) for kg in re.findall(r"^\s+MG_CASE\((\d+)\)", harness, re.M)]
     assert tuple(cases) == gpu_plan.KEY_GROUP_SIZES
@@ -117,7 +121,8 @@ def test_kernel_variants_match_the_python_tables():
     for name in gpu_kernels.KERNEL_NAMES:
         kg = name.removeprefix("morphogen_scan_k")
         stamped = (f"MG_SCAN_KERNEL({kg}," if kg != name else
-                   f", {name})" if name in sliced.SLICED_KERNELS else f"{name}(")
+                   f", {name})" if name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS
+                   else f"{name}(")
         assert stamped in source, name
 
 

@@ -198,26 +198,37 @@ def test_queries_of_different_tables_never_share_a_scan(served):
             ["mid", None] + (["tail"] if link is links[1] else []), key=str)
 
 
-def test_gpu_shards_scan_tables_from_the_host_copy(tmp_path):
-    """The GPU engine cannot offset into its sliced device layout mid-chunk: its tables are
-    scanned by the CPU engine over the host copy (same bytes)."""
-    build_synthetic(tmp_path / "s", 32, seed=2, epoch_id=1, progress=False,
-                    tables=[{"name": "t", "first_page": 5, "num_pages": 9}])
-    from morphogen.engine.reference import ReferenceEngine
+@pytest.mark.parametrize("kernel", ["sliced", "fused"])
+def test_gpu_shards_scan_tables_on_the_device_copy(tmp_path, monkeypatch, kernel):
+    """A GPU shard scans a table on its device copy (GpuShard.table_scanner), never through a
+    host engine: building one fails the test."""
+    from _gpu_fakes import FakeBackend, make_engine
 
-    class FakeGpu(ReferenceEngine):
-        name = "gpu"
+    from morphogen.engine import cpu, gpu_tables, sliced
 
+    def no_host_engine(*args, **kwargs):
+        raise AssertionError("a GPU shard built a host engine for a table")
+
+    monkeypatch.setattr(cpu.CpuEngine, "__init__", no_host_engine)
+    build_synthetic(tmp_path / "s", 700, seed=2, epoch_id=1, progress=False,
+                    tables=[{"name": "t", "first_page": 5, "num_pages": 9},
+                            {"name": "u", "first_page": 300, "num_pages": 333}])
     snap = Snapshot.open(tmp_path / "s")
-    state = ShardState(FakeGpu(), snap, 0, 32)
-    table = Table("t", 5, 9)
-    key, _ = dpf.generate_keys(table.domain_bits, 4)
-    _, acc = state.scan(dpf.KeyBatch.from_keys([key]), TableSlice(table, 0, 32))
-    model = synthetic_pages(2, 0, 32)
-    assert np.array_equal(acc[0], _expected(model, key, table))
-    sub = state.current.segments[0].subs._by_range[(5, 14)]
-    assert type(sub).__name__ == "CpuShard" and sub.first_page == 0 and sub.num_pages == 9
-    state.close()
+    backend = FakeBackend()
+    state = ShardState(make_engine(backend, kernel=kernel), snap, 0, 700)
+    model = synthetic_pages(2, 0, 700)
+    try:
+        for table, target in ((Table("t", 5, 9), 4), (Table("u", 300, 333), 300)):
+            key, _ = dpf.generate_keys(table.domain_bits, target)
+            _, acc = state.scan(dpf.KeyBatch.from_keys([key]), TableSlice(table, 0, 700))
+            assert np.array_equal(acc[0], _expected(model, key, table))
+            sub = state.current.segments[0].subs._by_range[(table.first_page, table.stop_page)]
+            assert isinstance(sub, gpu_tables.GpuTableScanner)
+            assert (sub.first_page, sub.num_pages) == (0, table.num_pages)
+        if kernel == "sliced":
+            assert backend.launches[-2].kernel in sliced.TABLE_KERNELS
+    finally:
+        state.close()
 
 
 def test_a_rotation_brings_the_new_snapshots_tables(served, tmp_path):

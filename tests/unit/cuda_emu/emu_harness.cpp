@@ -1,6 +1,6 @@
 // C entry points (for ctypes) that launch the kernels of scan_kernel.cu under emulation.
 #include "emu_prelude.h"
-// scan_kernel.cu as gpu_kernels.kernel_source() generates it (its geometry #defines first),
+// scan_kernel.cu and sliced_scan_kernel.cu as gpu_kernels.kernel_source() generates them (its geometry #defines first),
 // written into the build's include directory by tests/unit/_gpu_fakes.py `load_emulator`.
 #include "morphogen_scan_kernel.cu"
 
@@ -59,7 +59,126 @@ void read_thread(void* p) {
     morphogen_read_bw(a.data, a.n16, a.sink);
 }
 
+struct SlicedArgs {
+    int variant;  // index into sliced.SLICED_VARIANTS
+    const uint4* sliced;
+    u64 num_chunks, first_chunk;
+    const u32* keys;
+    u32 num_keys, domain_bits, num_groups;
+    uint4* partial;
+};
+
+void sliced_thread(void* p) {
+    const SlicedArgs& a = *static_cast<const SlicedArgs*>(p);
+    switch (a.variant) {
+        case 0:
+            morphogen_sliced_scan_n1(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                     a.domain_bits, a.num_groups, a.partial);
+            break;
+        case 1:
+            morphogen_sliced_scan_n2(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                     a.domain_bits, a.num_groups, a.partial);
+            break;
+        case 2:
+            morphogen_sliced_scan_n2_prefetch(a.sliced, a.num_chunks, a.first_chunk, a.keys,
+                                              a.num_keys, a.domain_bits, a.num_groups,
+                                              a.partial);
+            break;
+        default:
+            break;
+    }
+}
+
+struct TableArgs {
+    SlicedArgs s;
+    u32 shift;
+    u64 leaf_lo, leaf_hi;
+};
+
+void table_thread(void* p) {
+    const TableArgs& t = *static_cast<const TableArgs*>(p);
+    const SlicedArgs& a = t.s;
+    switch (a.variant) {
+        case 0:
+            morphogen_sliced_table_n1(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                      a.domain_bits, a.num_groups, a.partial, t.shift, t.leaf_lo,
+                                      t.leaf_hi);
+            break;
+        case 1:
+            morphogen_sliced_table_n2(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                      a.domain_bits, a.num_groups, a.partial, t.shift, t.leaf_lo,
+                                      t.leaf_hi);
+            break;
+        case 2:
+            morphogen_sliced_table_n2_prefetch(a.sliced, a.num_chunks, a.first_chunk, a.keys,
+                                               a.num_keys, a.domain_bits, a.num_groups,
+                                               a.partial, t.shift, t.leaf_lo, t.leaf_hi);
+            break;
+        default:
+            break;
+    }
+}
+
+struct SliceArgs {
+    const uint4* natural;
+    u64 num_chunks;
+    u32* sliced;
+};
+
+void slice_thread(void* p) {
+    const SliceArgs& a = *static_cast<const SliceArgs*>(p);
+    morphogen_slice_pages(a.natural, a.num_chunks, a.sliced);
+}
+
+struct PatchArgs {
+    int sliced;
+    const uint4* diffs;
+    const u32* slots;
+    u32 n;
+    void* dest;
+};
+
+void patch_thread(void* p) {
+    const PatchArgs& a = *static_cast<const PatchArgs*>(p);
+    if (a.sliced) {
+        morphogen_patch_sliced(a.diffs, a.slots, a.n, static_cast<u32*>(a.dest));
+    } else {
+        morphogen_patch_pages(a.diffs, a.slots, a.n, static_cast<uint4*>(a.dest));
+    }
+}
+
 }  // namespace
+
+extern "C" int emu_patch(int sliced, u32 grid, u32 block, const uint4* diffs, const u32* slots,
+                         u32 n, void* dest) {
+    PatchArgs a{sliced, diffs, slots, n, dest};
+    return emu::launch(grid, block, 0, patch_thread, &a);
+}
+
+extern "C" int emu_sliced(int variant, u32 grid, u64 smem_bytes, const uint4* sliced,
+                          u64 num_chunks, u64 first_chunk, const u32* keys, u32 num_keys,
+                          u32 domain_bits, u32 num_groups, uint4* partial) {
+    if (variant < 0 || variant > 2) return -1;
+    SlicedArgs a{variant, sliced, num_chunks, first_chunk, keys, num_keys, domain_bits,
+                 num_groups, partial};
+    return emu::launch(grid, SLICED_THREADS, smem_bytes, sliced_thread, &a);
+}
+
+extern "C" int emu_sliced_table(int variant, u32 grid, u64 smem_bytes, const uint4* sliced,
+                                u64 num_chunks, u64 first_chunk, const u32* keys, u32 num_keys,
+                                u32 domain_bits, u32 num_groups, uint4* partial, u32 shift,
+                                u64 leaf_lo, u64 leaf_hi) {
+    if (variant < 0 || variant > 2) return -1;
+    TableArgs a{{variant, sliced, num_chunks, first_chunk, keys, num_keys, domain_bits,
+                 num_groups, partial},
+                shift, leaf_lo, leaf_hi};
+    return emu::launch(grid, SLICED_THREADS, smem_bytes, table_thread, &a);
+}
+
+extern "C" int emu_slice_pages(u32 grid, const uint4* natural, u64 num_chunks, u32* sliced) {
+    SliceArgs a{natural, num_chunks, sliced};
+    return emu::launch(grid, SLICE_THREADS, 0, slice_thread, &a);
+}
 
 extern "C" void emu_set_order(int order, unsigned seed) {
     emu::sched().order = order;

@@ -1,0 +1,130 @@
+"""Pending page updates folded into a GPU shard's device copy, in place.
+
+On the CPU engines a fold writes pending updates into private host copies of the touched
+chunks (morphogen.party.epoch). On a GPU shard the scans read the device copy, so the fold
+writes the updates there (GpuShard.write_pages: 4 KiB a changed page crosses the bus, untouched
+pages never again) and keeps the segment: its scanner, its table scanners and its lease stay
+what they were. The host side only needs the changed pages' bytes for later PageWrites and the
+self-test (`Version.written`: one host page per page ever changed, at most the range once).
+
+A write changes the data the device answers from, so it must fall between scans of whole
+versions: ShardState holds its scan gate (gpu_writes.ScanGate) around every scan, from the
+version's lease to its last partial, and the write side around the write and the version swap.
+Scans in flight finish on their epoch first; scans after the swap read the folded version,
+whose answers are the same bytes (a fold never changes an epoch's answers) without the
+per-query CPU pass over pending updates.
+
+A rotation to a snapshot of the same range (a compaction, a re-export of the same state) keeps
+the device copy too: staging compares the new verified pages with what the device holds and
+keeps the diff of the pages that differ (`rotation_diff`), and the commit writes it under the
+gate like a fold. The new version's segment shares the device shard (GpuShard.share), so
+retiring the old one does not free it. Where more than a quarter of the pages differ, a fresh
+load is cheaper and is what happens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.party.version import Segment, Version
+from morphogen.protocol.identity import EpochIdentity
+from morphogen.snapshot.reader import Snapshot
+
+# A rotation changing more than this share of the range loads it afresh instead.
+ROTATION_DIFF_MAX = 0.25
+_COMPARE_PAGES = 1 << 14  # pages compared at a time (64 MiB)
+
+
+def device_writable(version: Version) -> bool:
+    """Whether every segment of the version scans a device copy that takes writes."""
+    return all(callable(getattr(s.scanner, "write_pages", None)) for s in version.segments)
+
+
+def fold_on_device(base: Version, swap: Callable[[Version], None]) -> Version:
+    """Write `base`'s pending updates into its segments' device copies and `swap` in the
+    version that no longer carries them (the caller holds the scan gate's write side).
+    A failed write leaves the device copy undefined: the caller must stop serving it."""
+    merged: dict[int, np.ndarray] = {}
+    for u in base.pending:
+        diff = np.frombuffer(u.diff, np.uint8)
+        if u.page in merged:
+            merged[u.page] = merged[u.page] ^ diff
+        else:
+            merged[u.page] = diff.copy()
+    written = dict(base.written)
+    for page, diff in merged.items():
+        written[page] = (base.stored_page(page) ^ diff).tobytes()
+    pages = np.fromiter(merged, np.int64, len(merged))
+    diffs = (np.stack(list(merged.values())) if merged
+             else np.zeros((0, PAGE_SIZE), np.uint8))
+    for seg in base.segments:
+        lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
+        mine = (pages >= lo) & (pages < hi)
+        if mine.any():
+            seg.scanner.write_pages(pages[mine], diffs[mine])  # type: ignore[attr-defined]
+    folded = replace(base, pending=(), written=written)
+    swap(folded)
+    return folded
+
+
+def rotation_diff(current: Version, pages: np.ndarray,
+                  first_page: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(global pages, diffs) that turn what `current`'s device copy holds into `pages` (the
+    same range's new verified copy), or None where a fresh load is the better way: the range
+    or the segments differ, updates are pending, or too many pages changed."""
+    if (len(current.segments) != 1 or current.pending or current.first_page != first_page
+            or current.stop_page - first_page != pages.shape[0]
+            or not callable(getattr(current.segments[0].scanner, "share", None))
+            or not device_writable(current)):
+        return None
+    seg = current.segments[0]
+    n = pages.shape[0]
+    changed: list[np.ndarray] = []
+    for lo in range(0, n, _COMPARE_PAGES):
+        hi = min(n, lo + _COMPARE_PAGES)
+        differs = np.any(np.asarray(seg.pages[lo:hi]) != pages[lo:hi], axis=1)
+        changed.append(np.flatnonzero(differs) + lo)
+    idx = np.concatenate(changed) if changed else np.zeros(0, np.int64)
+    on_device = set(int(i) for i in idx)
+    for page, now in current.written.items():  # the device holds these, not seg.pages
+        i = page - first_page
+        if np.array_equal(np.frombuffer(now, np.uint8), pages[i]):
+            on_device.discard(i)
+        else:
+            on_device.add(i)
+    if len(on_device) > ROTATION_DIFF_MAX * n:
+        return None
+    local = np.array(sorted(on_device), np.int64)
+    diffs = np.stack([pages[i] ^ current.stored_page(first_page + int(i)) for i in local]) \
+        if local.size else np.zeros((0, PAGE_SIZE), np.uint8)
+    return local + first_page, diffs
+
+
+def stage_rotation(current: Version, snapshot: Snapshot, first_page: int, pages: np.ndarray,
+                   epoch_id: int) -> Version | None:
+    """The staged version of a rotation to `snapshot`'s range `pages` (verified) that keeps
+    `current`'s device copy: its segment shares the device shard, and it carries the diff
+    its commit writes. None where a fresh load is the way (rotation_diff)."""
+    diff = rotation_diff(current, pages, first_page)
+    if diff is None:
+        return None
+    identity = EpochIdentity.of_snapshot(epoch_id, snapshot.fingerprint())
+    shared = current.segments[0].scanner.share()  # type: ignore[attr-defined]
+    return Version(identity, snapshot, first_page, first_page + pages.shape[0],
+                   (Segment(first_page, pages, shared),), device_diffs=diff)
+
+
+def commit_rotation(staged: Version, swap: Callable[[Version], None]) -> Version:
+    """A staged rotation's diff into the device copy, then the version swapped in (the caller
+    holds the scan gate's write side); returns the version swapped in."""
+    assert staged.device_diffs is not None
+    where, diffs = staged.device_diffs
+    if where.size:
+        staged.segments[0].scanner.write_pages(where, diffs)  # type: ignore[attr-defined]
+    ready = replace(staged, device_diffs=None)
+    swap(ready)
+    return ready
