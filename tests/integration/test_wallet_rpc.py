@@ -197,6 +197,45 @@ def test_no_answer_from_an_orphaned_block_after_a_reorg(wallet) -> None:
     _same_as_node(wallet, block, [lost, kept, DEV_ACCOUNTS[5]], [])
 
 
+def test_the_owners_version_of_a_reorg_to_a_shorter_branch_is_served(wallet) -> None:
+    """The node goes back two blocks (`anvil_rollback`): the owner's next version names a
+    lower block than any answer so far, and the endpoint serves it at once (a newer version
+    is the owner's word; a higher block seen before is no bound), with nothing of the
+    orphaned blocks; then a reorg at the same height, depth 2."""
+    rpc, follower, w3 = wallet["rpc"], wallet["follower"], wallet["w3"]
+    lost = ["0x" + bytes([0x46 + i]).hex() * 20 for i in range(3)]
+    _catch_up(follower)
+    for a in lost:
+        _send(rpc, to=a, value="0x4321")
+        _mine(rpc)
+    _catch_up(follower)
+    high = w3.eth.block_number
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(lost[2])) == 0x4321
+    rpc.call("anvil_rollback", 2)
+    rpc.call("anvil_dropAllTransactions")
+    block = rpc.block("latest")
+    assert int(block["number"], 16) == high - 2
+    _catch_up(follower)
+    assert w3.eth.block_number == high - 2
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(lost[2])) == 0
+    _same_as_node(wallet, block, [*lost, DEV_ACCOUNTS[0]], [])
+    # depth 2 at the same height: the version of the new branch's first block names a block
+    # below the one served before it
+    _send(rpc, to=lost[1], value="0x99")
+    _mine(rpc)
+    _send(rpc, to=lost[2], value="0x99")
+    _mine(rpc)
+    _catch_up(follower)
+    high = w3.eth.block_number
+    rpc.call("anvil_reorg", 2, [[{"from": DEV_ACCOUNTS[5], "to": lost[0], "value": "0x5"}, 0]])
+    assert follower.step()  # the new branch's first block only
+    follower.wait_published()
+    assert w3.eth.block_number == high - 1
+    _catch_up(follower)
+    block = rpc.block("latest")
+    _same_as_node(wallet, block, [*lost, DEV_ACCOUNTS[5]], [])
+
+
 CONTRACTS = json.loads((ROOT / "tests" / "vectors" / "wallet_contracts.json").read_text())
 
 
