@@ -26,6 +26,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     from morphogen.client import PirClient, PirError
     from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
     from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
+    from morphogen.wallet.guard import LOOPBACK_HOSTS
     from morphogen.wallet.methods import METHODS
 
     url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
@@ -37,6 +38,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         raise UsageError("--call-processes is 0 (no eth_call here) or more")
     if args.watch < 0:
         raise UsageError("--watch is a number of seconds, 0 or more (0: no watching)")
+    hosts = [h.strip() for a in args.allowed_hosts for h in a.split(",") if h.strip()] \
+        or list(LOOPBACK_HOSTS)
     with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
         try:
             state = PrivateState(pir, args.public_key, max_age=args.max_age,
@@ -54,7 +57,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         endpoint = Endpoint(state, forward=upstream, max_batch=args.max_batch,
                             calls=calls.calls if calls else None)
         try:
-            server = RpcServer(endpoint, args.host, args.port, cors_origins=args.cors_origin)
+            server = RpcServer(endpoint, args.host, args.port, cors_origins=args.cors_origin,
+                               allowed_hosts=hosts)
         except OSError as exc:
             if calls is not None:
                 calls.close()
@@ -73,6 +77,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
             print("[rpc] every other request is refused (no --upstream)", flush=True)
         if args.cors_origin:
             print(f"[rpc] browser origins allowed: {', '.join(args.cors_origin)}", flush=True)
+        print(f"[rpc] Host names served: "
+              f"{', '.join(hosts)}", flush=True)
         print(f"[rpc] listening on {server.url}", flush=True)
         try:
             with _stop_on_term(server):
@@ -126,6 +132,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     rpc.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                      help="a browser origin allowed to call it (repeat; * for any): none "
                           "by default")
+    rpc.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME",
+                     help="Host names requests may name (comma-separated or repeated; * for "
+                          "any): by default localhost, 127.0.0.1 and ::1, which keeps "
+                          "DNS-rebinding pages out; "
+                          "name this machine's when listening on another --host")
     rpc.add_argument("--max-age", type=float, default=None, metavar="S",
                      help="refuse state the owner made more than S seconds ago")
     rpc.add_argument("--min-block", type=int, default=0, metavar="N",

@@ -331,6 +331,10 @@ def call_param(tx: Any) -> Call:
         raise InvalidParams("data is 0x-hex of whole bytes")
     value = quantity(tx["value"], "value") if tx.get("value") is not None else 0
     gas = quantity(tx["gas"], "gas") if tx.get("gas") is not None else CALL_GAS
+    if value >= 1 << 256:
+        raise InvalidParams("value is a 256-bit quantity")
+    if gas >= 1 << 64:
+        raise InvalidParams("gas is a 64-bit quantity")
     for fee in ("gasPrice", "maxFeePerGas", "maxPriorityFeePerGas"):
         if tx.get(fee) not in (None, "0x0"):
             raise NotServed("a call that pays for gas is not run privately (fees are "

@@ -49,6 +49,9 @@ LIMIT_EXCEEDED = -32005
 EXECUTION_REVERTED = 3  # geth's code for a reverted eth_call / eth_estimateGas
 CALL_HALTED = -32000  # a call that halted (out of gas, invalid opcode)
 MAX_BATCH = 100
+# Nesting a request may have: a call's access list is 4 deep inside a batch; more is refused
+# before anything walks it (the standard library's JSON recurses).
+MAX_DEPTH = 32
 
 # forwards one request object to the upstream node and returns its response object
 Forward = Callable[[dict], dict]
@@ -81,6 +84,10 @@ class Endpoint:
             request = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _dump(error(None, PARSE_ERROR, "the body is not JSON"))
+        except RecursionError:  # the parser's own depth limit: nested past any request
+            return _dump(error(None, PARSE_ERROR, f"the body nests deeper than {MAX_DEPTH}"))
+        if _deeper(request, MAX_DEPTH):
+            return _dump(error(None, INVALID_REQUEST, f"the body nests deeper than {MAX_DEPTH}"))
         if isinstance(request, list):
             if not request:
                 return _dump(error(None, INVALID_REQUEST, "an empty batch"))
@@ -153,6 +160,19 @@ class Endpoint:
             return error(rid, UNAVAILABLE, f"{method}: the upstream node's answer is not a "
                          "JSON-RPC response")
         return answer
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests arrays and objects more than `limit` deep (without recursion: a
+    body is parsed before it is known to be sane)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (list, dict)):
+            if depth > limit:
+                return True
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def _dump(value: Any) -> bytes:

@@ -420,10 +420,18 @@ def test_bad_input_is_an_error_and_the_endpoint_serves_on(wallet) -> None:
         json.dumps([{"jsonrpc": "2.0", "id": i, "method": "eth_chainId"}
                     for i in range(1000)]).encode(),
     ]
+    cases += [b"[" * 5_000 + b"]" * 5_000, json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+         "params": [{"to": DEV_ACCOUNTS[1], "value": hex(2**256)}, "latest"]}).encode()]
     for body in cases:
-        r = httpx.post(url, content=body, timeout=30)
+        r = httpx.post(url, content=body, timeout=30,
+                       headers={"Content-Type": "application/json"})
         assert r.status_code == 200
         assert isinstance(r.json()["error"]["code"], int), body[:60]
+        assert r.json()["error"]["code"] != -32000, body[:60]
+        # a web page's CORS-simple POST (text/plain): refused before it is read
+        r = httpx.post(url, content=body, timeout=30, headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415 and isinstance(r.json()["error"]["code"], int)
     assert wallet["w3"].eth.chain_id == int(wallet["rpc"].call("eth_chainId"), 16)
 
 
