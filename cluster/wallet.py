@@ -36,6 +36,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         raise UsageError("--max-batch is at least 1")
     if args.call_processes < 0:
         raise UsageError("--call-processes is 0 (no eth_call here) or more")
+    if not args.call_time > 0:
+        raise UsageError("--call-time is a number of seconds above 0")
     if args.watch < 0:
         raise UsageError("--watch is a number of seconds, 0 or more (0: no watching)")
     hosts = [h.strip() for a in args.allowed_hosts for h in a.split(",") if h.strip()] \
@@ -52,7 +54,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
             state.close()
             raise CommandFailed(f"the parties' chain tables: {exc}") from None
         upstream = Upstream(args.upstream, args.timeout) if args.upstream else None
-        calls = CallService(state, processes=args.call_processes, timeout_s=args.timeout) \
+        calls = CallService(state, processes=args.call_processes, run_s=args.call_time) \
             if args.call_processes else None
         endpoint = Endpoint(state, forward=upstream, max_batch=args.max_batch,
                             calls=calls.calls if calls else None)
@@ -115,6 +117,7 @@ def _main_thread() -> bool:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    from morphogen.wallet.evm import RUN_S
     from morphogen.wallet.jsonrpc import MAX_BATCH
 
     rpc = sub.add_parser("rpc", help="a wallet's Ethereum JSON-RPC endpoint, private and verified",
@@ -146,6 +149,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     rpc.add_argument("--call-processes", type=int, default=2, metavar="N",
                      help="processes running eth_call and eth_estimateGas (revm) over private "
                           "state (default 2; 0: those go upstream or are refused)")
+    rpc.add_argument("--call-time", type=float, default=RUN_S, metavar="S",
+                     help=f"EVM seconds one eth_call or eth_estimateGas may run, its runs "
+                          f"together, waiting for reads not counted (default {RUN_S:g}); past "
+                          "it the run is stopped and the answer is a timeout error")
     rpc.add_argument("--watch", type=float, default=0.5, metavar="S",
                      help="every S seconds, ask the parties whether they serve a new block and "
                           "read its signed descriptors before a request needs them (default "

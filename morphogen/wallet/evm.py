@@ -42,17 +42,14 @@ is not padded.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import logging
-import multiprocessing
 import re
 import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,12 +57,16 @@ from morphogen.chain.state import EMPTY_CODE_HASH, Account, address_bytes, word_
 from morphogen.wallet.methods import InvalidParams, NotServed, block_param, quantity
 from morphogen.wallet.rounds import Coming, Rounds, Want, lacking
 from morphogen.wallet.state import CallCache, PrivateState, Served
+from morphogen.wallet.workers import CallWorkers, RunTimedOut
 
 ROUND_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 MAX_ROUNDS = ROUND_BUCKETS[-1]
+# What one call may read, all its rounds together: a 50 M-gas loop over fresh slots would
+# otherwise ask tens of thousands of lookups in one round.
+MAX_CALL_LOOKUPS = 4096
+RUN_S = 10.0  # EVM time one call's runs may take together
 MEMO_CALLS = 4096
 WARM_IDLE_S = 600.0  # the working set is read at each new version while state was asked
-SPEC = "PRAGUE"
 CALL_GAS = 50_000_000  # a node's default eth_call gas cap (geth RPCGasCap)
 TRIES = 4  # runs at a version: a call may start at one the parties have left
 _TOKEN = re.compile(r"/call/([0-9a-f]{32})")
@@ -215,92 +216,6 @@ class CallRoutes:
             return self._calls.get(m.group(1)) if m else None
 
 
-# -- the worker processes ----------------------------------------------------------------
-
-def _run(url: str, block: dict, tx: dict, estimate: bool,
-         accounts: Sequence[tuple[str, int, int, bytes, bytes]] = ()) -> dict:
-    """In a worker: one call (or a gas estimate, as a node's binary search) at `block`;
-    `accounts` (`CallReads.preloaded`) in the fork's cache before it runs, so it does not
-    ask the loopback for them (the fork's own cache: the same state as asked, no warmer)."""
-    import pyrevm
-
-    def attempt(gas: int) -> tuple[bool, bytes, str, int]:
-        # a fresh EVM each time: message_call commits to its state
-        env = pyrevm.Env(cfg=pyrevm.CfgEnv(chain_id=block["chain_id"]),
-                         block=pyrevm.BlockEnv(number=block["number"],
-                                               timestamp=block["timestamp"], basefee=0,
-                                               gas_limit=CALL_GAS))
-        evm = pyrevm.EVM(env=env, fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC)
-        for address, balance, nonce, code_hash, code in accounts:
-            evm.insert_account_info(address, pyrevm.AccountInfo(
-                balance=balance, nonce=nonce, code_hash=code_hash, code=code or None))
-        try:
-            out = evm.message_call(tx["from"], tx["to"], tx["data"], tx["value"], gas, 0)
-        except Exception as exc:  # pyrevm raises on revert and halt, naming which
-            text = str(exc)
-            data = re.search(r"0x((?:[0-9a-fA-F]{2})*)", text) if "Revert" in text else None
-            return False, bytes.fromhex(data.group(1)) if data else b"", text[:300], 0
-        res = evm.result
-        return True, bytes(out), "", res.gas_used if res is not None else 0
-
-    ok, out, reason, used = attempt(tx["gas"])
-    if not estimate or not ok:
-        return {"ok": ok, "out": out, "reason": reason, "gas": used}
-    lo, hi = max(used - 1, 20_999), tx["gas"]
-    while hi - lo > 1:  # the least gas that succeeds (refunds and the 63/64 rule)
-        mid = (lo + hi) // 2
-        if attempt(mid)[0]:
-            hi = mid
-        else:
-            lo = mid
-    return {"ok": True, "out": out, "reason": "", "gas": hi}
-
-
-def _warm() -> bool:
-    import pyrevm  # noqa: F401
-
-    return True
-
-
-class CallWorkers:
-    """Processes that run pyrevm (spawned: no thread of this process is copied). A process
-    that dies (killed, out of memory, a crash in the EVM) breaks the pool: the next run
-    starts a new one and is run again there (a run reads nothing from the parties and
-    changes nothing, so running it again is safe)."""
-
-    def __init__(self, processes: int = 2) -> None:
-        self._processes = processes
-        self._lock = threading.Lock()
-        self._pool = self._start()
-
-    def _start(self) -> concurrent.futures.ProcessPoolExecutor:
-        pool = concurrent.futures.ProcessPoolExecutor(
-            self._processes, mp_context=multiprocessing.get_context("spawn"))
-        for f in [pool.submit(_warm) for _ in range(self._processes)]:
-            f.result(timeout=120)
-        return pool
-
-    def run(self, url: str, block: dict, tx: dict, estimate: bool, timeout_s: float,
-            accounts: Sequence[tuple[str, int, int, bytes, bytes]] = ()) -> dict:
-        for again in (False, True):
-            pool = self._pool
-            try:
-                return pool.submit(_run, url, block, tx, estimate,
-                                   accounts).result(timeout=timeout_s)
-            except BrokenProcessPool:
-                if again:
-                    raise
-                with self._lock:
-                    if self._pool is pool:  # one thread replaces it, the others use that
-                        log.warning("an eth_call worker process died: starting new ones")
-                        pool.shutdown(wait=False, cancel_futures=True)
-                        self._pool = self._start()
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self._pool.shutdown(cancel_futures=True)
-
-
 # -- the methods -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -376,14 +291,34 @@ class CallMemo:
         return out
 
 
+class CallLimit(RuntimeError):
+    """A call past this endpoint's limits on what one call may read (JSON-RPC -32005)."""
+
+
+class Tally:
+    """One call's costs so far: the rounds it read (for the padding), its own reads (for the
+    lookup limit), and its runs' EVM time (for the time limit)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.reads = Want()
+        self.seconds = 0.0
+        self.served: Served | None = None  # where its padding rounds go
+        self.cache: CallCache | None = None
+
+    def lookups(self) -> int:
+        return len(self.reads.accounts) + len(self.reads.words) + len(self.reads.code)
+
+
 class PrivateCalls:
     """eth_call and eth_estimateGas: revm in `workers`, its reads served by `routes` on the
     loopback server at `url`, read privately in `rounds` shared by the calls in flight."""
 
     def __init__(self, state: PrivateState, workers: CallWorkers, routes: CallRoutes,
-                 url: Callable[[], str], *, timeout_s: float = 60.0) -> None:
+                 url: Callable[[], str], *, run_s: float = RUN_S) -> None:
+        """`run_s`: the EVM time one call's runs may take together (rounds not counted)."""
         self.state, self.workers, self.routes, self.url = state, workers, routes, url
-        self.timeout_s = timeout_s
+        self.run_s = run_s
         self.rounds = Rounds(state)
         self._memo = CallMemo()
         state.on_new_version(self.warm)
@@ -421,19 +356,25 @@ class PrivateCalls:
         return out
 
     def _run(self, call: Call, served: Served, cache: CallCache, estimate: bool,
-             accounts: set[bytes] = frozenset()) -> tuple[dict, Want, Want]:
-        """One run; the `accounts` known at `served` go with it (read, not asked for)."""
+             tally: Tally, accounts: set[bytes] = frozenset()) -> tuple[dict, Want, Want]:
+        """One run, within what is left of the call's run time; the `accounts` known at
+        `served` go with it (read, not asked for)."""
+        left = self.run_s - tally.seconds
+        if left <= 0:
+            raise RunTimedOut(f"the call's runs took {self.run_s:g} s of EVM time")
         reads = CallReads(self.state, served, cache)
         token = self.routes.open(reads)
         try:
             result = self.workers.run(
                 f"{self.url()}/call/{token}", {"number": served.number,
                                                "timestamp": served.time,
-                                               "chain_id": served.chain_id},
+                                               "chain_id": served.chain_id,
+                                               "gas_limit": CALL_GAS},
                 {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
-                 "gas": call.gas}, estimate, self.timeout_s, reads.preloaded(accounts))
+                 "gas": call.gas}, estimate, left, reads.preloaded(accounts))
         finally:
             self.routes.close(token)
+        tally.seconds += result.get("seconds", 0.0)
         # a read refused (a block hash, another block) is the call's answer, unless the run
         # saw placeholders: a path that real values may not take, thrown away anyway
         if reads.failure is not None and not reads.want:
@@ -444,17 +385,52 @@ class PrivateCalls:
         # coming from the start: a batch announced this call (`Rounds.expecting`), and a call
         # refused here arrives at once rather than keep a round waiting for it
         with self.rounds.coming() as coming:
-            return self._execute_coming(params, method, estimate, coming)
+            if not 1 <= len(params) <= 3:
+                raise InvalidParams(f"{method} takes 1 to 3 params, got {len(params)}")
+            call = call_param(params[0])
+            wanted = block_param(params[1] if len(params) > 1 else None)
+            if len(params) > 2 and params[2] not in (None, {}):
+                raise NotServed("state overrides are not run privately")
+            self.state.asked()
+            tally = Tally()
+            try:
+                return self._execute_coming(call, wanted, estimate, coming, tally)
+            finally:
+                # Whatever the call ended on (an answer, a revert, a read refused such as
+                # BLOCKHASH, a limit, a timeout, an error of the parties, a version change on
+                # the way), its rounds are raised to the same buckets: the parties cannot
+                # tell the contract's path from their count.
+                self._pad(tally)
 
-    def _execute_coming(self, params: list, method: str, estimate: bool,
-                        coming: Coming) -> dict:
-        if not 1 <= len(params) <= 3:
-            raise InvalidParams(f"{method} takes 1 to 3 params, got {len(params)}")
-        call = call_param(params[0])
-        wanted = block_param(params[1] if len(params) > 1 else None)
-        if len(params) > 2 and params[2] not in (None, {}):
-            raise NotServed("state overrides are not run privately")
-        self.state.asked()
+    def _pad(self, tally: Tally) -> None:
+        if tally.served is None or tally.cache is None:
+            return
+        for _ in range(round_bucket(tally.rounds) - tally.rounds):
+            try:
+                self.rounds.fetch(tally.served, tally.cache, Want())
+            except Exception as exc:  # noqa: BLE001 - the call's own outcome stands
+                log.debug("a padding round: %s", type(exc).__name__)
+                return
+
+    def _round(self, tally: Tally, want: Want, served: Served, cache: CallCache,
+               reading: Want, coming: Coming | None, *, held: bool = False
+               ) -> tuple[Served | None, bool]:
+        """One of the call's rounds, within its limits: `want` its own reads, `reading`
+        what the round asks for it (the working set may ride along)."""
+        if tally.rounds >= MAX_ROUNDS:
+            raise CallLimit(f"the call reads state over more than {MAX_ROUNDS} rounds")
+        tally.reads.merge(want)
+        if tally.lookups() > MAX_CALL_LOOKUPS:
+            raise CallLimit(f"the call reads more than {MAX_CALL_LOOKUPS} accounts, storage "
+                            "words and codes")
+        at, read = self.rounds.fetch(served, cache, reading, coming, held=held)
+        if read:
+            tally.rounds += 1
+            tally.served, tally.cache = served, cache
+        return at, read
+
+    def _execute_coming(self, call: Call, wanted: Any, estimate: bool, coming: Coming,
+                        tally: Tally) -> dict:
         # A call for the served block starts at the newest version seen here, unconfirmed:
         # a run on that version's reads stands where both parties still serve its data
         # (GET /epoch); else its first round is read at the version served now, and names it
@@ -467,6 +443,8 @@ class PrivateCalls:
                 served, confirmed = self.rounds.head(), True
             wanted.check(served)
             cache = self.state.call_cache(served)
+            if tally.served is None:
+                tally.served, tally.cache = served, cache
             rounds, at = 0, served
             # Both parties' /epoch naming the very data the version was read from confirms
             # it (no round); read while the call runs, where it can confirm at all.
@@ -481,15 +459,16 @@ class PrivateCalls:
             while True:
                 if want:
                     rounds += 1
-                    round_bucket(rounds)  # past the last bucket: refused
-                    at, read = self.rounds.fetch(
-                        served, cache, want if confirmed else self._naming(want, served),
-                        coming, held=confirmed or confirming is not None)
+                    at, read = self._round(
+                        tally, want, served, cache,
+                        want if confirmed else self._naming(want, served), coming,
+                        held=confirmed or confirming is not None)
                     if at != served:
                         break
                     confirmed = confirmed or read
                 # the accounts the call read last time, and in this call's runs so far
-                result, want, touched = self._run(call, served, cache, estimate, accounts)
+                result, want, touched = self._run(call, served, cache, estimate, tally,
+                                                  accounts)
                 accounts |= touched.accounts
                 if confirming is not None:
                     confirmed = confirmed or confirming.result()
@@ -499,8 +478,8 @@ class PrivateCalls:
                     # read again. At that version, the run's answer stands; at a newer
                     # one, that version's cache has what the call needs there.
                     rounds += 1
-                    at, _ = self.rounds.fetch(served, cache, self._naming(touched, served),
-                                              coming)
+                    at, _ = self._round(tally, touched, served, cache,
+                                        self._naming(touched, served), coming)
                     confirmed = at == served
                     break
                 if not want:
@@ -510,8 +489,6 @@ class PrivateCalls:
             if at != served:  # a newer version (or a publication mid-round: the head)
                 served, confirmed = at, at is not None
                 continue
-            for _ in range(round_bucket(rounds) - rounds):
-                self.rounds.fetch(served, cache, Want())
             self._memo.put(call, touched)
             return result
         raise NotServed(f"the served block moved during each of {TRIES} runs of the call")
@@ -534,7 +511,7 @@ class CallService:
     server their reads go to, and `calls` (a `PrivateCalls`) for the Endpoint."""
 
     def __init__(self, state: PrivateState, *, processes: int = 2,
-                 timeout_s: float = 60.0) -> None:
+                 run_s: float = RUN_S) -> None:
         from morphogen.wallet.server import RpcServer
 
         self.routes = CallRoutes()
@@ -547,7 +524,7 @@ class CallService:
             self.server.server_close()
             raise
         self.calls = PrivateCalls(state, self.workers, self.routes, lambda: self.server.url,
-                                  timeout_s=timeout_s)
+                                  run_s=run_s)
 
     def close(self) -> None:
         self.workers.close()

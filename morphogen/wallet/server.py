@@ -27,6 +27,7 @@ from morphogen.wallet.guard import (
     HostList,
     is_json,
 )
+from morphogen.wallet.workers import client
 
 if TYPE_CHECKING:
     from morphogen.wallet.jsonrpc import Endpoint
@@ -205,7 +206,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._arrived()
         try:
-            answer = target.handle(body)
+            with client(id(self.connection)):  # its runs queued as this connection's
+                answer = target.handle(body)
         except Exception as exc:  # Endpoint.handle answers every request; this is a bug
             log.error("a request failed: %s", type(exc).__name__)
             self._send(500, _error(INTERNAL_ERROR, f"internal error ({type(exc).__name__})"))
