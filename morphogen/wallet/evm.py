@@ -65,6 +65,7 @@ MAX_ROUNDS = ROUND_BUCKETS[-1]
 # otherwise ask tens of thousands of lookups in one round.
 MAX_CALL_LOOKUPS = 4096
 RUN_S = 10.0  # EVM time one call's runs may take together
+MAX_ACCESS_LIST = 256  # addresses in a call's access list, and keys of one address
 MEMO_CALLS = 4096
 WARM_IDLE_S = 600.0  # the working set is read at each new version while state was asked
 CALL_GAS = 50_000_000  # a node's default eth_call gas cap (geth RPCGasCap)
@@ -225,6 +226,8 @@ class Call:
     data: bytes
     value: int
     gas: int
+    # EIP-2930: (address, slots) warm from the start, each paid for in the intrinsic gas
+    access_list: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def call_param(tx: Any) -> Call:
@@ -232,6 +235,9 @@ def call_param(tx: Any) -> Call:
         raise InvalidParams("a call is a transaction object")
     known = {"from", "to", "data", "input", "value", "gas", "gasPrice", "maxFeePerGas",
              "maxPriorityFeePerGas", "nonce", "type", "chainId", "accessList"}
+    if "authorizationList" in tx:
+        raise NotServed("a call with an EIP-7702 authorization list is not run privately "
+                        "(this EVM predates Prague's delegations)")
     if set(tx) - known:
         raise InvalidParams(f"unknown fields {sorted(set(tx) - known)[:3]}")
     if tx.get("to") is None:
@@ -254,7 +260,30 @@ def call_param(tx: Any) -> Call:
         if tx.get(fee) not in (None, "0x0"):
             raise NotServed("a call that pays for gas is not run privately (fees are "
                             "computed against balances here as gas price 0)")
-    return Call(sender, to, bytes.fromhex(data[2:]), value, min(gas, CALL_GAS))
+    return Call(sender, to, bytes.fromhex(data[2:]), value, min(gas, CALL_GAS),
+                access_list(tx.get("accessList")))
+
+
+def access_list(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """An EIP-2930 access list: [{"address", "storageKeys": [32-byte words]}]."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_ACCESS_LIST:
+        raise InvalidParams(f"accessList is a list of at most {MAX_ACCESS_LIST} entries")
+    out = []
+    for entry in value:
+        if not isinstance(entry, dict) or set(entry) - {"address", "storageKeys"}:
+            raise InvalidParams("an accessList entry is {address, storageKeys}")
+        keys = entry.get("storageKeys") or []
+        if not isinstance(keys, list) or len(keys) > MAX_ACCESS_LIST:
+            raise InvalidParams("storageKeys is a list of 32-byte words")
+        try:
+            address = "0x" + address_bytes(entry.get("address")).hex()
+            slots = tuple(int.from_bytes(word_bytes(k, "a storage key"), "big") for k in keys)
+        except (ValueError, TypeError) as exc:
+            raise InvalidParams(f"accessList: {exc}") from None
+        out.append((address, slots))
+    return tuple(out)
 
 
 class CallMemo:
@@ -371,7 +400,8 @@ class PrivateCalls:
                                                "chain_id": served.chain_id,
                                                "gas_limit": CALL_GAS},
                 {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
-                 "gas": call.gas}, estimate, left, reads.preloaded(accounts))
+                 "gas": call.gas, "access_list": [list(e) for e in call.access_list]},
+                estimate, left, reads.preloaded(accounts))
         finally:
             self.routes.close(token)
         tally.seconds += result.get("seconds", 0.0)

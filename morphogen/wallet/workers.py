@@ -74,13 +74,17 @@ class WorkerDied(RuntimeError):
 
 # -- in a worker process -----------------------------------------------------------------
 
-def _evm(url: str, block: dict, accounts: Sequence[tuple[str, int, int, bytes, bytes]]) -> Any:
+def _evm(url: str, block: dict, tx: dict,
+         accounts: Sequence[tuple[str, int, int, bytes, bytes]]) -> Any:
     import pyrevm
 
+    listed = [(a, list(slots)) for a, slots in tx.get("access_list") or ()]
     env = pyrevm.Env(cfg=pyrevm.CfgEnv(chain_id=block["chain_id"]),
                      block=pyrevm.BlockEnv(number=block["number"],
                                            timestamp=block["timestamp"], basefee=0,
-                                           gas_limit=block["gas_limit"]))
+                                           gas_limit=block["gas_limit"]),
+                     # message_call keeps the access list of the environment's transaction
+                     tx=pyrevm.TxEnv(access_list=listed) if listed else None)
     evm = pyrevm.EVM(env=env, fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC)
     # the accounts known up front go into the fork's own cache, where its reads would have
     # put them (no warmer: the cache is below the journal that tracks access)
@@ -93,7 +97,7 @@ def _evm(url: str, block: dict, accounts: Sequence[tuple[str, int, int, bytes, b
 def run_call(url: str, block: dict, tx: dict, estimate: bool,
              accounts: Sequence[tuple[str, int, int, bytes, bytes]] = ()) -> dict:
     """One call (or a gas estimate) at `block`, its state read through `url`."""
-    evm = _evm(url, block, accounts)
+    evm = _evm(url, block, tx, accounts)
 
     def attempt(gas: int) -> tuple[bool, bytes, str, int, int]:
         checkpoint = evm.snapshot()  # each attempt is a transaction of its own

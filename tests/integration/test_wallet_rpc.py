@@ -292,6 +292,11 @@ def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
     move = {"from": holders[0], "to": token.address,
             "data": token.functions.transfer(holders[1], 10**18)._encode_transaction_data()}
     assert w3.eth.estimate_gas(move) == node.eth.estimate_gas(move, number)
+    # with an access list (EIP-2930: paid for, and its keys warm), as the node estimates it
+    listed = {**move, "accessList": [{"address": token.address, "storageKeys": [
+        "0x" + "00" * 31 + "01", "0x" + "00" * 31 + "02"]}]}
+    assert w3.eth.estimate_gas(listed) == node.eth.estimate_gas(listed, number)
+    assert w3.eth.estimate_gas(listed) != w3.eth.estimate_gas(move)
 
     # a dapp's reads through viem (node), the token balance through eth_call
     viem = need_viem()

@@ -69,6 +69,11 @@ def test_call_params():
     assert (c.sender, c.data, c.value, c.gas) == ("0x" + "00" * 20, b"\xab\xcd", 16, CALL_GAS)
     assert call_param({"to": "0x" + "22" * 20, "input": "0x01", "gas": "0x5208"}).gas == 21000
     assert call_param({"to": "0x" + "22" * 20, "value": hex(2**256 - 1)}).value == 2**256 - 1
+    listed = call_param({"to": "0x" + "22" * 20, "accessList": [
+        {"address": "0x" + "33" * 20, "storageKeys": ["0x" + "00" * 31 + "01", "0x02"]}]})
+    assert listed.access_list == (("0x" + "33" * 20, (1, 2)),)
+    with pytest.raises(NotServed, match="7702"):
+        call_param({"to": "0x" + "22" * 20, "authorizationList": []})
     with pytest.raises(NotServed, match="without `to`"):
         call_param({"data": "0x00"})
     with pytest.raises(NotServed, match="pays for gas"):
@@ -76,7 +81,11 @@ def test_call_params():
     for bad in ("x", {"to": "0x12"}, {"to": "0x" + "22" * 20, "data": "0x1"},
                 {"to": "0x" + "22" * 20, "value": "12"}, {"to": "0x" + "22" * 20, "bogus": 1},
                 {"to": "0x" + "22" * 20, "value": hex(2**256)},
-                {"to": "0x" + "22" * 20, "gas": hex(2**64)}):
+                {"to": "0x" + "22" * 20, "gas": hex(2**64)},
+                {"to": "0x" + "22" * 20, "accessList": [{"address": "0x12"}]},
+                {"to": "0x" + "22" * 20, "accessList": [{"address": "0x" + "33" * 20,
+                                                        "storageKeys": ["0x" + "1" * 65]}]},
+                {"to": "0x" + "22" * 20, "accessList": {"a": 1}}):
         with pytest.raises(InvalidParams):
             call_param(bad)
 

@@ -108,3 +108,40 @@ def test_clients_take_turns(workers):
     for t in [*many, other]:
         t.join(120)
     assert len(order) == 9 and order.index("b") <= 3, order
+
+
+def test_an_access_list_is_paid_for_and_warm(workers):
+    """EIP-2930: 2,400 gas an address and 1,900 a key on top of 21,000, as a node estimates a
+    plain transfer with one address and two keys (27,200). The listed slots are loaded at the
+    start, so they are read like any (here through a loopback that knows them)."""
+    from morphogen.chain.state import Account
+    from morphogen.wallet.evm import CallReads, CallRoutes
+    from morphogen.wallet.server import RpcServer
+    from morphogen.wallet.state import CallCache, Served
+
+    other = "0x" + "33" * 20
+    cache = CallCache()
+    for address in (TO, SENDER, COINBASE, other):
+        cache.accounts[bytes.fromhex(address[2:])] = Account(0, 0, EMPTY)
+    for slot in (1, 2):
+        cache.words[(bytes.fromhex(other[2:]), slot.to_bytes(32, "big"))] = 0
+
+    class Known:
+        def known_code(self, code_hash):
+            return b"" if code_hash == EMPTY else None
+
+    routes = CallRoutes()
+    server = RpcServer(None, "127.0.0.1", 0, route=routes.reads)
+    server.start()
+    try:
+        reads = CallReads(Known(), Served(1, 5, "0x" + "ab" * 32, 1, 1), cache)
+        url = f"{server.url}/call/{routes.open(reads)}"
+        tx = {"from": SENDER, "to": other, "data": b"", "value": 0, "gas": 100_000}
+        assert workers.run(url, BLOCK, tx, True, 30.0)["gas"] == 21_000
+        listed = {**tx, "access_list": [[other, [1, 2]]]}
+        assert workers.run(url, BLOCK, listed, True, 30.0)["gas"] == 27_200
+        assert workers.run(url, BLOCK, listed, False, 30.0)["gas"] == 27_200
+        assert not reads.want and reads.failure is None
+    finally:
+        server.shutdown()
+        server.server_close()
