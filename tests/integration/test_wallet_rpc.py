@@ -340,6 +340,14 @@ def test_a_call_that_reads_a_block_hash_goes_upstream_or_is_refused(wallet) -> N
     answer = json.loads(alone.handle(json.dumps(body).encode()))
     assert answer["error"]["code"] == NOT_SERVED, answer
     assert "not read privately" in answer["error"]["message"]
+    # a call from an address with code: nodes skip EIP-3607 for calls, this EVM cannot, so
+    # it is the node's answer upstream, or refused saying why (never "execution failed")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+            "params": [{"from": at, "to": DEV_ACCOUNTS[1]}, "latest"]}
+    want = rpc.call("eth_call", {"from": at, "to": DEV_ACCOUNTS[1]}, {"blockHash": block["hash"]})
+    assert _post(wallet["server"].url, body).json()["result"] == want
+    answer = json.loads(alone.handle(json.dumps(body).encode()))
+    assert answer["error"]["code"] == NOT_SERVED and "with code" in answer["error"]["message"]
 
 
 def test_a_new_block_is_read_before_a_request_needs_it(wallet) -> None:

@@ -669,3 +669,32 @@ def test_a_call_over_its_lookups_or_its_run_time_is_refused_with_a_clear_error()
     answer = json.loads(Endpoint(state2, calls=calls).handle(json.dumps(body).encode()))
     assert answer["error"]["code"] == TIMED_OUT and "timed out" in answer["error"]["message"]
     assert greedy.limits == [10.0, 6.0, 2.0]
+
+
+def test_a_call_from_an_address_with_code_is_not_answered_as_failed():
+    """The EVM refuses a caller with code (EIP-3607, which nodes skip for calls): that is
+    no execution failure (-32000) but a call not run privately, said so (-32001, or the
+    upstream node's answer)."""
+    from morphogen.wallet import Endpoint
+    from morphogen.wallet.evm import PrivateCalls
+    from morphogen.wallet.jsonrpc import NOT_SERVED
+
+    tables = _tables(4, 9, 7)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    routes = CallRoutes()
+
+    class Refusing:
+        def run(self, url, block, tx, estimate, limit_s, accounts=()):
+            return {"ok": False, "out": b"", "reason": "Transaction(RejectCallerWithCode)",
+                    "gas": 0, "seconds": 0.0}
+
+    calls = PrivateCalls(state, Refusing(), routes, lambda: "http://loopback")
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+                       "params": [{"from": "0x" + TOKEN.hex(), "to": "0x" + TOKEN2.hex()},
+                                  "latest"]}).encode()
+    answer = json.loads(Endpoint(state, calls=calls).handle(body))
+    assert answer["error"]["code"] == NOT_SERVED and "with code" in answer["error"]["message"]
+    forwarded = Endpoint(state, calls=calls, forward=lambda r: {
+        "jsonrpc": "2.0", "id": r["id"], "result": "0x01"})
+    assert json.loads(forwarded.handle(body))["result"] == "0x01"
