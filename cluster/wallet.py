@@ -54,8 +54,11 @@ def cmd_rpc(args: argparse.Namespace) -> int:
             state.close()
             raise CommandFailed(f"the parties' chain tables: {exc}") from None
         upstream = Upstream(args.upstream, args.timeout) if args.upstream else None
-        calls = CallService(state, processes=args.call_processes, run_s=args.call_time) \
-            if args.call_processes else None
+        # what a call sees of its block (GASLIMIT, COINBASE, ...) from the upstream's header,
+        # checked against the signed hash; one header request a block, whatever is asked
+        headers = upstream.header if upstream is not None else None
+        calls = CallService(state, processes=args.call_processes, run_s=args.call_time,
+                            headers=headers) if args.call_processes else None
         endpoint = Endpoint(state, forward=upstream, max_batch=args.max_batch,
                             calls=calls.calls if calls else None)
         try:

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from morphogen.chain.headers import BlockEnvironment, environment
 from morphogen.chain.state import EMPTY_CODE_HASH, Account, address_bytes, word_bytes
 from morphogen.wallet.methods import InvalidParams, NotServed, block_param, quantity
 from morphogen.wallet.rounds import Coming, Rounds, Want, lacking
@@ -65,6 +66,7 @@ MAX_ROUNDS = ROUND_BUCKETS[-1]
 # otherwise ask tens of thousands of lookups in one round.
 MAX_CALL_LOOKUPS = 4096
 RUN_S = 10.0  # EVM time one call's runs may take together
+ENVS_KEPT = 8  # block environments of the last blocks served
 MAX_ACCESS_LIST = 256  # addresses in a call's access list, and keys of one address
 MEMO_CALLS = 4096
 WARM_IDLE_S = 600.0  # the working set is read at each new version while state was asked
@@ -344,13 +346,52 @@ class PrivateCalls:
     loopback server at `url`, read privately in `rounds` shared by the calls in flight."""
 
     def __init__(self, state: PrivateState, workers: CallWorkers, routes: CallRoutes,
-                 url: Callable[[], str], *, run_s: float = RUN_S) -> None:
-        """`run_s`: the EVM time one call's runs may take together (rounds not counted)."""
+                 url: Callable[[], str], *, run_s: float = RUN_S,
+                 headers: Callable[[str], Any] | None = None) -> None:
+        """`run_s`: the EVM time one call's runs may take together (rounds not counted).
+        `headers(block_hash)`: a node's header of that block (the upstream's
+        `eth_getBlockByHash`), checked against the signed hash, for what a call sees of its
+        block; without it, or where it does not check, the block's number and the owner's
+        version time, the gas cap as gas limit, COINBASE and PREVRANDAO 0."""
         self.state, self.workers, self.routes, self.url = state, workers, routes, url
         self.run_s = run_s
         self.rounds = Rounds(state)
         self._memo = CallMemo()
+        self._headers = headers
+        self._envs: OrderedDict[str, BlockEnvironment | None] = OrderedDict()
+        self._envs_lock = threading.Lock()
         state.on_new_version(self.warm)
+        if headers is not None:
+            # one header request a publication, when it is seen, whatever the wallet does
+            state.on_new_version(self._environment)
+
+    def _environment(self, served: Served) -> BlockEnvironment | None:
+        """`served`'s block environment from its checked header, read once a block."""
+        if self._headers is None:
+            return None
+        with self._envs_lock:
+            if served.hash in self._envs:
+                return self._envs[served.hash]
+        try:
+            env: BlockEnvironment | None = environment(self._headers(served.hash), served.hash)
+        except Exception as exc:  # noqa: BLE001 - no header, or one that does not check
+            log.warning("the served block's header: %s", type(exc).__name__)
+            env = None
+        with self._envs_lock:
+            self._envs[served.hash] = env
+            while len(self._envs) > ENVS_KEPT:
+                self._envs.popitem(last=False)
+        return env
+
+    def block(self, served: Served) -> dict:
+        """What a run at `served` sees of its block."""
+        env = self._environment(served)
+        if env is None:
+            return {"number": served.number, "timestamp": served.time,
+                    "chain_id": served.chain_id, "gas_limit": CALL_GAS}
+        return {"number": env.number, "timestamp": env.timestamp, "chain_id": served.chain_id,
+                "gas_limit": env.gas_limit, "coinbase": env.coinbase,
+                "prevrandao": env.prevrandao}
 
     def warm(self, served: Served) -> None:
         """Read the working set (what the remembered calls read, the accounts asked by
@@ -394,13 +435,14 @@ class PrivateCalls:
         reads = CallReads(self.state, served, cache)
         token = self.routes.open(reads)
         try:
+            block = self.block(served)
+            # no more gas than the block holds (revm refuses more; anvil gives a call the
+            # block's gas limit by default)
             result = self.workers.run(
-                f"{self.url()}/call/{token}", {"number": served.number,
-                                               "timestamp": served.time,
-                                               "chain_id": served.chain_id,
-                                               "gas_limit": CALL_GAS},
+                f"{self.url()}/call/{token}", block,
                 {"from": call.sender, "to": call.to, "data": call.data, "value": call.value,
-                 "gas": call.gas, "access_list": [list(e) for e in call.access_list]},
+                 "gas": min(call.gas, block["gas_limit"]),
+                 "access_list": [list(e) for e in call.access_list]},
                 estimate, left, reads.preloaded(accounts))
         finally:
             self.routes.close(token)
@@ -549,7 +591,7 @@ class CallService:
     server their reads go to, and `calls` (a `PrivateCalls`) for the Endpoint."""
 
     def __init__(self, state: PrivateState, *, processes: int = 2,
-                 run_s: float = RUN_S) -> None:
+                 run_s: float = RUN_S, headers: Callable[[str], Any] | None = None) -> None:
         from morphogen.wallet.server import RpcServer
 
         self.routes = CallRoutes()
@@ -562,7 +604,7 @@ class CallService:
             self.server.server_close()
             raise
         self.calls = PrivateCalls(state, self.workers, self.routes, lambda: self.server.url,
-                                  run_s=run_s)
+                                  run_s=run_s, headers=headers)
 
     def close(self) -> None:
         self.workers.close()

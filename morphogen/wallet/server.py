@@ -49,6 +49,11 @@ class Upstream:
         reply = self._http.post(self.url, json=request)
         return reply.json()
 
+    def header(self, block_hash: str) -> Any:
+        """The node's header of the block `block_hash` (unchecked: the caller checks it)."""
+        return self({"jsonrpc": "2.0", "id": 1, "method": "eth_getBlockByHash",
+                     "params": [block_hash, False]}).get("result")
+
     def close(self) -> None:
         self._http.close()
 

@@ -80,12 +80,17 @@ def _evm(url: str, block: dict, tx: dict,
 
     listed = [(a, list(slots)) for a, slots in tx.get("access_list") or ()]
     env = pyrevm.Env(cfg=pyrevm.CfgEnv(chain_id=block["chain_id"]),
+                     # base fee 0: a call at gas price 0 (revm refuses a price below it)
                      block=pyrevm.BlockEnv(number=block["number"],
                                            timestamp=block["timestamp"], basefee=0,
-                                           gas_limit=block["gas_limit"]),
+                                           gas_limit=block["gas_limit"],
+                                           coinbase=block.get("coinbase"),
+                                           prevrandao=block.get("prevrandao")),
                      # message_call keeps the access list of the environment's transaction
                      tx=pyrevm.TxEnv(access_list=listed) if listed else None)
-    evm = pyrevm.EVM(env=env, fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC)
+    # the EVM's own gas limit is what GASLIMIT answers (it overrides the block's)
+    evm = pyrevm.EVM(env=env, fork_url=url, fork_block=hex(block["number"]), spec_id=SPEC,
+                     gas_limit=block["gas_limit"])
     # the accounts known up front go into the fork's own cache, where its reads would have
     # put them (no warmer: the cache is below the journal that tracks access)
     for address, balance, nonce, code_hash, code in accounts:

@@ -86,7 +86,7 @@ def wallet(serve_instance, tmp_path_factory):
         pir = PirClient(*urls)
         upstream = Upstream(url)
         state = PrivateState(pir, root / "o.pub")
-        calls = CallService(state, processes=1)
+        calls = CallService(state, processes=1, headers=upstream.header)
         server = RpcServer(Endpoint(state, forward=upstream, calls=calls.calls), "127.0.0.1", 0)
         server.start()
         try:
@@ -316,6 +316,30 @@ def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
         assert got["code"] == rpc.call("eth_getCode", a, at), a
         assert got["slot0"] == rpc.call("eth_getStorageAt", token_at, "0x0", at)
         assert int(got["token"]) == token.functions.balanceOf(a).call(block_identifier=number)
+
+
+def test_a_call_sees_the_served_blocks_environment(wallet) -> None:
+    """NUMBER, TIMESTAMP, GASLIMIT, COINBASE and PREVRANDAO inside a call are the served
+    block's, from the upstream's header checked against the signed hash, as the node answers
+    at that block (before: the version's time, 2^64 - 1, 0, 0)."""
+    rpc = wallet["rpc"]
+    # returns NUMBER, TIMESTAMP, GASLIMIT, COINBASE, PREVRANDAO as five words
+    runtime = "43600052426020524560405241606052446080526100a06000f3"
+    size = len(runtime) // 2
+    init = f"60{size:02x}600c60003960{size:02x}6000f3" + runtime
+    rpc.call("evm_setBlockGasLimit", hex(36_000_000))
+    rpc.call("anvil_setCoinbase", "0x" + "c0" * 20)
+    tx = rpc.call("eth_sendTransaction", {"from": DEV_ACCOUNTS[0], "data": "0x" + init,
+                                          "gas": hex(200_000)})
+    block = _mine(rpc)
+    _catch_up(wallet["follower"])
+    at = rpc.call("eth_getTransactionReceipt", tx)["contractAddress"]
+    want = rpc.call("eth_call", {"to": at}, {"blockHash": block["hash"]})
+    words = [int(want[2 + 64 * i: 2 + 64 * (i + 1)], 16) for i in range(5)]
+    assert words[:4] == [int(block["number"], 16), int(block["timestamp"], 16), 36_000_000,
+                         0xc0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0]
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [{"to": at}, "latest"]}
+    assert _post(wallet["server"].url, body).json()["result"] == want
 
 
 def test_a_call_that_reads_a_block_hash_goes_upstream_or_is_refused(wallet) -> None:
