@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,6 +61,9 @@ class Upstream:
 
 class RpcServer(ThreadingHTTPServer):
     daemon_threads = True
+    # connections waiting to be accepted: the standard library's 5 resets clients when many
+    # open at once (a wallet and its dapps, a reconnect burst)
+    request_queue_size = socket.SOMAXCONN
 
     def __init__(self, endpoint: Endpoint | None, host: str = "127.0.0.1", port: int = 8545, *,
                  cors_origins: Sequence[str] = (),
