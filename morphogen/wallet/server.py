@@ -86,6 +86,12 @@ class RpcServer(ThreadingHTTPServer):
         self.deadlines.close()
         super().server_close()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client gone mid-request (reset, or cut by a deadline): no traceback on stderr
+        import sys
+
+        log.debug("a connection ended: %s", type(sys.exc_info()[1]).__name__)
+
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
