@@ -26,6 +26,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     from morphogen.client import PirClient, PirError
     from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
     from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
+    from morphogen.wallet.guard import LOOPBACK_HOSTS
     from morphogen.wallet.methods import METHODS
 
     url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
@@ -35,8 +36,12 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         raise UsageError("--max-batch is at least 1")
     if args.call_processes < 0:
         raise UsageError("--call-processes is 0 (no eth_call here) or more")
+    if not args.call_time > 0:
+        raise UsageError("--call-time is a number of seconds above 0")
     if args.watch < 0:
         raise UsageError("--watch is a number of seconds, 0 or more (0: no watching)")
+    hosts = [h.strip() for a in args.allowed_hosts for h in a.split(",") if h.strip()] \
+        or list(LOOPBACK_HOSTS)
     with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
         try:
             state = PrivateState(pir, args.public_key, max_age=args.max_age,
@@ -49,12 +54,16 @@ def cmd_rpc(args: argparse.Namespace) -> int:
             state.close()
             raise CommandFailed(f"the parties' chain tables: {exc}") from None
         upstream = Upstream(args.upstream, args.timeout) if args.upstream else None
-        calls = CallService(state, processes=args.call_processes, timeout_s=args.timeout) \
-            if args.call_processes else None
+        # what a call sees of its block (GASLIMIT, COINBASE, ...) from the upstream's header,
+        # checked against the signed hash; one header request a block, whatever is asked
+        headers = upstream.header if upstream is not None else None
+        calls = CallService(state, processes=args.call_processes, run_s=args.call_time,
+                            headers=headers) if args.call_processes else None
         endpoint = Endpoint(state, forward=upstream, max_batch=args.max_batch,
                             calls=calls.calls if calls else None)
         try:
-            server = RpcServer(endpoint, args.host, args.port, cors_origins=args.cors_origin)
+            server = RpcServer(endpoint, args.host, args.port, cors_origins=args.cors_origin,
+                               allowed_hosts=hosts)
         except OSError as exc:
             if calls is not None:
                 calls.close()
@@ -73,6 +82,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
             print("[rpc] every other request is refused (no --upstream)", flush=True)
         if args.cors_origin:
             print(f"[rpc] browser origins allowed: {', '.join(args.cors_origin)}", flush=True)
+        print(f"[rpc] Host names served: "
+              f"{', '.join(hosts)}", flush=True)
         print(f"[rpc] listening on {server.url}", flush=True)
         try:
             with _stop_on_term(server):
@@ -109,6 +120,7 @@ def _main_thread() -> bool:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    from morphogen.wallet.evm import RUN_S
     from morphogen.wallet.jsonrpc import MAX_BATCH
 
     rpc = sub.add_parser("rpc", help="a wallet's Ethereum JSON-RPC endpoint, private and verified",
@@ -126,6 +138,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     rpc.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                      help="a browser origin allowed to call it (repeat; * for any): none "
                           "by default")
+    rpc.add_argument("--allowed-hosts", action="append", default=[], metavar="NAME",
+                     help="Host names requests may name (comma-separated or repeated; * for "
+                          "any): by default localhost, 127.0.0.1 and ::1, which keeps "
+                          "DNS-rebinding pages out; "
+                          "name this machine's when listening on another --host")
     rpc.add_argument("--max-age", type=float, default=None, metavar="S",
                      help="refuse state the owner made more than S seconds ago")
     rpc.add_argument("--min-block", type=int, default=0, metavar="N",
@@ -135,6 +152,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     rpc.add_argument("--call-processes", type=int, default=2, metavar="N",
                      help="processes running eth_call and eth_estimateGas (revm) over private "
                           "state (default 2; 0: those go upstream or are refused)")
+    rpc.add_argument("--call-time", type=float, default=RUN_S, metavar="S",
+                     help=f"EVM seconds one eth_call or eth_estimateGas may run, its runs "
+                          f"together, waiting for reads not counted (default {RUN_S:g}); past "
+                          "it the run is stopped and the answer is a timeout error")
     rpc.add_argument("--watch", type=float, default=0.5, metavar="S",
                      help="every S seconds, ask the parties whether they serve a new block and "
                           "read its signed descriptors before a request needs them (default "

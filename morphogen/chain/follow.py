@@ -20,10 +20,13 @@ A crash at any point leaves the owner at the block before or the block after, an
 start first publishes what the parties lack, then goes on from the block after the owner's.
 
 **Reorgs.** The follower keeps the keys the last K blocks changed. A block whose parent is not
-the last applied block means the chain moved to another branch: the follower finds the
-newest kept block still on the node's chain (the common ancestor) and publishes one version
-reflecting the new branch's first block, with every key the orphaned blocks changed read
-again at that block. From then on no answer reflects an orphaned block. A branch that forks
+the last applied block, or a node whose chain no longer holds the last applied block at its
+height (or does not reach that height: a shorter, heavier branch; a dev node's `evm_revert`),
+means the chain moved to another branch: the follower finds the newest kept block still on the
+node's chain (the common ancestor) and publishes one version reflecting the new branch's first
+block, or the ancestor itself where the branch stops there, with every key the orphaned blocks
+changed read again at that block. Either is found at the next step, whatever the new branch's
+length. From then on no answer reflects an orphaned block. A branch that forks
 below the kept blocks is an error: the tables cannot be reverted without knowing what
 changed, so the follower stops and says how to rebuild.
 
@@ -252,17 +255,26 @@ class Follower:
             target = min(target, last)
         started = time.monotonic()
         if target <= number:
-            if target == number and header(self.rpc, number).hash != digest:
-                self._reorg(started)
+            # Nothing to apply: the last applied block must still be the node's. A branch
+            # no longer than ours (a shorter, heavier one; a dev node's evm_revert) shows
+            # only here: it is followed now, not once it has grown past our height.
+            if self._hash_at(number) != digest:
+                self._reorg(started, target)
                 return True
             self.wait_published()
             return False
         nxt = header(self.rpc, number + 1)
         if nxt.parent_hash != digest:
-            self._reorg(started)
+            self._reorg(started, target)
         else:
             self._apply(nxt, touched_by(self.rpc, nxt), [], started)
         return True
+
+    def _hash_at(self, number: int) -> str | None:
+        """The hash of the node's block `number`, None where its chain does not reach it (a
+        node that cannot be reached raises: that is no reorg)."""
+        found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
+        return str(found["hash"]).lower() if isinstance(found, dict) else None
 
     def run(self, *, until: Callable[[], bool] = lambda: False, last: int | None = None,
             poll_s: float = 0.5, retry_s: float = 2.0) -> None:
@@ -291,7 +303,11 @@ class Follower:
     # -- applying -------------------------------------------------------------------------------
 
     def _apply(self, head: Header, touched: Touched, dropped: list[dict],
-               started: float) -> None:
+               started: float, *, revert: bool = False) -> None:
+        """`head`'s state as the next version. `revert`: `head` is the newest kept block
+        (the common ancestor of a reorg to a branch no longer than it), already in the
+        record: the version reflects it again, `touched` (the orphaned blocks' keys) read
+        at it."""
         clock = _Phases(started)
         crash_point("traced")
         state = read_state(self.rpc, head, touched)
@@ -302,12 +318,21 @@ class Follower:
         # the keys go to a file of their own first (a crash before the pointer moves leaves
         # a file nothing names); the owner's state names the kept blocks only
         name = _keys_file(head.number, head.hash)
-        write_atomic(self._keys_dir() / name, json.dumps(touched.to_json()).encode())
+        if not revert:
+            write_atomic(self._keys_dir() / name, json.dumps(touched.to_json()).encode())
         kept = [b for b in self._journal() if b not in dropped]
-        kept.append({"number": head.number, "hash": head.hash, "touched": name})
+        if revert:
+            # the ancestor keeps its own keys; the orphaned blocks' go with their files.
+            # Named by the orphaned tip too: the ancestor's own id was used when it was
+            # applied, and the version must not be skipped as a re-run of that.
+            assert kept and kept[-1]["hash"] == head.hash
+            changes_id = f"revert:{head.number}:{head.hash}:{dropped[-1]['hash']}"
+        else:
+            kept.append({"number": head.number, "hash": head.hash, "touched": name})
+            changes_id = f"block:{head.number}:{head.hash}"
         kept = kept[-self.keep:]
         version, batch = self.owner.apply(
-            changes, self.key, changes_id=f"block:{head.number}:{head.hash}",
+            changes, self.key, changes_id=changes_id,
             anchor=Anchor(self.chain_id, head.number, head.hash),
             note={"chain": {"chain_id": self.chain_id, "blocks": kept}})
         clock.lap("apply")
@@ -415,18 +440,18 @@ class Follower:
 
     # -- reorgs ---------------------------------------------------------------------------------
 
-    def _reorg(self, started: float) -> None:
+    def _reorg(self, started: float, target: int) -> None:
         """The node's chain no longer holds the last applied block: revert to the newest kept
-        block it still holds, as part of one version reflecting the new branch's next block."""
+        block it still holds (the common ancestor), as part of one version. That version
+        reflects the new branch's next block where the branch reaches it (up to `target`,
+        the confirmed height), else the ancestor itself: a branch no longer than the
+        ancestor (a reorg to a shorter chain, an `evm_revert`) is served at once, not when
+        it has grown past the orphaned blocks."""
         journal = self._journal()
         ancestor = None
         for i in range(len(journal) - 1, -1, -1):
             entry = journal[i]
-            try:
-                ok = header(self.rpc, int(entry["number"])).hash == entry["hash"]
-            except ChainError:
-                ok = False
-            if ok:
+            if self._hash_at(int(entry["number"])) == entry["hash"]:
                 ancestor = i
                 break
         orphaned = journal[ancestor + 1:] if ancestor is not None else journal
@@ -439,20 +464,28 @@ class Follower:
                 "and rebuild (morphogen chain export, chain build --after), or keep more "
                 "blocks (--keep)")
         base = journal[ancestor]
-        first = header(self.rpc, int(base["number"]) + 1)
-        if first.parent_hash != base["hash"]:
-            raise ChainMoved(f"block {first.number}'s parent is not block {base['number']} "
-                             "on the node: the chain moved again mid-reorg")
-        touched = touched_by(self.rpc, first)
+        number = int(base["number"])
+        if number + 1 <= target:
+            first = header(self.rpc, number + 1)
+            if first.parent_hash != base["hash"]:
+                raise ChainMoved(f"block {first.number}'s parent is not block {number} "
+                                 "on the node: the chain moved again mid-reorg")
+            touched, revert = touched_by(self.rpc, first), False
+        else:
+            first = header(self.rpc, number)
+            if first.hash != base["hash"]:
+                raise ChainMoved(f"block {number} changed on the node mid-reorg")
+            touched, revert = Touched(), True
         for keys in kept_keys:
             assert keys is not None  # checked above
             touched.merge(keys)
         self.progress.reorgs += 1
         log.warning("reorg: blocks %s orphaned; block %d is the common ancestor",
-                    ", ".join(str(b["number"]) for b in orphaned), base["number"])
-        self.report(f"reorg: {len(orphaned)} block(s) after {base['number']} orphaned; "
-                    f"reverting with block {first.number} ({first.hash[:12]}..)")
-        self._apply(first, touched, orphaned, started)
+                    ", ".join(str(b["number"]) for b in orphaned), number)
+        self.report(f"reorg: {len(orphaned)} block(s) after {number} orphaned; reverting "
+                    f"{'to' if revert else 'with'} block {first.number} "
+                    f"({first.hash[:12]}..)")
+        self._apply(first, touched, orphaned, started, revert=revert)
 
 
 def _passing(exc: BaseException) -> bool:

@@ -374,9 +374,13 @@ class _Core:
             raise StaleTableError(
                 f"{why}: refusing it (a restored backup, parties restarted behind the owner, "
                 "both parties serving an old table, or an owner that stopped publishing)")
-        self.seen_version = max(self.seen_version, desc.version)
         if desc.anchor is not None:
-            self.seen_block = max(self.seen_block, desc.anchor.number)
+            # the block of the newest version accepted: a newer version may name a lower
+            # block (the owner's version of a reorg to a shorter branch), and reading it again
+            # must not be refused as going back from the orphaned block's height
+            self.seen_block = (desc.anchor.number if desc.version > self.seen_version
+                               else max(self.seen_block, desc.anchor.number))
+        self.seen_version = max(self.seen_version, desc.version)
 
     def _descriptor(self, refresh: bool) -> _Machine:
         bounds = yield from self._bounds()

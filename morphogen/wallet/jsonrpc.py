@@ -11,7 +11,8 @@ exception out of here and never a guess:
   -32001  a block other than the one served, without an upstream
   -32002  no verified, fresh answer: the parties are unreachable, an answer did not verify
           against the owner's signed root, or the served block is older than the bounds
-  -32005  a batch over `max_batch` requests
+  -32002  also: eth_call / eth_estimateGas past its EVM time ("request timed out", as geth)
+  -32005  a batch over `max_batch` requests; a call over the per-call limits on reads/rounds
        3  eth_call / eth_estimateGas reverted (data: the revert data), as geth answers
   -32000  eth_call / eth_estimateGas halted (out of gas, an invalid opcode)
   -32603  anything else (a bug), the method named, nothing of the request
@@ -32,9 +33,10 @@ from typing import Any
 
 from morphogen.client import PirError
 from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
-from morphogen.wallet.evm import CallFailed
+from morphogen.wallet.evm import CallFailed, CallLimit
 from morphogen.wallet.methods import METHODS, InvalidParams, NotServed
 from morphogen.wallet.state import PrivateState
+from morphogen.wallet.workers import RunTimedOut, client, current_client
 
 log = logging.getLogger(__name__)
 
@@ -46,16 +48,20 @@ INTERNAL_ERROR = -32603
 NOT_SERVED = -32001
 UNAVAILABLE = -32002
 LIMIT_EXCEEDED = -32005
+TIMED_OUT = -32002  # geth's code for a request past its time, and no answer: retry later
 EXECUTION_REVERTED = 3  # geth's code for a reverted eth_call / eth_estimateGas
 CALL_HALTED = -32000  # a call that halted (out of gas, invalid opcode)
 MAX_BATCH = 100
+# Nesting a request may have: a call's access list is 4 deep inside a batch; more is refused
+# before anything walks it (the standard library's JSON recurses).
+MAX_DEPTH = 32
 
 # forwards one request object to the upstream node and returns its response object
 Forward = Callable[[dict], dict]
 
 
 CALL_METHODS = ("eth_call", "eth_estimateGas")
-_BATCH_POOL = ThreadPoolExecutor(64, thread_name_prefix="morphogen-rpc-batch")
+BATCH_THREADS = 32  # a batch's requests run this many at once, on threads of its own
 
 
 def error(rid: Any, code: int, message: str) -> dict:
@@ -81,6 +87,10 @@ class Endpoint:
             request = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _dump(error(None, PARSE_ERROR, "the body is not JSON"))
+        except RecursionError:  # the parser's own depth limit: nested past any request
+            return _dump(error(None, PARSE_ERROR, f"the body nests deeper than {MAX_DEPTH}"))
+        if _deeper(request, MAX_DEPTH):
+            return _dump(error(None, INVALID_REQUEST, f"the body nests deeper than {MAX_DEPTH}"))
         if isinstance(request, list):
             if not request:
                 return _dump(error(None, INVALID_REQUEST, "an empty batch"))
@@ -90,9 +100,19 @@ class Endpoint:
             # at once: the calls of a batch share their private rounds (wallet/rounds.py)
             announced = sum(isinstance(r, dict) and r.get("method") in CALL_METHODS
                             for r in request)
+            # on threads of this batch's own: a batch never waits behind another
+            # connection's (and its runs are queued as its connection's: workers.py)
+            key = current_client()
+
+            def one(r: Any) -> dict | None:
+                with client(key):
+                    return self.one(r)
+
             with (nullcontext() if self.calls is None
-                  else self.calls.rounds.expecting(announced)):
-                answers = [a for a in _BATCH_POOL.map(self.one, request) if a is not None]
+                  else self.calls.rounds.expecting(announced)), \
+                    ThreadPoolExecutor(min(len(request), BATCH_THREADS),
+                                       thread_name_prefix="morphogen-rpc-batch") as pool:
+                answers = [a for a in pool.map(one, request) if a is not None]
             return _dump(answers) if answers else None
         answer = self.one(request)
         return None if answer is None else _dump(answer)
@@ -131,6 +151,11 @@ class Endpoint:
                     "code": EXECUTION_REVERTED, "message": "execution reverted",
                     "data": "0x" + exc.data.hex()}}
             return error(rid, CALL_HALTED, f"{method}: the call failed: {exc.reason[:200]}")
+        except CallLimit as exc:
+            return error(rid, LIMIT_EXCEEDED, f"{method}: over this endpoint's limits: {exc} "
+                         "(docs/wallet.md)")
+        except RunTimedOut as exc:  # as geth answers a call past its RPC timeout
+            return error(rid, TIMED_OUT, f"{method}: request timed out: {exc}")
         except StaleTableError as exc:
             return error(rid, UNAVAILABLE, f"{method}: stale state: {exc}")
         except (KeywordIntegrityError, TableChangingError) as exc:
@@ -153,6 +178,19 @@ class Endpoint:
             return error(rid, UNAVAILABLE, f"{method}: the upstream node's answer is not a "
                          "JSON-RPC response")
         return answer
+
+
+def _deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests arrays and objects more than `limit` deep (without recursion: a
+    body is parsed before it is known to be sane)."""
+    todo = [(value, 1)]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, (list, dict)):
+            if depth > limit:
+                return True
+            todo.extend((x, depth + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
 
 
 def _dump(value: Any) -> bytes:

@@ -115,8 +115,9 @@ class PrivateState:
     """Private, verified state reads at the block the parties serve. Thread-safe: a read
     borrows a set of clients no other read is using (a client keeps the version it read last,
     so a set is reused across requests and connections rather than made for each), all bound
-    below by the newest version and block any of them has accepted, so no answer goes back in
-    time once another has shown a later block."""
+    below by the newest version any of them has accepted, so no answer goes back to an older
+    version once another has shown a newer one. Blocks are not such a bound: after a reorg
+    to a shorter branch the owner's newer version names a lower block, and that is the chain."""
 
     def __init__(self, pir: Any, public_key: Any, *, max_age: float | None = None,
                  min_block: int = 0, watch_s: float | None = None) -> None:
@@ -125,6 +126,12 @@ class PrivateState:
         (a request's first lookup at a new version otherwise pays three round trips, not
         one). None: no watching; `close()` stops it."""
         self.pir, self.public_key, self.max_age = pir, public_key, max_age
+        # Versions only grow; blocks may not: the owner's version after a reorg to a shorter
+        # branch names a lower block, and it is the one to serve. So the clients are bound
+        # below by the newest version seen and by the caller's `min_block` only, never by
+        # the highest block seen (which would refuse every read after a reorg of depth 2 or
+        # more until the new branch passed the old height).
+        self.min_block = min_block
         self.seen_version, self.seen_block = 0, min_block
         self.latest: Served | None = None  # the newest version any read accepted
         self._free: list[dict[str, KeywordClient]] = []
@@ -263,7 +270,7 @@ class PrivateState:
         if mine is None:
             mine = {t: KeywordClient(self.pir, self.public_key, table=t, max_age=self.max_age,
                                      trusted_version=lambda: self.seen_version,
-                                     trusted_block=lambda: self.seen_block,
+                                     min_block=self.min_block,
                                      shared=self._versions[t]) for t in TABLES}
         try:
             yield mine

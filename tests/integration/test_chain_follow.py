@@ -256,6 +256,74 @@ def test_a_reorg_leaves_nothing_of_the_orphaned_blocks(chain) -> None:
         reader.close()
 
 
+def test_reorgs_to_shorter_equal_and_longer_branches_are_followed_at_once(chain) -> None:
+    """Each kind of reorg is followed by the very next step: a shorter branch
+    (`anvil_rollback`, `evm_revert` to a snapshot: nothing newer arrives to show it), one of
+    the same height and a longer one (`anvil_reorg`, then more blocks). After each, every
+    table names the node's head and no key reads as an orphaned block left it."""
+    rpc = chain["rpc"]
+    follower = _follower(chain)
+    reader = Reader(chain["urls"], chain["pub"])
+    sender = bytes.fromhex(DEV_ACCOUNTS[0][2:])
+
+    def blocks_to(targets: list[bytes]) -> None:
+        for target in targets:
+            _send(rpc, to="0x" + target.hex(), value="0x4321")
+            _mine(rpc)
+        _catch_up(follower)
+        assert all(reader.kc["accounts"].get(t) is not None for t in targets)
+
+    def followed(orphaned: list[bytes], kept: set[bytes] = frozenset()) -> dict:
+        rpc.call("anvil_dropAllTransactions")  # rolled-back transactions stay out
+        block = rpc.block("latest")
+        before = follower.progress.reorgs
+        assert follower.step()  # the reorg, at once: the tip is on the node's chain again
+        assert follower.progress.reorgs == before + 1
+        number, digest = follower.tip()
+        assert rpc.block(number)["hash"] == digest
+        _catch_up(follower)
+        assert follower.tip() == (int(block["number"], 16), block["hash"])
+        reader.check(rpc, block, set(orphaned) | set(kept) | {sender}, set())
+        for t in orphaned:
+            assert reader.kc["accounts"].get(t) is None
+        return block
+
+    try:
+        _catch_up(follower)
+        # shorter: two blocks rolled back, the node one block above their parent's parent
+        lost = [bytes([0x80 + i]) * 20 for i in range(3)]
+        blocks_to(lost)
+        tip = follower.tip()[0]
+        rpc.call("anvil_rollback", 2)
+        assert int(rpc.block("latest")["number"], 16) == tip - 2
+        followed(lost[1:], {lost[0]})
+        # shorter, to the common ancestor itself: evm_revert to a snapshot
+        base = follower.tip()
+        snapshot = rpc.call("evm_snapshot")
+        lost = [bytes([0x90 + i]) * 20 for i in range(2)]
+        blocks_to(lost)
+        assert rpc.call("evm_revert", snapshot) is True
+        block = followed(lost)
+        assert (int(block["number"], 16), block["hash"]) == base
+        # the same height: the last two blocks replaced by two others
+        lost = [bytes([0xA0 + i]) * 20 for i in range(2)]
+        blocks_to(lost)
+        kept = bytes([0xA8]) * 20
+        rpc.call("anvil_reorg", 2, [[{"from": DEV_ACCOUNTS[5], "to": "0x" + kept.hex(),
+                                      "value": "0x77"}, 1]])
+        followed(lost, {kept})
+        assert reader.kc["accounts"].get(kept) is not None
+        # longer: one block replaced, then two more on the new branch
+        lost = [bytes([0xB0]) * 20]
+        blocks_to(lost)
+        rpc.call("anvil_reorg", 1, [])
+        _mine(rpc)
+        _mine(rpc)
+        followed(lost)
+    finally:
+        reader.close()
+
+
 def _follow_cli(chain, *extra: str, crash: str | None = None) -> subprocess.CompletedProcess:
     env = dict(os.environ, MORPHOGEN_ADMIN_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
     env.pop(CRASH_ENV, None)

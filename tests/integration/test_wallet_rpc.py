@@ -86,7 +86,7 @@ def wallet(serve_instance, tmp_path_factory):
         pir = PirClient(*urls)
         upstream = Upstream(url)
         state = PrivateState(pir, root / "o.pub")
-        calls = CallService(state, processes=1)
+        calls = CallService(state, processes=1, headers=upstream.header)
         server = RpcServer(Endpoint(state, forward=upstream, calls=calls.calls), "127.0.0.1", 0)
         server.start()
         try:
@@ -197,6 +197,45 @@ def test_no_answer_from_an_orphaned_block_after_a_reorg(wallet) -> None:
     _same_as_node(wallet, block, [lost, kept, DEV_ACCOUNTS[5]], [])
 
 
+def test_the_owners_version_of_a_reorg_to_a_shorter_branch_is_served(wallet) -> None:
+    """The node goes back two blocks (`anvil_rollback`): the owner's next version names a
+    lower block than any answer so far, and the endpoint serves it at once (a newer version
+    is the owner's word; a higher block seen before is no bound), with nothing of the
+    orphaned blocks; then a reorg at the same height, depth 2."""
+    rpc, follower, w3 = wallet["rpc"], wallet["follower"], wallet["w3"]
+    lost = ["0x" + bytes([0x46 + i]).hex() * 20 for i in range(3)]
+    _catch_up(follower)
+    for a in lost:
+        _send(rpc, to=a, value="0x4321")
+        _mine(rpc)
+    _catch_up(follower)
+    high = w3.eth.block_number
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(lost[2])) == 0x4321
+    rpc.call("anvil_rollback", 2)
+    rpc.call("anvil_dropAllTransactions")
+    block = rpc.block("latest")
+    assert int(block["number"], 16) == high - 2
+    _catch_up(follower)
+    assert w3.eth.block_number == high - 2
+    assert w3.eth.get_balance(web3.Web3.to_checksum_address(lost[2])) == 0
+    _same_as_node(wallet, block, [*lost, DEV_ACCOUNTS[0]], [])
+    # depth 2 at the same height: the version of the new branch's first block names a block
+    # below the one served before it
+    _send(rpc, to=lost[1], value="0x99")
+    _mine(rpc)
+    _send(rpc, to=lost[2], value="0x99")
+    _mine(rpc)
+    _catch_up(follower)
+    high = w3.eth.block_number
+    rpc.call("anvil_reorg", 2, [[{"from": DEV_ACCOUNTS[5], "to": lost[0], "value": "0x5"}, 0]])
+    assert follower.step()  # the new branch's first block only
+    follower.wait_published()
+    assert w3.eth.block_number == high - 1
+    _catch_up(follower)
+    block = rpc.block("latest")
+    _same_as_node(wallet, block, [*lost, DEV_ACCOUNTS[5]], [])
+
+
 CONTRACTS = json.loads((ROOT / "tests" / "vectors" / "wallet_contracts.json").read_text())
 
 
@@ -253,6 +292,11 @@ def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
     move = {"from": holders[0], "to": token.address,
             "data": token.functions.transfer(holders[1], 10**18)._encode_transaction_data()}
     assert w3.eth.estimate_gas(move) == node.eth.estimate_gas(move, number)
+    # with an access list (EIP-2930: paid for, and its keys warm), as the node estimates it
+    listed = {**move, "accessList": [{"address": token.address, "storageKeys": [
+        "0x" + "00" * 31 + "01", "0x" + "00" * 31 + "02"]}]}
+    assert w3.eth.estimate_gas(listed) == node.eth.estimate_gas(listed, number)
+    assert w3.eth.estimate_gas(listed) != w3.eth.estimate_gas(move)
 
     # a dapp's reads through viem (node), the token balance through eth_call
     viem = need_viem()
@@ -272,6 +316,30 @@ def test_token_balances_through_eth_call_as_the_node_answers(wallet) -> None:
         assert got["code"] == rpc.call("eth_getCode", a, at), a
         assert got["slot0"] == rpc.call("eth_getStorageAt", token_at, "0x0", at)
         assert int(got["token"]) == token.functions.balanceOf(a).call(block_identifier=number)
+
+
+def test_a_call_sees_the_served_blocks_environment(wallet) -> None:
+    """NUMBER, TIMESTAMP, GASLIMIT, COINBASE and PREVRANDAO inside a call are the served
+    block's, from the upstream's header checked against the signed hash, as the node answers
+    at that block (before: the version's time, 2^64 - 1, 0, 0)."""
+    rpc = wallet["rpc"]
+    # returns NUMBER, TIMESTAMP, GASLIMIT, COINBASE, PREVRANDAO as five words
+    runtime = "43600052426020524560405241606052446080526100a06000f3"
+    size = len(runtime) // 2
+    init = f"60{size:02x}600c60003960{size:02x}6000f3" + runtime
+    rpc.call("evm_setBlockGasLimit", hex(36_000_000))
+    rpc.call("anvil_setCoinbase", "0x" + "c0" * 20)
+    tx = rpc.call("eth_sendTransaction", {"from": DEV_ACCOUNTS[0], "data": "0x" + init,
+                                          "gas": hex(200_000)})
+    block = _mine(rpc)
+    _catch_up(wallet["follower"])
+    at = rpc.call("eth_getTransactionReceipt", tx)["contractAddress"]
+    want = rpc.call("eth_call", {"to": at}, {"blockHash": block["hash"]})
+    words = [int(want[2 + 64 * i: 2 + 64 * (i + 1)], 16) for i in range(5)]
+    assert words[:4] == [int(block["number"], 16), int(block["timestamp"], 16), 36_000_000,
+                         0xc0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0c0]
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": [{"to": at}, "latest"]}
+    assert _post(wallet["server"].url, body).json()["result"] == want
 
 
 def test_a_call_that_reads_a_block_hash_goes_upstream_or_is_refused(wallet) -> None:
@@ -296,6 +364,14 @@ def test_a_call_that_reads_a_block_hash_goes_upstream_or_is_refused(wallet) -> N
     answer = json.loads(alone.handle(json.dumps(body).encode()))
     assert answer["error"]["code"] == NOT_SERVED, answer
     assert "not read privately" in answer["error"]["message"]
+    # a call from an address with code: nodes skip EIP-3607 for calls, this EVM cannot, so
+    # it is the node's answer upstream, or refused saying why (never "execution failed")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+            "params": [{"from": at, "to": DEV_ACCOUNTS[1]}, "latest"]}
+    want = rpc.call("eth_call", {"from": at, "to": DEV_ACCOUNTS[1]}, {"blockHash": block["hash"]})
+    assert _post(wallet["server"].url, body).json()["result"] == want
+    answer = json.loads(alone.handle(json.dumps(body).encode()))
+    assert answer["error"]["code"] == NOT_SERVED and "with code" in answer["error"]["message"]
 
 
 def test_a_new_block_is_read_before_a_request_needs_it(wallet) -> None:
@@ -329,7 +405,7 @@ def test_a_dead_call_worker_is_replaced_and_the_call_answered(wallet) -> None:
     data = "0x70a08231" + "00" * 12 + DEV_ACCOUNTS[0][2:]
     want = wallet["rpc"].call("eth_call", {"to": token, "data": data}, "latest")
     workers = wallet["calls"].workers
-    os.kill(workers._pool.submit(os.getpid).result(timeout=30), signal.SIGKILL)
+    os.kill(workers.pids()[0], signal.SIGKILL)
     body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
             "params": [{"to": token, "data": data}, "latest"]}
     assert _post(wallet["server"].url, body).json()["result"] == want
@@ -381,10 +457,18 @@ def test_bad_input_is_an_error_and_the_endpoint_serves_on(wallet) -> None:
         json.dumps([{"jsonrpc": "2.0", "id": i, "method": "eth_chainId"}
                     for i in range(1000)]).encode(),
     ]
+    cases += [b"[" * 5_000 + b"]" * 5_000, json.dumps(
+        {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+         "params": [{"to": DEV_ACCOUNTS[1], "value": hex(2**256)}, "latest"]}).encode()]
     for body in cases:
-        r = httpx.post(url, content=body, timeout=30)
+        r = httpx.post(url, content=body, timeout=30,
+                       headers={"Content-Type": "application/json"})
         assert r.status_code == 200
         assert isinstance(r.json()["error"]["code"], int), body[:60]
+        assert r.json()["error"]["code"] != -32000, body[:60]
+        # a web page's CORS-simple POST (text/plain): refused before it is read
+        r = httpx.post(url, content=body, timeout=30, headers={"Content-Type": "text/plain"})
+        assert r.status_code == 415 and isinstance(r.json()["error"]["code"], int)
     assert wallet["w3"].eth.chain_id == int(wallet["rpc"].call("eth_chainId"), 16)
 
 

@@ -68,12 +68,24 @@ def test_call_params():
     c = call_param({"to": "0x" + "22" * 20, "data": "0xabcd", "value": "0x10"})
     assert (c.sender, c.data, c.value, c.gas) == ("0x" + "00" * 20, b"\xab\xcd", 16, CALL_GAS)
     assert call_param({"to": "0x" + "22" * 20, "input": "0x01", "gas": "0x5208"}).gas == 21000
+    assert call_param({"to": "0x" + "22" * 20, "value": hex(2**256 - 1)}).value == 2**256 - 1
+    listed = call_param({"to": "0x" + "22" * 20, "accessList": [
+        {"address": "0x" + "33" * 20, "storageKeys": ["0x" + "00" * 31 + "01", "0x02"]}]})
+    assert listed.access_list == (("0x" + "33" * 20, (1, 2)),)
+    with pytest.raises(NotServed, match="7702"):
+        call_param({"to": "0x" + "22" * 20, "authorizationList": []})
     with pytest.raises(NotServed, match="without `to`"):
         call_param({"data": "0x00"})
     with pytest.raises(NotServed, match="pays for gas"):
         call_param({"to": "0x" + "22" * 20, "gasPrice": "0x1"})
     for bad in ("x", {"to": "0x12"}, {"to": "0x" + "22" * 20, "data": "0x1"},
-                {"to": "0x" + "22" * 20, "value": "12"}, {"to": "0x" + "22" * 20, "bogus": 1}):
+                {"to": "0x" + "22" * 20, "value": "12"}, {"to": "0x" + "22" * 20, "bogus": 1},
+                {"to": "0x" + "22" * 20, "value": hex(2**256)},
+                {"to": "0x" + "22" * 20, "gas": hex(2**64)},
+                {"to": "0x" + "22" * 20, "accessList": [{"address": "0x12"}]},
+                {"to": "0x" + "22" * 20, "accessList": [{"address": "0x" + "33" * 20,
+                                                        "storageKeys": ["0x" + "1" * 65]}]},
+                {"to": "0x" + "22" * 20, "accessList": {"a": 1}}):
         with pytest.raises(InvalidParams):
             call_param(bad)
 
@@ -541,3 +553,148 @@ def test_a_balance_read_at_the_served_block_is_answered_again_without_a_lookup()
     # a block asked by number is never answered from what was read for `latest`
     assert eth_get_balance(state, [t, "0xa"]) == "0x6"
     assert len(tables["accounts"].asked) == 3
+
+
+class ChainedWorkers:
+    """A "contract" that reads TOKEN's words 1, 2, 3 one after another (each word's slot
+    known only once the one before is read: a round each), then ends as `tx["data"]` says:
+    0 returns, 1 asks a block hash (refused: not read privately), 2 runs past its time."""
+
+    def __init__(self, routes: CallRoutes, during=None) -> None:
+        self.routes, self.runs, self.during = routes, 0, during
+
+    def run(self, url, block, tx, estimate, limit_s, accounts=()):
+        from morphogen.wallet.workers import RunTimedOut
+
+        self.runs += 1
+        if self.during is not None:
+            self.during(self.runs)
+        reads = self.routes.reads(url[url.index("/call/"):])
+        at = hex(block["number"])
+        t = tx["to"]
+        if t not in [a[0] for a in accounts]:
+            _ask(reads, "eth_getBalance", t, at)
+        for slot in (1, 2, 3):
+            if int(_ask(reads, "eth_getStorageAt", t, hex(slot), at)["result"], 16) == 0:
+                return {"ok": True, "out": b"", "reason": "", "gas": 0}  # thrown away
+        end = tx["data"][:1]
+        if end == b"\x01":
+            _ask(reads, "eth_getBlockByNumber", at, False)
+        if end == b"\x02":
+            raise RunTimedOut("the EVM ran past its time")
+        return {"ok": True, "out": b"\x2a", "reason": "", "gas": 0, "seconds": 0.0}
+
+
+def _chained(version: int, number: int):
+    tables = _tables(version, number, 7)
+    for slot in (1, 2, 3):
+        tables["storage"].records[storage_key(TOKEN, slot.to_bytes(32, "big"))] = \
+            (slot + 1).to_bytes(32, "big")
+    return tables
+
+
+@pytest.mark.parametrize("end", ["answer", "block hash", "timeout", "version change"])
+def test_a_calls_rounds_reach_a_bucket_whatever_path_it_ends_on(end):
+    """Four rounds for a call that reads three chained words (the account and word 1, words
+    2 and 3, one padding round), whether it returns, stops at BLOCKHASH, runs out of time or
+    moves to a newer version on the way (then 8: the rounds at both versions, padded
+    together)."""
+    from morphogen.wallet.evm import ROUND_BUCKETS, PrivateCalls
+    from morphogen.wallet.workers import RunTimedOut
+
+    tables = _chained(4, 9)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    routes = CallRoutes()
+
+    def publish_mid_call(run: int) -> None:
+        if end == "version change" and run == 3:
+            _publish(tables, _chained(5, 10))
+
+    workers = ChainedWorkers(routes, publish_mid_call)
+    calls = PrivateCalls(state, workers, routes, lambda: "http://loopback")
+    data = {"answer": "0x00", "block hash": "0x01", "timeout": "0x02",
+            "version change": "0x00"}[end]
+    call = [{"to": "0x" + TOKEN.hex(), "data": data}, "latest"]
+    if end in ("answer", "version change"):
+        assert calls.eth_call(call) == "0x2a"
+    else:
+        with pytest.raises(NotServed if end == "block hash" else RunTimedOut):
+            calls.eth_call(call)
+    assert calls.rounds.rounds in ROUND_BUCKETS
+    assert calls.rounds.rounds == (8 if end == "version change" else 4)
+
+
+def test_a_call_over_its_lookups_or_its_run_time_is_refused_with_a_clear_error():
+    """A call whose runs would read more than MAX_CALL_LOOKUPS records is refused before the
+    round that would pass it (-32005, naming the limit); one whose runs' EVM time passes
+    `run_s` is a timeout (-32002), the time spent waiting for rounds not counted."""
+    from morphogen.wallet import Endpoint
+    from morphogen.wallet.evm import MAX_CALL_LOOKUPS, PrivateCalls
+    from morphogen.wallet.jsonrpc import LIMIT_EXCEEDED, TIMED_OUT
+
+    tables = _tables(4, 9, 7)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    routes = CallRoutes()
+
+    class Greedy:
+        """Reads a new word each of 1,000 per run: the 5th round would pass the limit."""
+
+        runs, seconds = 0, 0.0
+
+        def run(self, url, block, tx, estimate, limit_s, accounts=()):
+            self.runs += 1
+            self.limits = getattr(self, "limits", []) + [limit_s]
+            reads = routes.reads(url[url.index("/call/"):])
+            at = hex(block["number"])
+            for slot in range(1000 * self.runs):
+                _ask(reads, "eth_getStorageAt", tx["to"], hex(slot + 10), at)
+            return {"ok": True, "out": b"", "reason": "", "gas": 0, "seconds": self.seconds}
+
+    greedy = Greedy()
+    calls = PrivateCalls(state, greedy, routes, lambda: "http://loopback", run_s=10.0)
+    endpoint = Endpoint(state, calls=calls)
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+            "params": [{"to": "0x" + TOKEN.hex()}, "latest"]}
+    answer = json.loads(endpoint.handle(json.dumps(body).encode()))
+    assert answer["error"]["code"] == LIMIT_EXCEEDED
+    assert str(MAX_CALL_LOOKUPS) in answer["error"]["message"]
+    assert greedy.runs == 5  # 4 rounds read (1,000 .. 4,000 words), the 5th refused
+    # 4 s of EVM time a run: the third run has 2 s left, the fourth none
+    greedy.runs, greedy.seconds, greedy.limits = 0, 4.0, []
+    state2 = _state(_tables(4, 9, 7))
+    state2.head = _head(state2, tables)
+    calls = PrivateCalls(state2, greedy, routes, lambda: "http://loopback", run_s=10.0)
+    answer = json.loads(Endpoint(state2, calls=calls).handle(json.dumps(body).encode()))
+    assert answer["error"]["code"] == TIMED_OUT and "timed out" in answer["error"]["message"]
+    assert greedy.limits == [10.0, 6.0, 2.0]
+
+
+def test_a_call_from_an_address_with_code_is_not_answered_as_failed():
+    """The EVM refuses a caller with code (EIP-3607, which nodes skip for calls): that is
+    no execution failure (-32000) but a call not run privately, said so (-32001, or the
+    upstream node's answer)."""
+    from morphogen.wallet import Endpoint
+    from morphogen.wallet.evm import PrivateCalls
+    from morphogen.wallet.jsonrpc import NOT_SERVED
+
+    tables = _tables(4, 9, 7)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    routes = CallRoutes()
+
+    class Refusing:
+        def run(self, url, block, tx, estimate, limit_s, accounts=()):
+            return {"ok": False, "out": b"", "reason": "Transaction(RejectCallerWithCode)",
+                    "gas": 0, "seconds": 0.0}
+
+    calls = PrivateCalls(state, Refusing(), routes, lambda: "http://loopback")
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+                       "params": [{"from": "0x" + TOKEN.hex(), "to": "0x" + TOKEN2.hex()},
+                                  "latest"]}).encode()
+    answer = json.loads(Endpoint(state, calls=calls).handle(body))
+    assert answer["error"]["code"] == NOT_SERVED and "with code" in answer["error"]["message"]
+    forwarded = Endpoint(state, calls=calls, forward=lambda r: {
+        "jsonrpc": "2.0", "id": r["id"], "result": "0x01"})
+    assert json.loads(forwarded.handle(body))["result"] == "0x01"

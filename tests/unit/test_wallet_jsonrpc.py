@@ -229,7 +229,8 @@ def test_http_post_cors_and_limits(server):
         assert pre.headers["access-control-allow-headers"] == "content-type"
         assert http.get("/").status_code == 405
         assert http.post("/", content=b"x" * ((1 << 20) + 1)).status_code == 413
-        r = http.post("/", content=b'{"jsonrpc": "2.0", "method": "eth_chainId"}')
+        r = http.post("/", content=b'{"jsonrpc": "2.0", "method": "eth_chainId"}',
+                      headers={"Content-Type": "application/json"})
         assert r.status_code == 204 and r.content == b""
         assert http.post("/", json=body).json()["result"] == hex(10**18 + 1)  # still serving
 
@@ -254,6 +255,118 @@ def test_answers_leave_without_waiting_on_the_clients_acknowledgement(state):
             body = {"jsonrpc": "2.0", "id": 1, "method": "eth_chainId", "params": []}
             assert "result" in http.post("/", json=body).json()
             assert accepted[0].getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_only_json_from_an_allowed_host_is_run(state):
+    """A web page's CORS-simple POST (text/plain, form data, no type) and a DNS-rebinding
+    page's (Host: its own name) are refused before anything runs, each with a JSON-RPC error
+    body; JSON naming a loopback host (any port, IPv6 too) is served, and other names only
+    where allowed."""
+    srv = RpcServer(Endpoint(state), "127.0.0.1", 0)
+    srv.start()
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "eth_getBalance",
+                       "params": [ALICE, "latest"]}).encode()
+    try:
+        with httpx.Client(base_url=srv.url) as http:
+            for kind in (None, "text/plain", "text/plain;charset=UTF-8",
+                         "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
+                r = http.post("/", content=body, headers={} if kind is None else
+                              {"Content-Type": kind})
+                assert r.status_code == 415, kind
+                assert r.json()["error"]["code"] == INVALID_REQUEST
+            assert state.reads == 0
+            for host in ("evil.example", "evil.example:8545", "127.0.0.1.evil.example",
+                         "localhost.evil.example", ""):
+                r = http.post("/", content=body, headers={
+                    "Host": host, "Content-Type": "application/json"})
+                assert r.status_code in (400, 403), host  # (400: httpx sends no empty Host)
+                if r.status_code == 403:
+                    assert "--allowed-hosts" in r.json()["error"]["message"]
+            assert http.options("/", headers={"Host": "evil.example"}).status_code == 403
+            assert state.reads == 0
+            for host in ("localhost", "localhost:8545", "127.0.0.1:1", "[::1]:8545",
+                         "LOCALHOST"):
+                r = http.post("/", content=body, headers={
+                    "Host": host, "Content-Type": "application/json; charset=utf-8"})
+                assert r.json()["result"] == hex(10**18 + 1), host
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    srv = RpcServer(Endpoint(state), "127.0.0.1", 0, allowed_hosts=["wallet.lan"])
+    srv.start()
+    try:
+        with httpx.Client(base_url=srv.url) as http:
+            json_ = {"Content-Type": "application/json"}
+            assert http.post("/", content=body, headers={**json_, "Host": "wallet.lan:80"}
+                             ).json()["result"] == hex(10**18 + 1)
+            assert http.post("/", content=body, headers=json_).status_code == 403
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_any_body_however_nested_is_a_json_rpc_error(endpoint):
+    for depth in (40, 5_000, 100_000):
+        for opener, closer in (("[", "]"), ('{"a":', "}")):
+            body = (opener * depth + "1" + closer * depth).encode()
+            answer = json.loads(endpoint.handle(body))
+            assert answer["error"]["code"] in (PARSE_ERROR, INVALID_REQUEST), depth
+            assert "deeper" in answer["error"]["message"]
+        deep = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": []}
+        inner = deep["params"]
+        for _ in range(depth if depth < 5_000 else 900):
+            inner.append([])
+            inner = inner[0]
+        answer = json.loads(endpoint.handle(json.dumps(deep).encode()))
+        assert answer["error"]["code"] == INVALID_REQUEST
+    assert call(endpoint, "eth_chainId")["result"] == "0x7a69"
+
+
+def test_idle_and_slow_connections_are_closed(state):
+    """A connection idle past `idle_s` is closed; a request trickled in past `arrive_s` from
+    its first byte is dropped unanswered; a prompt one on a fresh connection is served."""
+    import socket
+    import time
+
+    srv = RpcServer(Endpoint(state), "127.0.0.1", 0, idle_s=0.5, arrive_s=0.6)
+    srv.start()
+    host, port = srv.server_address[:2]
+    body = b'{"jsonrpc":"2.0","id":1,"method":"eth_chainId","params":[]}'
+    head = (f"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    try:
+        idle = socket.create_connection((host, port))
+        idle.settimeout(5)
+        started = time.monotonic()
+        assert idle.recv(1) == b""  # closed by the server
+        assert time.monotonic() - started < 4
+        slow = socket.create_connection((host, port))
+        slow.settimeout(5)
+        slow.sendall(head + body[:5])
+        started = time.monotonic()
+        for i in range(5, 9):  # a byte every 0.2 s: each read in time, the whole not
+            time.sleep(0.2)
+            try:
+                slow.sendall(body[i:i + 1])
+            except OSError:
+                break
+        got = b""
+        try:
+            while chunk := slow.recv(4096):
+                got += chunk
+        except OSError:
+            pass
+        assert got == b"" and time.monotonic() - started < 4
+        with socket.create_connection((host, port)) as ok:
+            ok.settimeout(5)
+            ok.sendall(head + body)
+            got = b""
+            while b"0x7a69" not in got and (chunk := ok.recv(4096)):
+                got += chunk
+            assert b"0x7a69" in got
     finally:
         srv.shutdown()
         srv.server_close()
