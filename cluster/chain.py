@@ -1,11 +1,12 @@
-"""`morphogen chain export|build|follow`: a node's state into keyword tables, block by block.
+"""`morphogen chain export|build|import|follow`: a node's state into keyword tables, block by block.
 
-`import` does the same from a node's own state dump (geth's JSON lines, anvil's JSON), its
-ranges encoded in parallel on Ray (`cluster.chain_import`). `export` writes the state export file (`morphogen.chain.export`) from a node, checked against
+`export` writes the state export file (`morphogen.chain.export`) from a node, checked against
 the node's standard answers; `build` turns one into an owner directory holding the accounts,
 storage and code tables in one matrix, version 1 anchored at the export's block (chain id,
 number, hash); `follow` applies every later block to it and publishes each to both parties as
-one publication (`morphogen.chain.follow`)."""
+one publication (`morphogen.chain.follow`). `import` builds the same owner directory from a
+node's own state dump (geth's JSON lines, anvil's JSON), its ranges encoded in parallel on Ray
+(`cluster.chain_import`)."""
 
 from __future__ import annotations
 

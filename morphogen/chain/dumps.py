@@ -218,15 +218,19 @@ def anvil_lines(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> Du
     except LineError as exc:
         raise DumpError(f"{path.name}: {exc}") from None
     tmp = Path(out).with_name(Path(out).name + ".tmp")
-    with tmp.open("w") as f:
-        f.write(json.dumps({"root": None, "number": number}) + "\n")
-        for address, account in state["accounts"].items():
-            if not isinstance(account, dict):
-                raise DumpError(f"{path.name}: account {str(address)[:44]} is not an object")
-            try:
-                parse_account({**account, "address": address})
-            except LineError as exc:
-                raise DumpError(f"{path.name}: account {str(address)[:44]}: {exc}") from None
-            f.write(json.dumps({**account, "address": address}, separators=(",", ":")) + "\n")
-    os.replace(tmp, out)
+    try:
+        with tmp.open("w") as f:
+            f.write(json.dumps({"root": None, "number": number}) + "\n")
+            for address, account in state["accounts"].items():
+                if not isinstance(account, dict):
+                    raise DumpError(f"{path.name}: account {str(address)[:44]} is not an object")
+                try:
+                    parse_account({**account, "address": address})
+                except LineError as exc:
+                    raise DumpError(f"{path.name}: account {str(address)[:44]}: {exc}") from None
+                f.write(json.dumps({**account, "address": address}, separators=(",", ":"))
+                        + "\n")
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return info(out)
