@@ -166,6 +166,8 @@ def parse_account(line: bytes | str | dict) -> tuple[str, int, int, str, list[tu
         raise LineError("an account without its address" + (
             f" (only its hashed key {str(key)[:20]}..: the node lacks the preimage; dump "
             "from geth run with --cache.preimages)" if key else ""))
+    if not (isinstance(address, str) and len(address) == 42):
+        raise LineError(f"address {str(address)[:48]!r} is not 0x and 40 hex digits")
     address = _hex_of(address, "address", 40)
     nonce = _quantity(obj.get("nonce", 0), "nonce", 64)
     balance = _quantity(obj.get("balance", 0), "balance", 256)

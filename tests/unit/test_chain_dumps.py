@@ -17,37 +17,10 @@ from morphogen.chain.export import AccountState, BlockRef, ExportHeader, state_r
 from morphogen.chain.tables import build_chain_tables
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.records import RecordError
+from tests.unit._chain_dump import geth_dump
 
 ANCHOR = Anchor(1, 5, "0x" + "ab" * 32)
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
-
-
-def geth_dump(path: Path, accounts: int, seed: int = 1) -> list[AccountState]:
-    """A dump in geth's shapes (checksum-cased addresses, decimal balances, storage words in
-    bare hex with leading zeros trimmed, zero words, codes shared by several accounts), its
-    accounts in no address order (geth's is by hashed address); returns the state."""
-    r = random.Random(seed)
-    pool = [r.randbytes(n) for n in (1, 1020, 1021, 2500)]
-    state, lines = [], [json.dumps({"root": "0x" + "11" * 32})]
-    for i in range(accounts):
-        address = r.randbytes(20)
-        code = pool[i % 4] if i % 3 == 0 else b""
-        storage = {r.choice([r.randrange(40), r.randrange(2**256)]): r.choice(
-            [0, r.randrange(256), r.randrange(2**256)]) for _ in range(r.randrange(6))} \
-            if code else {}
-        acct = AccountState(address, r.randrange(2**64) if i == 7 else r.randrange(9),
-                            2**256 - 1 if i == 3 else r.randrange(10**24), code,
-                            {s: w for s, w in storage.items() if w})
-        state.append(acct)
-        obj = {"balance": str(acct.balance), "nonce": acct.nonce, "root": "0x" + "00" * 32,
-               "codeHash": "0x" + "00" * 32,
-               "address": "0x" + (address.hex().upper() if i % 2 else address.hex())}
-        if code:
-            obj["code"] = "0x" + code.hex()
-            obj["storage"] = {f"0x{s:064x}": f"{w:x}" for s, w in storage.items()}
-        lines.append(json.dumps(obj))
-    path.write_text("\n".join(lines) + "\n")
-    return state
 
 
 def single(tmp: Path, state: list[AccountState], seed: int):
@@ -108,6 +81,7 @@ def test_geth_shapes_parse():
      '{"0xzz": "1"}}', "storage slot"),
     ('{"balance": "1", "nonce": 0, "address": "0x' + "11" * 20 + '", "code": "0x123"}', "code"),
     ("[1, 2]", "JSON object"),
+    ('{"balance": "1", "nonce": 0, "address": "0x1234"}', "address"),
 ])
 def test_a_malformed_line_is_refused_with_its_number(tmp_path, bad, says):
     path = tmp_path / "d.jsonl"
@@ -151,7 +125,7 @@ def test_line_ranges_cover_the_file_at_line_starts(tmp_path):
     body = dumps.info(path).body
     ranges = dumps.line_ranges(path, body, 700)
     assert ranges[0][0] == body and ranges[-1][1] == len(data) and len(ranges) > 3
-    for (a, b), (c, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False):
         assert b == c and data[b - 1:b] == b"\n"
 
 
