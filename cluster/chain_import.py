@@ -159,9 +159,11 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
                 room: float = 4.0, min_records: int = 4096, seed: int | None = None,
                 created: int | None = None, work: str | os.PathLike[str] | None = None,
                 range_bytes: int = RANGE_BYTES, body: int | None = None,
-                report: Callable[[str], None] = print) -> Path:
+                report: Callable[[str], None] = print, timings: dict | None = None) -> Path:
     """The dump (JSON lines: geth's, or anvil's rewritten by `dumps.anvil_lines`) as version 1
-    of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory."""
+    of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
+    `timings` gets the seconds of each step (encode, load, place, write)."""
+    timings = {} if timings is None else timings
     from filelock import FileLock, Timeout
 
     from morphogen.keyword.owner import create_owner_dir
@@ -180,24 +182,30 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
     try:
         if body is None:
             body = dumps.info(dump).body
+        t0 = time.monotonic()
         try:
             files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
                                         seed=seed, range_bytes=range_bytes, report=report)
         except dumps.DumpError:
             shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
             raise
-        t0 = time.monotonic()
+        t1 = time.monotonic()
         parts = [dict(np.load(f)) for f in files]
+        t2 = time.monotonic()
         table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
                               room=room, min_records=min_records, created=created)
         del parts
+        t3 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
         snapshot = out / create_owner_dir(table, partial).relative_to(partial)
         if out.exists():
             out.rmdir()
         os.replace(partial, out)
+        t4 = time.monotonic()
+        timings.update(encode_s=t1 - t0, load_s=t2 - t1, place_s=t3 - t2, write_s=t4 - t3)
         records = sum(d.records for d in _parts(table))
-        report(f"placed {records:,} records in {time.monotonic() - t0:,.1f} s")
+        report(f"placed {records:,} records in {t3 - t2:,.1f} s, wrote them in "
+               f"{t4 - t3:,.1f} s")
         log.info("import of %s: %d records into %s", dump.name, records, out)
         shutil.rmtree(work, ignore_errors=True)
     finally:

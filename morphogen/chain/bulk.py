@@ -63,8 +63,9 @@ def plan(seed: int) -> dict[str, tuple[bytes, tuple[int, int, int]]]:
     return out
 
 
-def _rows(hexes: list[str], width: int) -> np.ndarray:
-    return np.frombuffer(bytes.fromhex("".join(hexes)), np.uint8).reshape(len(hexes), width)
+def _rows(hexes: list[str], width: int, rows: int | None = None) -> np.ndarray:
+    rows = len(hexes) if rows is None else rows
+    return np.frombuffer(bytes.fromhex("".join(hexes)), np.uint8).reshape(rows, width)
 
 
 def _tagged(name: str, keys: np.ndarray, plans: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -85,36 +86,38 @@ def encode_range(path: str, start: int, end: int, plans: dict) -> dict[str, np.n
     accounts = []
     for index, line in read_range(path, start, end):
         try:
-            accounts.append(parse_account(line) + (index,))
+            accounts.append((parse_account(line), index))
         except LineError as exc:
             raise RangeError(index, str(exc)) from None
     accounts.sort()
     for i in range(1, len(accounts)):
-        if accounts[i][0] == accounts[i - 1][0]:
-            raise RangeError(accounts[i][5], f"address 0x{accounts[i][0]} twice in the dump")
-    addresses, values, counts = [], bytearray(), np.zeros(len(accounts), np.int64)
-    s_keys, s_values = [], []
+        if accounts[i][0].address == accounts[i - 1][0].address:
+            raise RangeError(accounts[i][1],
+                             f"address 0x{accounts[i][0].address} twice in the dump")
+    values, counts = bytearray(), np.zeros(len(accounts), np.int64)
     hashes: dict[str, bytes] = {}
     first: dict[bytes, str] = {}  # code hash -> the first (least) address with that code
     codes: dict[bytes, str] = {}
-    for i, (address, nonce, balance, code, words, _) in enumerate(accounts):
-        addresses.append(address)
+    for i, (account, _) in enumerate(accounts):
+        code = account.code
         if code:
             code_hash = hashes.get(code)
             if code_hash is None:
                 code_hash = hashes[code] = keccak256(bytes.fromhex(code))
             if code_hash not in first:
-                first[code_hash], codes[code_hash] = address, code
+                first[code_hash], codes[code_hash] = account.address, code
         else:
             code_hash = EMPTY_CODE_HASH
-        values += nonce.to_bytes(8, "big") + balance.to_bytes(32, "big") + code_hash
-        counts[i] = len(words)
-        for slot, word in words:
-            s_keys.append(address + slot)
-            s_values.append(word)
-    out = {"acc_keys": _rows(addresses, 20),
+        values += (account.nonce.to_bytes(8, "big") + account.balance.to_bytes(32, "big")
+                   + code_hash)
+        counts[i] = len(account.slots) // 64
+    acc_keys = _rows([a.address for a, _ in accounts], 20)
+    slots = _rows([a.slots for a, _ in accounts], 32, int(counts.sum()))
+    out = {"acc_keys": acc_keys,
            "acc_vals": np.frombuffer(bytes(values), np.uint8).reshape(len(accounts), 72),
-           "sto_counts": counts, "sto_keys": _rows(s_keys, 52), "sto_vals": _rows(s_values, 32)}
+           "sto_counts": counts,
+           "sto_keys": np.concatenate([np.repeat(acc_keys, counts, axis=0), slots], axis=1),
+           "sto_vals": _rows([a.words for a, _ in accounts], 32, int(counts.sum()))}
     out.update(_code_records(first, codes))
     for prefix, name in (("acc", "accounts"), ("sto", "storage"), ("code", "code")):
         out[f"{prefix}_tags"], out[f"{prefix}_hash"] = _tagged(name, out[f"{prefix}_keys"], plans)

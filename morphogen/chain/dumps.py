@@ -24,14 +24,19 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from morphogen.chain.export import ExportError
 
 _HEX = frozenset("0123456789abcdefABCDEF")
+_LOWER_HEX = re.compile("[0-9a-f]*")
+_ANY_HEX = re.compile("[0-9a-fA-F]*")
+_PREFIXED = re.compile("(?:0x[0-9a-f]{64})*")
+_ZERO = "0" * 64
 
 
 class DumpError(ExportError):
@@ -147,10 +152,26 @@ def _quantity(value: Any, what: str, bits: int) -> int:
     return number
 
 
-def parse_account(line: bytes | str | dict) -> tuple[str, int, int, str, list[tuple[str, str]]]:
-    """One account line as (40 lower-case hex of the address, nonce, balance, code as bare
-    hex, [(64-hex slot, 64-hex word)] in slot order without zero words). LineError says what
-    is wrong."""
+class Account(NamedTuple):
+    """One account of a dump: hex without 0x, lower-case; `slots` and `words` are the
+    account's storage, 64 hex digits a slot (and its word), in slot order, zero words left
+    out."""
+
+    address: str
+    nonce: int
+    balance: int
+    code: str
+    slots: str
+    words: str
+
+    @property
+    def storage(self) -> list[tuple[str, str]]:
+        return [(self.slots[i:i + 64], self.words[i:i + 64])
+                for i in range(0, len(self.slots), 64)]
+
+
+def parse_account(line: bytes | str | dict) -> Account:
+    """One account line of a dump. LineError says what is wrong with it."""
     if isinstance(line, dict):
         obj = line
     else:
@@ -175,21 +196,50 @@ def parse_account(line: bytes | str | dict) -> tuple[str, int, int, str, list[tu
     if not isinstance(code, str):
         raise LineError(f"code {str(code)[:48]!r} is not hex")
     code = code[2:] if code[:2] in ("0x", "0X") else code
-    if len(code) % 2 or not set(code) <= _HEX:
+    if len(code) % 2 or not _ANY_HEX.fullmatch(code):
         raise LineError(f"code {code[:48]!r}.. is not hex bytes")
     storage = obj.get("storage") or {}
     if not isinstance(storage, dict):
         raise LineError('"storage" is not an object')
-    words = []
-    for slot, word in storage.items():
-        s, w = _hex_of(slot, "storage slot", 64), _hex_of(word, "storage word", 64)
-        if w.strip("0"):
-            words.append((s, w))
-    words.sort()
-    for i in range(1, len(words)):
-        if words[i][0] == words[i - 1][0]:
-            raise LineError(f"storage slot 0x{words[i][0]} twice")
-    return address, nonce, balance, code.lower(), words
+    slots, words = _storage(storage) if storage else ("", "")
+    return Account(address, nonce, balance, code.lower(), slots, words)
+
+
+def _storage(storage: dict) -> tuple[str, str]:
+    # what geth and anvil write (slots "0x" + 64 lower-case hex; words bare and trimmed, or
+    # "0x" + 64) is checked a line at a time, in C; anything else a field at a time
+    n = len(storage)
+    keys = "".join(storage)
+    slots = words = None
+    if len(keys) == 66 * n and _PREFIXED.fullmatch(keys):
+        slots = keys.split("0x")[1:]
+        try:
+            values = "".join(storage.values())
+        except TypeError:
+            values = None
+        if values is None:
+            pass
+        elif len(values) == 66 * n and _PREFIXED.fullmatch(values):
+            words = values.split("0x")[1:]
+        elif "x" not in values and _LOWER_HEX.fullmatch(values):
+            words = list(storage.values())
+            if max(map(len, words)) > 64:
+                words = None
+            else:
+                words = [w.zfill(64) for w in words]
+    if slots is None or words is None:
+        pairs = [(_hex_of(s, "storage slot", 64), _hex_of(w, "storage word", 64))
+                 for s, w in storage.items()]
+        slots, words = [p[0] for p in pairs], [p[1] for p in pairs]
+    if _ZERO in words:
+        kept = [i for i, w in enumerate(words) if w != _ZERO]
+        slots, words = [slots[i] for i in kept], [words[i] for i in kept]
+    order = sorted(range(len(slots)), key=slots.__getitem__)
+    slots, words = [slots[i] for i in order], [words[i] for i in order]
+    for i in range(1, len(slots)):
+        if slots[i] == slots[i - 1]:
+            raise LineError(f"storage slot 0x{slots[i]} twice")
+    return "".join(slots), "".join(words)
 
 
 # -- anvil -------------------------------------------------------------------------------------

@@ -304,7 +304,9 @@ def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key
     pages[geometry.descriptor_page] = np.frombuffer(desc.to_page(signing_key), np.uint8)
     stats = BuildStats(len(keys), geometry.capacity, len(keys) / geometry.capacity,
                        len(attempts), time.perf_counter() - t0, attempts)
-    index = {tags[i].tobytes(): k for i, k in enumerate(keys)}
+    flat = tags.tobytes()
+    index = dict(zip([flat[i:i + TAG_SIZE] for i in range(0, len(flat), TAG_SIZE)], keys,
+                     strict=True))
     return KeywordTable(desc, pages, index, stats)
 
 

@@ -67,9 +67,19 @@ def test_geth_shapes_parse():
                        "storage": {"0x" + "00" * 31 + "07": "1234",
                                    "0x" + "00" * 31 + "02": "0"},
                        "address": "0x00000000000000000000000000000000000000bB"})
-    address, nonce, balance, code, words = dumps.parse_account(line)
-    assert (address, nonce, balance, code) == ("00" * 19 + "bb", 3, 10**21, "6001")
-    assert words == [("00" * 31 + "07", "0" * 60 + "1234")]
+    account = dumps.parse_account(line)
+    assert account[:4] == ("00" * 19 + "bb", 3, 10**21, "6001")
+    assert account.storage == [("00" * 31 + "07", "0" * 60 + "1234")]
+    # other spellings of the same storage (upper case, short slots, 0x words) read the same
+    for storage in ({"0x" + "00" * 31 + "07": "0x1234", "0x02": "0x0"},
+                    {"0X7": "0x" + "0" * 60 + "1234"}, {"0x" + "00" * 31 + "07": "01234"},
+                    {"7": "1234", "0x" + "ab" * 32: "0"}):
+        other = json.loads(line)
+        other["storage"] = storage
+        assert dumps.parse_account(json.dumps(other)).storage == account.storage, storage
+    other["storage"] = {"0x07": "1", "0x7": "2"}
+    with pytest.raises(dumps.LineError, match="twice"):
+        dumps.parse_account(json.dumps(other))
 
 
 @pytest.mark.parametrize("bad, says", [
@@ -138,8 +148,9 @@ def test_anvil_state_is_rewritten_as_lines(tmp_path):
     info = dumps.anvil_lines(tmp_path / "a.json", tmp_path / "a.jsonl")
     assert info.number == 9 and info.root is None
     [(_, line)] = list(dumps.read_range(tmp_path / "a.jsonl", info.body, info.size))
-    assert dumps.parse_account(line) == ("ab" * 20, 2, 16, "6001",
-                                         [("00" * 31 + "01", "0" * 63 + "5")])
+    account = dumps.parse_account(line)
+    assert account[:4] == ("ab" * 20, 2, 16, "6001")
+    assert account.storage == [("00" * 31 + "01", "0" * 63 + "5")]
     state["accounts"][address]["balance"] = "lots"
     (tmp_path / "a.json").write_text(json.dumps(state))
     with pytest.raises(dumps.DumpError, match="balance"):
