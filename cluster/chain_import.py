@@ -52,14 +52,16 @@ class Progress:
                 f"records/s, about {left:,.0f} s left")
 
 
-def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, int]:
-    """One range, written whole (a temporary renamed) so that a resumed import trusts it."""
+def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, float]:
+    """One range, written whole (a temporary renamed) so that a resumed import trusts it;
+    returns its records and the CPU seconds it took."""
+    cpu = time.process_time()
     arrays = bulk.encode_range(path, a, b, plans)
     tmp = out + ".tmp.npz"
     np.savez(tmp, **arrays)
     os.replace(tmp, out)
     return (len(arrays["acc_keys"]) + len(arrays["sto_keys"]) + len(arrays["code_keys"]),
-            int(arrays["lines"][0]))
+            time.process_time() - cpu)
 
 
 def _manifest(work: Path, dump: Path, ranges: list, seed: int | None) -> dict:
@@ -106,10 +108,13 @@ def _ray_encode(workers: int | None, address: str | None):
 
 def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = None,
                   address: str | None = None, seed: int | None = None,
-                  range_bytes: int = RANGE_BYTES, report: Callable[[str], None] = print
-                  ) -> tuple[list[str], int]:
+                  range_bytes: int = RANGE_BYTES, report: Callable[[str], None] = print,
+                  timings: dict | None = None) -> tuple[list[str], int]:
     """Step 1 on Ray: every range encoded into `work`; returns the range files in dump order
-    and the build's seed. A malformed line raises DumpError naming it."""
+    and the build's seed (`timings["encode_cpu_s"]` gets the tasks' CPU seconds). A malformed
+    line raises DumpError naming it."""
+    timings = {} if timings is None else timings
+    timings["encode_cpu_s"] = 0.0
     ranges = dumps.line_ranges(dump, body, range_bytes)
     manifest = _manifest(work, dump, [list(r) for r in ranges], seed)
     plans = bulk.plan(manifest["seed"])
@@ -134,7 +139,7 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
             ready, _ = ray.wait(list(pending), num_returns=1)
             i = pending.pop(ready[0])
             try:
-                records, _ = ray.get(ready[0])
+                records, cpu = ray.get(ready[0])
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause
                 if isinstance(cause, bulk.RangeError):
@@ -142,6 +147,7 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
                     raise dumps.DumpError(f"{dump.name}:{line}: {cause}") from None
                 raise
             progress.records += records
+            timings["encode_cpu_s"] += cpu
             progress.done_bytes += ranges[i][1] - ranges[i][0]
             now = time.monotonic()
             if now - last >= 1.0 or not (queue or pending):
@@ -185,11 +191,12 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         t0 = time.monotonic()
         try:
             files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
-                                        seed=seed, range_bytes=range_bytes, report=report)
+                                        seed=seed, range_bytes=range_bytes, report=report,
+                                        timings=timings)
         except dumps.DumpError:
             shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
             raise
-        t1 = time.monotonic()
+        t1, cpu = time.monotonic(), time.process_time()
         parts = [dict(np.load(f)) for f in files]
         t2 = time.monotonic()
         table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
@@ -202,7 +209,8 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             out.rmdir()
         os.replace(partial, out)
         t4 = time.monotonic()
-        timings.update(encode_s=t1 - t0, load_s=t2 - t1, place_s=t3 - t2, write_s=t4 - t3)
+        timings.update(encode_s=t1 - t0, load_s=t2 - t1, place_s=t3 - t2, write_s=t4 - t3,
+                       funnel_cpu_s=time.process_time() - cpu)
         records = sum(d.records for d in _parts(table))
         report(f"placed {records:,} records in {t3 - t2:,.1f} s, wrote them in "
                f"{t4 - t3:,.1f} s")
