@@ -14,15 +14,28 @@ import pytest
 
 from cluster.chain_import import import_dump
 from cluster.cli import main
+from cluster.records import HttpParties
 from morphogen.chain.export import BlockRef, ExportHeader, state_records, write_export
-from morphogen.chain.rpc import EthRpc
+from morphogen.chain.follow import Follower
+from morphogen.chain.rpc import EthRpc, quantity
 from morphogen.chain.tables import build_chain_tables
+from morphogen.client.admin import AdminClient
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.owner import OwnerTable, create_owner_dir
 from morphogen.keyword.signing import load_signing_key
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
 from tests.integration.conftest import delete_apps, deploy
-from tests.integration.test_chain_follow import INIT, Reader, _mine, _receipt, _send
+from tests.integration.test_chain_follow import (
+    INIT,
+    RUNTIME,
+    TOKEN,
+    Reader,
+    _catch_up,
+    _mine,
+    _receipt,
+    _send,
+    _touched,
+)
 from tests.unit._chain_dump import geth_dump
 
 pytestmark = [pytest.mark.ray]
@@ -122,10 +135,10 @@ def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
 
         contracts, slots = [], set()
         for i in range(3):  # each stores 42 in slot 1; then a slot of our own
-            tx = _send(rpc, data="0x" + INIT.hex())
+            tx = _send(rpc, data="0x" + (INIT + RUNTIME).hex(), gas=quantity(3_000_000))
             contracts.append(bytes.fromhex(mined(tx)["contractAddress"][2:]))
             word = (i + 1) * 2**200 + i
-            mined(_send(rpc, to="0x" + contracts[-1].hex(),
+            mined(_send(rpc, to="0x" + contracts[-1].hex(), gas=quantity(100_000),
                                 data="0x" + (7 + i).to_bytes(32, "big").hex()
                         + word.to_bytes(32, "big").hex()))
         for i in range(5):
@@ -143,17 +156,35 @@ def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
         for a, acct in state["accounts"].items():
             slots |= {(bytes.fromhex(a[2:]), int(s, 16).to_bytes(32, "big"))
                       for s in acct.get("storage", {})}
-        assert {bytes.fromhex(DEV_ACCOUNTS[0][2:].lower())} <= accounts and len(slots) >= 6
+        assert {bytes.fromhex(DEV_ACCOUNTS[0][2:].lower())} <= accounts
+        assert {(c, (7 + i).to_bytes(32, "big")) for i, c in enumerate(contracts)} <= slots
         # and some the state lacks: they read as nothing, as the node says
         accounts |= {b"\x77" * 20}
         slots |= {(contracts[0], (99).to_bytes(32, "big"))}
+        (root / "token").write_text(TOKEN)
+        (root / "rot").mkdir()
         urls = []
         for name in ("cia", "cib"):
-            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1)
+            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1,
+                   admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"),
+                   admin_snapshot_dir=str(root / "rot"))
             urls.append(serve_instance.app_url(name))
         reader = Reader(urls, root / "o.pub")
         try:
             reader.check(rpc, rpc.block(number), accounts, slots)
+            # the follower carries the imported tables on from the dump's block
+            follower = Follower(rpc, owner, HttpParties([AdminClient(u, TOKEN) for u in urls],
+                                                        30.0, None),
+                                load_signing_key(root / "o.key"), snapshot_dir=str(root / "rot"))
+            _send(rpc, to="0x" + "42" * 20, value="0x99")
+            _send(rpc, to="0x" + contracts[1].hex(), gas=quantity(100_000),
+                  data="0x" + (7).to_bytes(32, "big").hex() + (5).to_bytes(32, "big").hex())
+            block = _mine(rpc)
+            _catch_up(follower)
+            changed, changed_slots = _touched(follower)
+            assert b"\x42" * 20 in changed
+            assert (contracts[1], (7).to_bytes(32, "big")) in changed_slots
+            reader.check(rpc, block, changed | accounts, changed_slots | slots)
         finally:
             reader.close()
             delete_apps("cia", "cib")
