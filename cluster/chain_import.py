@@ -29,6 +29,7 @@ import numpy as np
 
 from morphogen.chain import bulk, dumps
 from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.records import RecordError
 
 log = logging.getLogger("morphogen.chain.import")
 MANIFEST = "manifest.json"
@@ -199,8 +200,12 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         t1, cpu = time.monotonic(), time.process_time()
         parts = [dict(np.load(f)) for f in files]
         t2 = time.monotonic()
-        table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
-                              room=room, min_records=min_records, created=created)
+        try:
+            table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
+                                  room=room, min_records=min_records, created=created)
+        except RecordError:  # the dump's fault (an address in two ranges): it stays refused
+            shutil.rmtree(work, ignore_errors=True)
+            raise
         del parts
         t3 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
