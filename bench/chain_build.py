@@ -204,7 +204,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
         gc.collect()
         row: dict = {"records": records, "dump_mb": round(dump.stat().st_size / 2**20, 1)}
         times = []
-        for _ in range(runs if size <= 4_000_000 else 1):
+        for _ in range(runs if size <= 1_000_000 else 1):
             shutil.rmtree(work / "single", ignore_errors=True)
             times.append(single_process(export, work / "single", key))
             gc.collect()
@@ -224,7 +224,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
             pids = set(ray.get([warm.remote(str(dump)) for _ in range(w)]))
             start_s = time.perf_counter() - t
             results = []
-            for _ in range(runs if size <= 4_000_000 else 1):
+            for _ in range(runs if size <= 1_000_000 else 1):
                 out = work / f"import-{w}"
                 shutil.rmtree(out, ignore_errors=True)
                 results.append(imported(dump, out, key, w))
@@ -280,6 +280,8 @@ def plot(result: dict, path: Path) -> None:
         left.plot(sizes, [r[f"w{w}"]["records_per_s"] / 1e3 for r in result["sizes"]], "o-",
                   label=f"chain import, {w} Ray worker{'s' if w > 1 else ''}")
     left.set_xscale("log")
+    left.set_xticks(sizes, [f"{s:g}" for s in sizes])
+    left.minorticks_off()
     left.set_xlabel("records (millions)")
     left.set_ylabel("thousand records/s, end to end")
     left.set_title(f"this machine ({result['machine_cpus']} cores)")
@@ -302,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
     ap.add_argument("--runs", type=int, default=3,
-                    help="runs of each build up to 4 M records, the median (one above)")
+                    help="runs of each build up to 1 M records, the median (one above)")
     ap.add_argument("--out", default=None, help="results file (default: chain_build.json)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="chain-build-") as tmp:
