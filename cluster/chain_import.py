@@ -128,6 +128,7 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
     if not todo:
         return files, manifest["seed"]
     ray, task, workers = _ray_encode(workers, address)
+    progress.started = time.monotonic()  # the rate is the encoding's, not Ray's start
     pending: dict = {}
     queue = list(todo)
     last = 0.0
