@@ -6,8 +6,10 @@ slots, 2.4 M distinct codes): per million records about 199 k accounts (15 % of 
 sharing the codes, slots spread over them by a Pareto law, as a few contracts hold most) and
 800 k slots, codes of 100 B to 24 KiB. Each size is written twice, as geth's JSON lines in no
 address order (what `chain import` reads) and as the state export (what `chain build` reads),
-neither timed. A local Ray instance is started, and its workers warmed (the encoder imported),
-before the timed import, as a cluster is up before an import; that start is reported apart.
+neither timed. One local Ray instance with every core is started, and its workers warmed (the
+encoder imported), before the timed imports, as a cluster is up before an import (that start is
+reported apart); `workers` bounds the tasks in flight, as `chain import --workers` does. The
+builds take turns, round after round, and each figure is the median of its rounds.
 Rates are given per wall second and per CPU second: this host's two cores are shared, so the
 bench also measures what it gives two processes of pure CPU work at the time
 (`host_speedup_2_processes`), the ceiling of any 1 -> 2 worker speed-up measured here.
@@ -194,6 +196,14 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     key = Ed25519PrivateKey.generate()
     cores = os.cpu_count() or 1
     workers_list = sorted({1, 2, cores})
+    quiet_ray_logs()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    t = time.perf_counter()
+    # one local Ray instance with every core; `workers` bounds the tasks in flight, as
+    # `chain import --workers` does on a cluster
+    ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level="WARNING",
+             log_to_driver=False)
+    ray_start_s = time.perf_counter() - t
     rows = []
     for size in sizes:
         _log(f"[bench] {size:,} records: writing the dumps")
@@ -202,39 +212,38 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
         records = write_dumps(state, dump, export)
         del state
         gc.collect()
-        row: dict = {"records": records, "dump_mb": round(dump.stat().st_size / 2**20, 1)}
-        times = []
-        for _ in range(runs if size <= 1_000_000 else 1):
+        warm = ray.remote(num_cpus=1)(_warm)
+        pids = set(ray.get([warm.remote(str(dump)) for _ in range(cores)]))
+        row: dict = {"records": records, "dump_mb": round(dump.stat().st_size / 2**20, 1),
+                     "ray_start_s": round(ray_start_s, 2), "warm_workers": len(pids)}
+        times: list = []
+        hosts: list = []
+        results: dict = {w: [] for w in workers_list}
+        # the builds take turns, round after round, so that the host's changing load falls on
+        # each alike; each figure is the median of its rounds
+        for round_ in range(runs if size <= 1_000_000 else 1):
             shutil.rmtree(work / "single", ignore_errors=True)
             times.append(single_process(export, work / "single", key))
             gc.collect()
+            hosts.append(host_speedup())
+            for w in workers_list:
+                out = work / f"import-{w}"
+                shutil.rmtree(out, ignore_errors=True)
+                results[w].append(imported(dump, out, key, w))
+                gc.collect()
+            _log(f"[bench] round {round_ + 1}: single {records / times[-1][0]:,.0f}/s, "
+                 + ", ".join(f"{w} workers {records / results[w][-1][0]:,.0f}/s"
+                             for w in workers_list) + f", host 2-process {hosts[-1]}x")
         wall, cpu = sorted(times)[len(times) // 2]
         row["single_s"] = round(wall, 2)
         row["single_rps"] = round(records / wall)
         row["single_cpu_rps"] = round(records / cpu)
-        row["host_speedup_2_processes"] = host_speedup()
-        _log(f"[bench] single process: {row['single_rps']:,} records/s")
+        row["host_speedup_2_processes"] = sorted(hosts)[len(hosts) // 2]
         for w in workers_list:
-            quiet_ray_logs()
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            t = time.perf_counter()
-            ray.init(address="local", num_cpus=w, include_dashboard=False,
-                     logging_level="WARNING", log_to_driver=False)
-            warm = ray.remote(num_cpus=1)(_warm)
-            pids = set(ray.get([warm.remote(str(dump)) for _ in range(w)]))
-            start_s = time.perf_counter() - t
-            results = []
-            for _ in range(runs if size <= 1_000_000 else 1):
-                out = work / f"import-{w}"
-                shutil.rmtree(out, ignore_errors=True)
-                results.append(imported(dump, out, key, w))
-                gc.collect()
-            ray.shutdown()
-            seconds, steps = sorted(results, key=lambda x: x[0])[len(results) // 2]
+            seconds, steps = sorted(results[w], key=lambda x: x[0])[len(results[w]) // 2]
             funnel = steps["load_s"] + steps["place_s"] + steps["write_s"]
             row[f"w{w}"] = {
                 "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
-                "ray_start_s": round(start_s, 2), "warm_workers": len(pids),
                 **{k: round(v, 2) for k, v in steps.items()},
                 "encode_rps_per_worker": round(records / steps["encode_s"] / w),
                 "encode_cpu_rps": round(records / steps["encode_cpu_s"]),
@@ -250,6 +259,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
         rows.append(row)
         for p in ("single", *[f"import-{w}" for w in workers_list]):
             shutil.rmtree(work / p, ignore_errors=True)
+    ray.shutdown()
     biggest = rows[-1]
     # rates per CPU second: the wall rates on a shared 2-core host measure its other tenants
     r_worker = biggest["w1"]["encode_cpu_rps"]
