@@ -96,6 +96,14 @@ def _import(args: argparse.Namespace) -> int:
         key = load_signing_key(args.signing_key)
     except (OSError, ValueError) as exc:
         raise UsageError(f"--signing-key {exc}") from None
+    if args.log is not None:  # the progress lines, time-stamped, besides the terminal
+        import logging
+
+        handler = logging.FileHandler(args.log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger = logging.getLogger("morphogen.chain.import")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
     with tempfile.TemporaryDirectory(prefix="anvil-lines-", dir=out.parent) as tmp:
         try:
             dump = Path(args.dump)
@@ -237,6 +245,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                     help="slots for at least N records a table (default 4096)")
     im.add_argument("--timeout", type=float, default=60.0, metavar="S",
                     help="seconds the node's answer may take (with --rpc)")
+    im.add_argument("--log", default=None, metavar="FILE",
+                    help="append the progress lines (records, records/s, time left) to FILE")
     fw = acts.add_parser("follow", help="apply every new block to the tables and publish it "
                                         "to both parties")
     fw.add_argument("--rpc", required=True, metavar="URL", help="the node's JSON-RPC URL")

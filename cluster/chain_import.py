@@ -10,7 +10,7 @@ A killed import leaves its work directory (`<out>.work`): run the same command a
 reuses every range already encoded (the manifest holds the dump's size and time and the build's
 seed; a different dump or options starts over). A malformed line stops it with the line's number
 and removes everything it wrote. Progress (records, records/s, time left) goes to the terminal
-and to the `morphogen.chain.import` log.
+and to the `morphogen.chain.import` logger (`chain import --log FILE`).
 """
 
 from __future__ import annotations

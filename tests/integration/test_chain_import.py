@@ -147,7 +147,9 @@ def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
         (root / "anvil.json").write_text(json.dumps(rpc.call("anvil_dumpState")))
         assert main(["chain", "import", "--format", "anvil", "--dump", str(root / "anvil.json"),
                      "--rpc", url, "--signing-key", str(root / "o.key"),
-                     "--out", str(root / "anvil-owner"), "--min-records", "1024"]) == 0
+                     "--out", str(root / "anvil-owner"), "--min-records", "1024",
+                     "--log", str(root / "import.log")]) == 0
+        assert "records/s" in (root / "import.log").read_text()
         owner = OwnerTable(root / "anvil-owner")
         state = json.loads(subprocess.run(
             ["gzip", "-dc"], input=bytes.fromhex(json.loads((root / "anvil.json").read_text())[2:]),
