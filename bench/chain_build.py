@@ -290,7 +290,7 @@ def plot(result: dict, path: Path) -> None:
         left.plot(sizes, [r[f"w{w}"]["records_per_s"] / 1e3 for r in result["sizes"]], "o-",
                   label=f"chain import, {w} Ray worker{'s' if w > 1 else ''}")
     left.set_xscale("log")
-    left.set_xticks(sizes, [f"{s:g}" for s in sizes])
+    left.set_xticks(sizes, [f"{s:.3g}" for s in sizes])
     left.minorticks_off()
     left.set_xlabel("records (millions)")
     left.set_ylabel("thousand records/s, end to end")
