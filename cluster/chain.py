@@ -1,10 +1,12 @@
-"""`morphogen chain export|build|follow`: a node's state into keyword tables, block by block.
+"""`morphogen chain export|build|import|follow`: a node's state into keyword tables, block by block.
 
 `export` writes the state export file (`morphogen.chain.export`) from a node, checked against
 the node's standard answers; `build` turns one into an owner directory holding the accounts,
 storage and code tables in one matrix, version 1 anchored at the export's block (chain id,
 number, hash); `follow` applies every later block to it and publishes each to both parties as
-one publication (`morphogen.chain.follow`)."""
+one publication (`morphogen.chain.follow`). `import` builds the same owner directory from a
+node's own state dump (geth's JSON lines, anvil's JSON), its ranges encoded in parallel on Ray
+(`cluster.chain_import`)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,8 @@ def cmd_chain(args: argparse.Namespace) -> int:
         return _export(args)
     if args.chain_action == "follow":
         return _follow(args)
+    if args.chain_action == "import":
+        return _import(args)
     return _build(args)
 
 
@@ -75,6 +79,53 @@ def _build(args: argparse.Namespace) -> int:
     print(f"block {header.block.number} ({header.block.hash}) of chain {header.chain_id}: "
           f"serve {snapshot}; clients need the public key "
           f"{table.descriptor.public_key.hex()}")
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from cluster.chain_import import import_dump, resolve_anchor
+    from morphogen.chain import dumps
+    from morphogen.keyword.signing import load_signing_key, public_bytes
+
+    out = Path(args.out)
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--out {out} is not empty; import into a new directory")
+    try:
+        key = load_signing_key(args.signing_key)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"--signing-key {exc}") from None
+    if args.log is not None:  # the progress lines, time-stamped, besides the terminal
+        import logging
+
+        handler = logging.FileHandler(args.log)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logger = logging.getLogger("morphogen.chain.import")
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    with tempfile.TemporaryDirectory(prefix="anvil-lines-", dir=out.parent) as tmp:
+        try:
+            dump = Path(args.dump)
+            if args.format == "anvil":
+                info = dumps.anvil_lines(dump, Path(tmp) / (dump.name + ".jsonl"))
+                dump = Path(tmp) / (dump.name + ".jsonl")
+            else:
+                info = dumps.info(dump)
+            anchor = resolve_anchor(info, chain_id=args.chain_id, block=args.block,
+                                    block_hash=args.block_hash, rpc=args.rpc,
+                                    timeout_s=args.timeout)
+            snapshot = import_dump(dump, out, signing_key=key, anchor=anchor,
+                                   workers=args.workers, address=args.address, room=args.room,
+                                   min_records=args.min_records, body=info.body,
+                                   range_bytes=int(args.range_mb * (1 << 20)))
+        except (dumps.DumpError, FileExistsError) as exc:
+            raise UsageError(f"--dump {args.dump}: {exc}") from None
+        except ValueError as exc:  # the anchor, or a record the table refuses
+            raise UsageError(str(exc)) from None
+    print(f"block {anchor.number} ({anchor.hash}) of chain {anchor.chain_id}: serve "
+          f"{snapshot}; clients need the public key "
+          f"{public_bytes(key.public_key()).hex()}")
     return 0
 
 
@@ -164,6 +215,38 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                          "chain to grow into (default 4)")
     bd.add_argument("--min-records", type=int, default=4096, metavar="N",
                     help="slots for at least N records a table (default 4096)")
+    im = acts.add_parser("import", help="a node's state dump (geth's JSON lines or anvil's "
+                                        "JSON) -> an owner directory, encoded on Ray")
+    im.add_argument("--dump", required=True, metavar="FILE",
+                    help="geth `dump --iterative` / `snapshot dump` output, or anvil's "
+                         "--dump-state file")
+    im.add_argument("--format", choices=("geth", "anvil"), default="geth",
+                    help="the dump's format (default geth: JSON lines)")
+    im.add_argument("--signing-key", required=True, metavar="FILE",
+                    help="the owner's Ed25519 key (morphogen records keygen)")
+    im.add_argument("--out", required=True, metavar="DIR",
+                    help="the owner directory to create (`chain follow --owner` starts from it)")
+    im.add_argument("--rpc", default=None, metavar="URL",
+                    help="ask this node for the chain id and the block's hash (and check the "
+                         "dump's state root against it)")
+    im.add_argument("--chain-id", type=int, default=None, metavar="N", help="the chain's id")
+    im.add_argument("--block", type=int, default=None, metavar="N",
+                    help="the block the dump is at (anvil's dump says it)")
+    im.add_argument("--block-hash", default=None, metavar="0x..", help="that block's hash")
+    im.add_argument("--address", default=None, metavar="ADDR",
+                    help="a Ray cluster to encode on (default: a local Ray instance)")
+    im.add_argument("--workers", type=int, default=None, metavar="N",
+                    help="ranges encoded at once (default: every CPU Ray has)")
+    im.add_argument("--range-mb", type=float, default=32.0, metavar="MB",
+                    help="MiB of the dump a task encodes (default 32)")
+    im.add_argument("--room", type=float, default=4.0, metavar="X",
+                    help="slots for X times the records each table starts with (default 4)")
+    im.add_argument("--min-records", type=int, default=4096, metavar="N",
+                    help="slots for at least N records a table (default 4096)")
+    im.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                    help="seconds the node's answer may take (with --rpc)")
+    im.add_argument("--log", default=None, metavar="FILE",
+                    help="append the progress lines (records, records/s, time left) to FILE")
     fw = acts.add_parser("follow", help="apply every new block to the tables and publish it "
                                         "to both parties")
     fw.add_argument("--rpc", required=True, metavar="URL", help="the node's JSON-RPC URL")

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.chain.export import StateRecords
 from morphogen.chain.state import ACCOUNT_VALUE_SIZE, CODE_VALUE_SIZE, STORAGE_VALUE_SIZE
-from morphogen.keyword.build import DEFAULT_LOAD, KeywordTable, build_table, join_tables
+from morphogen.keyword.build import DEFAULT_LOAD, Draws, KeywordTable, build_table, join_tables
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.layout import Geometry
 
@@ -30,9 +30,18 @@ def buckets_for(records: int, value_size: int, *, room: float, min_records: int)
     return max(1, -(-wanted // int(per_bucket * DEFAULT_LOAD["page"])))
 
 
+def table_draws(seed: int | None, name: str) -> Draws:
+    """The random choices of table `name`: each table draws from a stream of its own, so that
+    a builder knows every table's first draws before placing any (`morphogen.chain.bulk`)."""
+    return Draws(None if seed is None else f"{seed}/{name}")
+
+
 def build_chain_tables(records: StateRecords, signing_key: Ed25519PrivateKey, anchor: Anchor,
-                       *, room: float = 4.0, min_records: int = 4096) -> KeywordTable:
-    """The three tables of a state export's records at block `anchor`, joined."""
+                       *, room: float = 4.0, min_records: int = 4096, seed: int | None = None,
+                       created: int | None = None) -> KeywordTable:
+    """The three tables of a state export's records at block `anchor`, joined. `seed` and
+    `created` fix the random choices and the time (`build_table`): the same records then
+    make the same bytes."""
     if room < 1 or min_records < 0:
         raise ValueError("room is at least 1 and min_records at least 0")
     built = []
@@ -41,5 +50,6 @@ def build_chain_tables(records: StateRecords, signing_key: Ed25519PrivateKey, an
         size = VALUE_SIZES[name]
         built.append(build_table(
             pairs, value_size=size, signing_key=signing_key, anchor=anchor, name=name,
-            num_buckets=buckets_for(len(pairs), size, room=room, min_records=min_records)))
+            num_buckets=buckets_for(len(pairs), size, room=room, min_records=min_records),
+            draws=table_draws(seed, name), created=created))
     return join_tables(built)

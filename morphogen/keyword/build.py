@@ -8,9 +8,10 @@ that cannot hold them is refused with its numbers.
 
 from __future__ import annotations
 
+import random
 import secrets
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numba
@@ -35,6 +36,25 @@ DEFAULT_LOAD = {"page": 0.95, "row": 0.85}
 
 class TableFullError(ValueError):
     """The records do not fit in a table of the size asked for."""
+
+
+class Draws:
+    """A build's random choices, in the order it makes them: the dataset id, then for each
+    placement attempt its three seeds and its random walk's seed. From the OS by default; a
+    build given `seed` makes the same choices each time, so that two builders of the same
+    records (one process, or many on Ray: `morphogen.chain.bulk`) make the same table."""
+
+    def __init__(self, seed: int | str | None = None) -> None:
+        self._rng = None if seed is None else random.Random(seed)
+
+    def bits(self, k: int) -> int:
+        return secrets.randbits(k) if self._rng is None else self._rng.getrandbits(k)
+
+    def token(self, n: int) -> bytes:
+        return secrets.token_bytes(n) if self._rng is None else self._rng.randbytes(n)
+
+    def seeds(self) -> tuple[int, int, int]:
+        return (self.bits(64), self.bits(64), self.bits(64))
 
 
 @dataclass
@@ -181,6 +201,8 @@ def build_table(
     version: int = 1,
     anchor: Anchor | None = None,
     name: str = "",
+    draws: Draws | None = None,
+    created: int | None = None,
 ) -> KeywordTable:
     """Place every record, hash the pages into the tree, sign the descriptor, and return the
     table.
@@ -190,7 +212,8 @@ def build_table(
     when three seed draws cannot place every record. `seeds` fixes the seeds (tests).
     `version` numbers the table (a rebuild continues its predecessor's numbering, so that
     clients that read the old table accept the new); `anchor` names the block it reflects.
-    `name` names it in a matrix of several (`join_tables`).
+    `name` names it in a matrix of several (`join_tables`). `draws` makes its random choices
+    (`Draws`) and `created` is its descriptor's time (now by default).
     """
     if version < 1:
         raise ValueError("a table's version is 1 or more")
@@ -199,10 +222,30 @@ def build_table(
         raise ValueError("the row layout needs row_size (a divisor of 4096)")
     Geometry(layout, value_size, 1, row_size)  # checks the shape before reading any record
     keys, values, wheres = _collect(records, value_size)
-    dataset = dataset or secrets.token_bytes(DATASET_SIZE)
+    draws = draws or Draws()
+    dataset = dataset or draws.token(DATASET_SIZE)
     tags = tags_of(dataset, keys)
     _refuse_duplicates(tags, keys, wheres)
     flat, offsets = pack_keys(keys)
+    return place_table(
+        keys, tags, values, lambda draw, buckets: candidates_many(flat, offsets, draw, buckets),
+        dataset=dataset, value_size=value_size, signing_key=signing_key, layout=layout,
+        row_size=row_size, num_buckets=num_buckets, load=load, seeds=seeds, draws=draws,
+        numbering=(version, anchor, name), created=created, wheres=wheres, t0=t0)
+
+
+def place_table(keys: list[bytes], tags: np.ndarray, values: np.ndarray,
+                candidates: Callable[[tuple[int, int, int], int], np.ndarray], *,
+                dataset: bytes, value_size: int, signing_key: Ed25519PrivateKey,
+                layout: Layout = "page", row_size: int = 0, num_buckets: int | None = None,
+                load: float | None = None, seeds: tuple[int, int, int] | None = None,
+                draws: Draws, numbering: tuple, created: int | None = None,
+                wheres: Sequence[str] | None = None, t0: float | None = None) -> KeywordTable:
+    """Place records already checked (distinct keys and tags, values of `value_size`), in the
+    order given, and finish the table: the placement half of `build_table`, which a builder
+    that encoded and hashed the records elsewhere calls with the same draws to get the same
+    table. `candidates(seeds, num_buckets)` gives every record's three buckets."""
+    t0 = time.perf_counter() if t0 is None else t0
     n = len(keys)
     fixed = num_buckets is not None
     buckets = num_buckets or _sizes(n, layout, value_size, row_size, load or DEFAULT_LOAD[layout])
@@ -215,17 +258,17 @@ def build_table(
             cap = _capacities(geometry)
             failed_at = None
             for _ in range(1 if seeds else SEED_DRAWS):
-                draw = seeds or tuple(secrets.randbits(64) for _ in range(3))
-                cands = candidates_many(flat, offsets, draw, buckets)
+                draw = seeds or draws.seeds()
+                cands = candidates(draw, buckets)
                 occ = np.full((buckets, int(cap.max(initial=0))), -1, np.int64)
                 fill = np.zeros(buckets, np.int32)
                 order = np.arange(n, dtype=np.int64)
-                left = _place(cands, cap, occ, fill, order, MAX_KICKS, secrets.randbits(31))
+                left = _place(cands, cap, occ, fill, order, MAX_KICKS, draws.bits(31))
                 attempts.append({"num_buckets": buckets, "placed": bool(left < 0)})
                 if left < 0:
                     return _finish(geometry, draw, dataset, keys, tags, values, occ, fill,
-                                   signing_key, attempts, t0, (version, anchor, name))
-                failed_at = wheres[int(left)]
+                                   signing_key, attempts, t0, numbering, created)
+                failed_at = wheres[int(left)] if wheres is not None else f"record {left}"
         if fixed:
             raise TableFullError(
                 f"{n} records do not fit in {buckets} buckets ({geometry.capacity} slots, "
@@ -241,7 +284,7 @@ def _capacities(geometry: Geometry) -> np.ndarray:
 
 
 def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key, attempts, t0,
-            numbering):
+            numbering, created=None):
     pages = np.zeros((geometry.num_pages, PAGE_SIZE), np.uint8)
     bucket_ids = np.arange(geometry.num_buckets, dtype=np.int64)
     bucket_page = bucket_ids // geometry.rows_per_page
@@ -257,11 +300,13 @@ def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key
     version, anchor, name = numbering
     desc = Descriptor(dataset, version, geometry, tuple(int(s) for s in seeds),
                       public_bytes(signing_key.public_key()), root_of(levels[-1][0]), len(keys),
-                      int(time.time()), anchor, name)
+                      int(time.time()) if created is None else created, anchor, name)
     pages[geometry.descriptor_page] = np.frombuffer(desc.to_page(signing_key), np.uint8)
     stats = BuildStats(len(keys), geometry.capacity, len(keys) / geometry.capacity,
                        len(attempts), time.perf_counter() - t0, attempts)
-    index = {tags[i].tobytes(): k for i, k in enumerate(keys)}
+    flat = tags.tobytes()
+    index = dict(zip([flat[i:i + TAG_SIZE] for i in range(0, len(flat), TAG_SIZE)], keys,
+                     strict=True))
     return KeywordTable(desc, pages, index, stats)
 
 

@@ -94,42 +94,63 @@ def _round(v0, v1, v2, v3):
     return v0, v1, v2, v3
 
 
-@numba.njit(cache=True)
-def _candidates_many(flat, offsets, seeds, num_buckets, out):
+@numba.njit(cache=True, inline="always")
+def _seeded(flat, start, klen, m):
     # the message is seed (8 bytes) + key: the seed is exactly the first word, so it is
     # compressed first and the key's bytes follow as if the buffer were contiguous
+    v0 = np.uint64(0x736F6D6570736575)
+    v1 = np.uint64(0x646F72616E646F6D)
+    v2 = np.uint64(0x6C7967656E657261)
+    v3 = np.uint64(0x7465646279746573)
+    v3 ^= m
+    v0, v1, v2, v3 = _round(v0, v1, v2, v3)
+    v0 ^= m
+    full = klen - klen % 8
+    for i in range(0, full, 8):
+        m = np.uint64(0)
+        for j in range(8):
+            m |= np.uint64(flat[start + i + j]) << np.uint64(8 * j)
+        v3 ^= m
+        v0, v1, v2, v3 = _round(v0, v1, v2, v3)
+        v0 ^= m
+    total = klen + 8
+    m = np.uint64(total & 0xFF) << np.uint64(56)
+    for j in range(klen - full):
+        m |= np.uint64(flat[start + full + j]) << np.uint64(8 * j)
+    v3 ^= m
+    v0, v1, v2, v3 = _round(v0, v1, v2, v3)
+    v0 ^= m
+    v2 ^= np.uint64(0xFF)
+    for _ in range(3):
+        v0, v1, v2, v3 = _round(v0, v1, v2, v3)
+    return v0 ^ v1 ^ v2 ^ v3
+
+
+@numba.njit(cache=True)
+def _candidates_many(flat, offsets, seeds, num_buckets, out):
     nb = np.uint64(num_buckets)
     for r in range(offsets.shape[0] - 1):
-        start = offsets[r]
-        klen = offsets[r + 1] - start
         for s in range(seeds.shape[0]):
-            v0 = np.uint64(0x736F6D6570736575)
-            v1 = np.uint64(0x646F72616E646F6D)
-            v2 = np.uint64(0x6C7967656E657261)
-            v3 = np.uint64(0x7465646279746573)
-            m = seeds[s]
-            v3 ^= m
-            v0, v1, v2, v3 = _round(v0, v1, v2, v3)
-            v0 ^= m
-            full = klen - klen % 8
-            for i in range(0, full, 8):
-                m = np.uint64(0)
-                for j in range(8):
-                    m |= np.uint64(flat[start + i + j]) << np.uint64(8 * j)
-                v3 ^= m
-                v0, v1, v2, v3 = _round(v0, v1, v2, v3)
-                v0 ^= m
-            total = klen + 8
-            m = np.uint64(total & 0xFF) << np.uint64(56)
-            for j in range(klen - full):
-                m |= np.uint64(flat[start + full + j]) << np.uint64(8 * j)
-            v3 ^= m
-            v0, v1, v2, v3 = _round(v0, v1, v2, v3)
-            v0 ^= m
-            v2 ^= np.uint64(0xFF)
-            for _ in range(3):
-                v0, v1, v2, v3 = _round(v0, v1, v2, v3)
-            out[r, s] = (v0 ^ v1 ^ v2 ^ v3) % nb
+            out[r, s] = _seeded(flat, offsets[r], offsets[r + 1] - offsets[r], seeds[s]) % nb
+
+
+@numba.njit(cache=True)
+def _fixed_hashes(keys, seeds, out):
+    for r in range(keys.shape[0]):
+        row = keys[r]
+        for s in range(seeds.shape[0]):
+            out[r, s] = _seeded(row, 0, row.shape[0], seeds[s])
+
+
+def seeded_hashes(keys: np.ndarray, seeds: Sequence[int]) -> np.ndarray:
+    """`(len(keys), 3)` uint64 hashes of keys of one length (rows of `keys`), before the
+    modulo: `candidates_many` is these `% num_buckets`, so a builder hashes before it knows
+    the table's size."""
+    if len(seeds) != NUM_CANDIDATES:
+        raise ValueError(f"a cuckoo table has {NUM_CANDIDATES} seeds, not {len(seeds)}")
+    out = np.empty((len(keys), NUM_CANDIDATES), dtype=np.uint64)
+    _fixed_hashes(np.ascontiguousarray(keys, np.uint8), np.asarray(seeds, dtype=np.uint64), out)
+    return out
 
 
 def pack_keys(keys: Sequence[bytes]) -> tuple[np.ndarray, np.ndarray]:

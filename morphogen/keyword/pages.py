@@ -24,12 +24,8 @@ def tag_of(dataset: bytes, key: bytes) -> bytes:
 
 def tags_of(dataset: bytes, keys: list[bytes]) -> np.ndarray:
     prefix = TAG_DOMAIN + dataset
-    out = np.empty((len(keys), TAG_SIZE), dtype=np.uint8)
-    flat = out.reshape(-1)
-    for i, key in enumerate(keys):
-        flat[i * TAG_SIZE:(i + 1) * TAG_SIZE] = np.frombuffer(
-            blake3.blake3(prefix + key).digest(TAG_SIZE), np.uint8)
-    return out
+    digests = b"".join([blake3.blake3(prefix + key).digest(TAG_SIZE) for key in keys])
+    return np.frombuffer(digests, np.uint8).reshape(len(keys), TAG_SIZE).copy()
 
 
 def find_values(geometry: Geometry, pages: Sequence[bytes], buckets: Sequence[int],

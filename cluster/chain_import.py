@@ -1,0 +1,267 @@
+"""`morphogen chain import`: a node's state dump -> an owner directory, encoded on Ray.
+
+The dump is cut into ranges of lines (`morphogen.chain.dumps.line_ranges`); Ray tasks, at most
+`workers` at once, encode, tag and hash each range (`morphogen.chain.bulk.encode_range`) into
+a file of the work directory, and this process then places the three tables
+(`morphogen.chain.bulk.assemble`) and writes the owner directory beside `--out`, renamed into
+place whole. The tables are those `chain build` makes from the same state with the same seed.
+
+A killed import leaves its work directory (`<out>.work`): run the same command again and it
+reuses every range already encoded (the manifest holds the dump's size and time and the build's
+seed; a different dump or options starts over). A malformed line stops it with the line's number
+and removes everything it wrote. Progress (records, records/s, time left) goes to the terminal
+and to the `morphogen.chain.import` logger (`chain import --log FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from morphogen.chain import bulk, dumps
+from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.records import RecordError
+
+log = logging.getLogger("morphogen.chain.import")
+MANIFEST = "manifest.json"
+FORMAT = "morphogen-import/1"
+RANGE_BYTES = 32 << 20
+
+
+@dataclass
+class Progress:
+    total_bytes: int
+    done_bytes: int = 0
+    records: int = 0
+    started: float = 0.0
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.records / elapsed
+        frac = self.done_bytes / max(self.total_bytes, 1)
+        left = elapsed * (1 - frac) / frac if frac > 0 else float("nan")
+        return (f"encoded {self.records:,} records ({frac:.0%} of the dump), {rate:,.0f} "
+                f"records/s, about {left:,.0f} s left")
+
+
+def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, float]:
+    """One range, written whole (a temporary renamed) so that a resumed import trusts it;
+    returns its records and the CPU seconds it took."""
+    cpu = time.process_time()
+    arrays = bulk.encode_range(path, a, b, plans)
+    tmp = out + ".tmp.npz"
+    np.savez(tmp, **arrays)
+    os.replace(tmp, out)
+    return (len(arrays["acc_keys"]) + len(arrays["sto_keys"]) + len(arrays["code_keys"]),
+            time.process_time() - cpu)
+
+
+def _manifest(work: Path, dump: Path, ranges: list, seed: int | None) -> dict:
+    stat = dump.stat()
+    want = {"format": FORMAT, "dump": str(dump.resolve()), "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns, "ranges": ranges}
+    path = work / MANIFEST
+    if path.is_file():
+        have = json.loads(path.read_text())
+        if {k: have.get(k) for k in want} == want and (seed is None or have["seed"] == seed):
+            return have
+        log.info("the work directory %s is of another dump or options: starting over", work)
+        shutil.rmtree(work)
+    work.mkdir(parents=True, exist_ok=True)
+    want["seed"] = secrets.randbits(62) if seed is None else seed
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(want))
+    os.replace(tmp, path)
+    return want
+
+
+def _ray_encode(workers: int | None, address: str | None):
+    import ray
+
+    from cluster.local import quiet_ray_logs
+
+    if not ray.is_initialized():
+        quiet_ray_logs()
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        if address is not None:
+            from cluster import ray_access
+
+            ray_access.join_auth()
+            ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
+        else:
+            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+            ray.init(address="local", num_cpus=workers, include_dashboard=False,
+                     logging_level=logging.WARNING, log_to_driver=False)
+        quiet_ray_logs()
+    if workers is None:
+        workers = int(ray.cluster_resources().get("CPU", 1))
+    return ray, ray.remote(num_cpus=1, max_retries=2)(_encode_to), max(1, workers)
+
+
+def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = None,
+                  address: str | None = None, seed: int | None = None,
+                  range_bytes: int = RANGE_BYTES, report: Callable[[str], None] = print,
+                  timings: dict | None = None) -> tuple[list[str], int]:
+    """Step 1 on Ray: every range encoded into `work`; returns the range files in dump order
+    and the build's seed (`timings["encode_cpu_s"]` gets the tasks' CPU seconds). A malformed
+    line raises DumpError naming it."""
+    timings = {} if timings is None else timings
+    timings["encode_cpu_s"] = 0.0
+    ranges = dumps.line_ranges(dump, body, range_bytes)
+    manifest = _manifest(work, dump, [list(r) for r in ranges], seed)
+    plans = bulk.plan(manifest["seed"])
+    files = [str(work / f"r{i:06d}.npz") for i in range(len(ranges))]
+    todo = [i for i, f in enumerate(files) if not os.path.exists(f)]
+    progress = Progress(sum(b - a for a, b in (ranges[i] for i in todo)),
+                        started=time.monotonic())
+    if len(todo) < len(files):
+        report(f"resuming: {len(files) - len(todo)} of {len(files)} ranges already encoded")
+    if not todo:
+        return files, manifest["seed"]
+    ray, task, workers = _ray_encode(workers, address)
+    progress.started = time.monotonic()  # the rate is the encoding's, not Ray's start
+    pending: dict = {}
+    queue = list(todo)
+    last = 0.0
+    try:
+        while queue or pending:
+            while queue and len(pending) < workers:
+                i = queue.pop(0)
+                a, b = ranges[i]
+                pending[task.remote(str(dump), a, b, plans, files[i])] = i
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            i = pending.pop(ready[0])
+            try:
+                records, cpu = ray.get(ready[0])
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.cause
+                if isinstance(cause, bulk.RangeError):
+                    line = dumps.line_number(dump, ranges[i][0]) + cause.index
+                    raise dumps.DumpError(f"{dump.name}:{line}: {cause}") from None
+                raise
+            progress.records += records
+            timings["encode_cpu_s"] += cpu
+            progress.done_bytes += ranges[i][1] - ranges[i][0]
+            now = time.monotonic()
+            if now - last >= 1.0 or not (queue or pending):
+                last = now
+                report(progress.line())
+                log.info(progress.line())
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+    return files, manifest["seed"]
+
+
+def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, signing_key,
+                anchor: Anchor, workers: int | None = None, address: str | None = None,
+                room: float = 4.0, min_records: int = 4096, seed: int | None = None,
+                created: int | None = None, work: str | os.PathLike[str] | None = None,
+                range_bytes: int = RANGE_BYTES, body: int | None = None,
+                report: Callable[[str], None] = print, timings: dict | None = None) -> Path:
+    """The dump (JSON lines: geth's, or anvil's rewritten by `dumps.anvil_lines`) as version 1
+    of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
+    `timings` gets the seconds of each step (encode, load, place, write)."""
+    timings = {} if timings is None else timings
+    from filelock import FileLock, Timeout
+
+    from morphogen.keyword.owner import create_owner_dir
+
+    dump, out = Path(dump), Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise FileExistsError(f"{out} is not empty; import into a new directory")
+    work = Path(work) if work is not None else out.with_name(out.name + ".work")
+    work.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(work) + ".lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise FileExistsError(f"another import is writing {work}") from None
+    partial = out.with_name(out.name + ".partial")
+    try:
+        if body is None:
+            body = dumps.info(dump).body
+        t0 = time.monotonic()
+        try:
+            files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
+                                        seed=seed, range_bytes=range_bytes, report=report,
+                                        timings=timings)
+        except dumps.DumpError:
+            shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
+            raise
+        t1, cpu = time.monotonic(), time.process_time()
+        parts = [dict(np.load(f)) for f in files]
+        t2 = time.monotonic()
+        try:
+            table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
+                                  room=room, min_records=min_records, created=created)
+        except RecordError:  # the dump's fault (an address in two ranges): it stays refused
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        del parts
+        t3 = time.monotonic()
+        shutil.rmtree(partial, ignore_errors=True)  # a killed import's
+        snapshot = out / create_owner_dir(table, partial).relative_to(partial)
+        if out.exists():
+            out.rmdir()
+        os.replace(partial, out)
+        t4 = time.monotonic()
+        timings.update(encode_s=t1 - t0, load_s=t2 - t1, place_s=t3 - t2, write_s=t4 - t3,
+                       funnel_cpu_s=time.process_time() - cpu)
+        records = sum(d.records for d in _parts(table))
+        report(f"placed {records:,} records in {t3 - t2:,.1f} s, wrote them in "
+               f"{t4 - t3:,.1f} s")
+        log.info("import of %s: %d records into %s", dump.name, records, out)
+        shutil.rmtree(work, ignore_errors=True)
+    finally:
+        lock.release()
+        Path(str(work) + ".lock").unlink(missing_ok=True)
+    return snapshot
+
+
+def _parts(table):
+    from morphogen.keyword.descriptor import parts_of
+
+    return [p.descriptor for p in parts_of(table.pages)]
+
+
+def resolve_anchor(info: dumps.DumpInfo, *, chain_id: int | None, block: int | None,
+                   block_hash: str | None, rpc: str | None, timeout_s: float = 60.0) -> Anchor:
+    """The block the dump is at: from the options, or asked of the node at `rpc` (whose
+    state root must then be the one the dump states)."""
+    from morphogen.chain import ChainError, EthRpc
+
+    number = block if block is not None else info.number
+    if number is None:
+        raise ValueError("the dump does not say its block: give --block N (geth's dump is of "
+                         "the block it names when run)")
+    if info.number is not None and block is not None and block != info.number:
+        raise ValueError(f"the dump is at block {info.number}, not --block {block}")
+    if rpc is None:
+        if chain_id is None or block_hash is None:
+            raise ValueError("give --chain-id and --block-hash, or --rpc to ask the node")
+        return Anchor(chain_id, number, block_hash.lower())
+    try:
+        with EthRpc(rpc, timeout_s=timeout_s) as node:
+            if chain_id is not None:
+                node.check_chain_id(chain_id)
+            got = node.chain_id()
+            header = node.block(number)
+    except ChainError as exc:
+        raise ValueError(str(exc)) from None
+    if block_hash is not None and header["hash"].lower() != block_hash.lower():
+        raise ValueError(f"block {number} at {rpc} is {header['hash']}, not --block-hash "
+                         f"{block_hash}")
+    if info.root is not None and header["stateRoot"].lower() != info.root:
+        raise ValueError(f"the dump's state root {info.root} is not block {number}'s "
+                         f"({header['stateRoot']}): a dump of another block or chain")
+    return Anchor(got, number, header["hash"].lower())

@@ -1,0 +1,298 @@
+"""A chain's three tables built from a dump in two steps: ranges encoded apart, then placed.
+
+`build_chain_tables` places each table's records in one process, in the order of the state
+export (accounts by address, storage by address then slot, code in the order its first account
+comes), with random choices that `table_draws(seed, name)` fixes. Placement is a random walk
+over the whole table, so it is sequential and order-dependent; everything before it is not:
+
+1. `encode_range` (any number at once, one per range of the dump's lines): parse the lines,
+   sort the range's accounts by address, encode their records, tag them (BLAKE3) and hash them
+   (SipHash, before the modulo: the table's size is not known yet). The range's records come
+   out sorted, and each account's storage follows it.
+2. `assemble` (one process a table): merge the ranges' sorted accounts (an n log(ranges)
+   merge), lay storage and code out in the export's order, take each record's buckets as its
+   hashes modulo the table's size, and place them with `place_table`, the very function and
+   draws the one-process build uses: the same records give the same bytes.
+
+Costs: step 1 is per record, O(records / workers). Step 2 touches each record a few times
+(merge, gather, modulo, placement, slot writes) and hashes each page once for the tree; its
+rate is what `bench/chain_build.py` reports as the funnel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numba
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from morphogen.chain.dumps import LineError, parse_account, read_range
+from morphogen.chain.state import EMPTY_CODE_HASH, code_chunks, keccak256
+from morphogen.chain.tables import TABLES, VALUE_SIZES, buckets_for, table_draws
+from morphogen.keyword.build import KeywordTable, join_tables, place_table
+from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.hashing import seeded_hashes
+from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
+from morphogen.keyword.pages import tags_of
+from morphogen.keyword.records import RecordError
+from morphogen.keyword.signing import DATASET_SIZE
+
+KEY_SIZES = {"accounts": 20, "storage": 52, "code": 36}
+CHUNK = 1020
+
+
+class RangeError(ValueError):
+    """A line of a range refused: `index` is its line within the range."""
+
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(index, message)  # both in args: it crosses processes pickled
+        self.index, self.message = index, message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def plan(seed: int) -> dict[str, tuple[bytes, tuple[int, int, int]]]:
+    """Each table's dataset id and first seeds: the first draws `build_table` makes from
+    `table_draws(seed, name)`."""
+    out = {}
+    for name in TABLES:
+        draws = table_draws(seed, name)
+        out[name] = (draws.token(DATASET_SIZE), draws.seeds())
+    return out
+
+
+def _rows(hexes: list[str], width: int, rows: int | None = None) -> np.ndarray:
+    rows = len(hexes) if rows is None else rows
+    return np.frombuffer(bytes.fromhex("".join(hexes)), np.uint8).reshape(rows, width)
+
+
+def _tagged(name: str, keys: np.ndarray, plans: dict) -> tuple[np.ndarray, np.ndarray]:
+    dataset, seeds = plans[name]
+    flat = keys.tobytes()
+    w = keys.shape[1]
+    tags = tags_of(dataset, [flat[i:i + w] for i in range(0, len(flat), w)])
+    return tags, seeds_hashes(keys, seeds)
+
+
+def seeds_hashes(keys: np.ndarray, seeds: tuple[int, int, int]) -> np.ndarray:
+    return seeded_hashes(keys, seeds) if len(keys) else np.zeros((0, 3), np.uint64)
+
+
+def encode_range(path: str, start: int, end: int, plans: dict) -> dict[str, np.ndarray]:
+    """The records of the dump's lines in [start, end), sorted, tagged and hashed (see the
+    module's step 1). RangeError names a line that is not an account."""
+    accounts = []
+    for index, line in read_range(path, start, end):
+        try:
+            accounts.append((parse_account(line), index))
+        except LineError as exc:
+            raise RangeError(index, str(exc)) from None
+    accounts.sort()
+    for i in range(1, len(accounts)):
+        if accounts[i][0].address == accounts[i - 1][0].address:
+            raise RangeError(accounts[i][1],
+                             f"address 0x{accounts[i][0].address} twice in the dump")
+    values, counts = bytearray(), np.zeros(len(accounts), np.int64)
+    hashes: dict[str, bytes] = {}
+    first: dict[bytes, str] = {}  # code hash -> the first (least) address with that code
+    codes: dict[bytes, str] = {}
+    for i, (account, _) in enumerate(accounts):
+        code = account.code
+        if code:
+            code_hash = hashes.get(code)
+            if code_hash is None:
+                code_hash = hashes[code] = keccak256(bytes.fromhex(code))
+            if code_hash not in first:
+                first[code_hash], codes[code_hash] = account.address, code
+        else:
+            code_hash = EMPTY_CODE_HASH
+        values += (account.nonce.to_bytes(8, "big") + account.balance.to_bytes(32, "big")
+                   + code_hash)
+        counts[i] = len(account.slots) // 64
+    acc_keys = _rows([a.address for a, _ in accounts], 20)
+    slots = _rows([a.slots for a, _ in accounts], 32, int(counts.sum()))
+    out = {"acc_keys": acc_keys,
+           "acc_vals": np.frombuffer(bytes(values), np.uint8).reshape(len(accounts), 72),
+           "sto_counts": counts,
+           "sto_keys": np.concatenate([np.repeat(acc_keys, counts, axis=0), slots], axis=1),
+           "sto_vals": _rows([a.words for a, _ in accounts], 32, int(counts.sum()))}
+    out.update(_code_records(first, codes))
+    for prefix, name in (("acc", "accounts"), ("sto", "storage"), ("code", "code")):
+        out[f"{prefix}_tags"], out[f"{prefix}_hash"] = _tagged(name, out[f"{prefix}_keys"], plans)
+    out["lines"] = np.array([len(accounts)], np.int64)
+    return out
+
+
+def _code_records(first: dict[bytes, str], codes: dict[bytes, str]) -> dict[str, np.ndarray]:
+    keys, values = bytearray(), bytearray()
+    hashes, firsts, chunks = [], [], []
+    for code_hash, address in first.items():
+        code = bytes.fromhex(codes[code_hash])
+        n = code_chunks(len(code))
+        head = len(code).to_bytes(4, "big")
+        for i in range(n):
+            keys += code_hash + i.to_bytes(4, "big")
+            values += head + code[i * CHUNK:(i + 1) * CHUNK].ljust(CHUNK, b"\0")
+        hashes.append(code_hash)
+        firsts.append(address)
+        chunks.append(n)
+    k = len(keys) // 36
+    return {"code_keys": np.frombuffer(bytes(keys), np.uint8).reshape(k, 36),
+            "code_vals": np.frombuffer(bytes(values), np.uint8).reshape(k, 1024),
+            "code_ids": np.frombuffer(b"".join(hashes), np.uint8).reshape(len(hashes), 32),
+            "code_first": _rows(firsts, 20),
+            "code_chunks": np.array(chunks, np.int64)}
+
+
+# -- step 2 ------------------------------------------------------------------------------------
+
+@numba.njit(cache=True)
+def _less(keys, a, b):
+    for j in range(keys.shape[1]):
+        if keys[a, j] != keys[b, j]:
+            return keys[a, j] < keys[b, j]
+    return False
+
+
+@numba.njit(cache=True)
+def _merge(keys, left, right):
+    out = np.empty(len(left) + len(right), np.int64)
+    i = j = k = 0
+    while i < len(left) and j < len(right):
+        if _less(keys, right[j], left[i]):
+            out[k] = right[j]
+            j += 1
+        else:
+            out[k] = left[i]
+            i += 1
+        k += 1
+    out[k:k + len(left) - i] = left[i:]
+    k += len(left) - i
+    out[k:] = right[j:]
+    return out
+
+
+def merge_sorted(keys: np.ndarray, runs: Sequence[int]) -> np.ndarray:
+    """The order of `keys` (rows, compared as bytes) given that they are `runs` sorted runs
+    of those lengths, back to back: pairwise merges, log2(runs) passes."""
+    bounds = np.concatenate([[0], np.cumsum(runs)]).astype(np.int64)
+    parts = [np.arange(bounds[i], bounds[i + 1], dtype=np.int64) for i in range(len(runs))]
+    parts = [p for p in parts if len(p)] or [np.zeros(0, np.int64)]
+    while len(parts) > 1:
+        parts = [_merge(keys, parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+@numba.njit(cache=True)
+def _segments(starts, lengths, order):
+    total = 0
+    for i in order:
+        total += lengths[i]
+    out = np.empty(total, np.int64)
+    k = 0
+    for i in order:
+        for j in range(lengths[i]):
+            out[k] = starts[i] + j
+            k += 1
+    return out
+
+
+def _refuse_repeats(keys: np.ndarray, tags: np.ndarray, what: str) -> None:
+    if len(keys) > 1:
+        same = np.nonzero((keys[1:] == keys[:-1]).all(axis=1))[0]
+        if len(same):
+            raise RecordError(f"{what} 0x{keys[same[0]].tobytes().hex()} twice in the dump")
+    if len(tags) > 1:
+        # sort on 64 bits of each tag, then compare the whole tags of the few equal neighbours
+        head = np.ascontiguousarray(tags[:, :8]).view(np.uint64).reshape(-1)
+        order = np.argsort(head, kind="stable")
+        near = np.nonzero(head[order[1:]] == head[order[:-1]])[0]
+        for i in near:
+            a, b = order[i], order[i + 1]
+            if (tags[a] == tags[b]).all():
+                raise RecordError(f"{what}: keys 0x{keys[a].tobytes().hex()} and "
+                                  f"0x{keys[b].tobytes().hex()} have the same 128-bit tag")
+    if len(tags) and (tags == np.frombuffer(EMPTY_TAG, np.uint8)).all(axis=1).any():
+        raise RecordError(f"{what}: a key's tag is all zeros (the empty-slot marker)")
+
+
+def _cat(parts: Sequence[dict], name: str, width: int, dtype=np.uint8) -> np.ndarray:
+    arrays = [p[name] for p in parts]
+    return np.concatenate(arrays) if arrays else np.zeros((0, width), dtype)
+
+
+def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                        np.ndarray]]:
+    """Each table's (keys, values, tags, hashes) in the export's order, from the ranges'
+    outputs in any order."""
+    acc_keys = _cat(parts, "acc_keys", 20)
+    runs = [len(p["acc_keys"]) for p in parts]
+    acc = merge_sorted(acc_keys, runs)
+    counts = np.concatenate([p["sto_counts"] for p in parts]) if parts else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    sto = _segments(starts, counts, acc)
+    # code: each hash once, at its least address; ranges that share a code hold equal records
+    firsts = _cat(parts, "code_first", 20)
+    ids = _cat(parts, "code_ids", 32)
+    chunks = np.concatenate([p["code_chunks"] for p in parts]) if parts else np.zeros(0, np.int64)
+    cstarts = np.concatenate([[0], np.cumsum(chunks)[:-1]]).astype(np.int64)
+    by_first = merge_sorted(np.concatenate([firsts, ids], axis=1),
+                            [len(p["code_first"]) for p in parts])
+    seen: set[bytes] = set()
+    keep = []
+    for i in by_first:
+        code_id = ids[i].tobytes()
+        if code_id not in seen:
+            seen.add(code_id)
+            keep.append(i)
+    code = _segments(cstarts, chunks, np.asarray(keep, np.int64))
+    out = {}
+    for name, prefix, order in (("accounts", "acc", acc), ("storage", "sto", sto),
+                                ("code", "code", code)):
+        width = KEY_SIZES[name]
+        out[name] = tuple(_cat(parts, f"{prefix}_{field}", w, dt)[order] for field, w, dt in (
+            ("keys", width, np.uint8), ("vals", VALUE_SIZES[name], np.uint8),
+            ("tags", TAG_SIZE, np.uint8), ("hash", 3, np.uint64)))
+    return out
+
+
+def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.ndarray,
+                   hashes: np.ndarray, *, seed: int, signing_key: Ed25519PrivateKey,
+                   anchor: Anchor, room: float, min_records: int, created: int | None
+                   ) -> KeywordTable:
+    """One table placed exactly as `build_chain_tables` places it (step 2)."""
+    _refuse_repeats(keys, tags, {"accounts": "address", "storage": "storage key",
+                                 "code": "code chunk"}[name])
+    draws = table_draws(seed, name)
+    dataset = draws.token(DATASET_SIZE)
+    planned = plan(seed)[name][1]
+    flat = keys.tobytes()
+    w = keys.shape[1]
+    key_list = [flat[i:i + w] for i in range(0, len(flat), w)]
+
+    def candidates(seeds: tuple[int, int, int], buckets: int) -> np.ndarray:
+        # the ranges hashed with the first seeds; a placement that fails draws others (rare)
+        h = hashes if tuple(seeds) == planned else seeds_hashes(keys, seeds)
+        return (h % np.uint64(buckets)).astype(np.int64)
+
+    size = VALUE_SIZES[name]
+    return place_table(
+        key_list, tags, values, candidates, dataset=dataset, value_size=size,
+        signing_key=signing_key, draws=draws, numbering=(1, anchor, name), created=created,
+        num_buckets=buckets_for(len(key_list), size, room=room, min_records=min_records))
+
+
+def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey,
+             anchor: Anchor, room: float = 4.0, min_records: int = 4096,
+             created: int | None = None) -> KeywordTable:
+    """The joined tables of the ranges' outputs (`encode_range`), as `build_chain_tables`
+    with the same `seed` and `created` makes them from the same state."""
+    if room < 1 or min_records < 0:
+        raise ValueError("room is at least 1 and min_records at least 0")
+    tables = canonical(parts)
+    return join_tables([assemble_table(name, *tables[name], seed=seed, signing_key=signing_key,
+                                       anchor=anchor, room=room, min_records=min_records,
+                                       created=created) for name in TABLES])

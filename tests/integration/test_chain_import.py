@@ -1,0 +1,192 @@
+"""`morphogen chain import` on the session's local Ray: the owner directory equals, byte for
+byte, the one `chain build` makes of the same state; a malformed line leaves nothing behind; a
+killed import resumes from the ranges it had encoded; and a real anvil's dump, imported and
+served by two real parties, reads back privately every balance, nonce, code and storage word
+anvil holds at that block (and the follower carries it on from there)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cluster.chain_import import import_dump
+from cluster.cli import main
+from cluster.records import HttpParties
+from morphogen.chain.export import BlockRef, ExportHeader, state_records, write_export
+from morphogen.chain.follow import Follower
+from morphogen.chain.rpc import EthRpc, quantity
+from morphogen.chain.tables import build_chain_tables
+from morphogen.client.admin import AdminClient
+from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.owner import OwnerTable, create_owner_dir
+from morphogen.keyword.signing import load_signing_key
+from tests.chain_node import DEV_ACCOUNTS, running_anvil
+from tests.integration.conftest import delete_apps, deploy
+from tests.integration.test_chain_follow import (
+    INIT,
+    RUNTIME,
+    TOKEN,
+    Reader,
+    _catch_up,
+    _mine,
+    _receipt,
+    _send,
+    _touched,
+)
+from tests.unit._chain_dump import geth_dump
+
+pytestmark = [pytest.mark.ray]
+
+ANCHOR = Anchor(1, 5, "0x" + "ab" * 32)
+
+
+@pytest.fixture(scope="module")
+def dump(serve_instance, tmp_path_factory):
+    root = tmp_path_factory.mktemp("import")
+    assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
+    state = geth_dump(root / "d.jsonl", 400)
+    return {"root": root, "path": root / "d.jsonl", "state": state,
+            "key": load_signing_key(root / "o.key")}
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            data = path.read_bytes()
+            if path.name == "manifest.json":  # the snapshot's: says when it was written
+                obj = json.loads(data)
+                obj.pop("created", None)
+                data = json.dumps(obj, sort_keys=True).encode()
+            out[str(path.relative_to(root))] = data
+    return out
+
+
+def _built(dump, seed: int) -> Path:
+    out = dump["root"] / f"built-{seed}"
+    if not out.exists():
+        export = dump["root"] / "export.jsonl"
+        write_export(export, ExportHeader(1, BlockRef(5, ANCHOR.hash, "0x" + "cd" * 32,
+                                                      "0x" + "11" * 32)),
+                     sorted(dump["state"], key=lambda a: a.address))
+        table = build_chain_tables(state_records(export), dump["key"], ANCHOR, seed=seed,
+                                   created=1000, min_records=256)
+        create_owner_dir(table, out)
+    return out
+
+
+def test_the_import_equals_the_one_process_build(dump):
+    out = dump["root"] / "imported"
+    lines: list[str] = []
+    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2, seed=3,
+                created=1000, min_records=256, range_bytes=20_000, report=lines.append)
+    assert _files(out) == _files(_built(dump, 3))
+    assert any("records/s" in line and "left" in line for line in lines)
+    assert not out.with_name("imported.work").exists()
+
+
+def test_a_malformed_line_leaves_nothing_behind(dump, capsys):
+    bad = dump["root"] / "bad.jsonl"
+    lines = dump["path"].read_text().splitlines()
+    lines.insert(250, '{"balance": "12", "nonce": 1, "address": "0x1234"}')
+    bad.write_text("\n".join(lines) + "\n")
+    out = dump["root"] / "refused"
+    code = main(["chain", "import", "--dump", str(bad), "--signing-key",
+                 str(dump["root"] / "o.key"), "--out", str(out), "--chain-id", "1",
+                 "--block", "5", "--block-hash", ANCHOR.hash, "--range-mb", "0.02"])
+    assert code != 0
+    assert "bad.jsonl:251: address '0x1234'" in capsys.readouterr().err
+    assert [p.name for p in dump["root"].iterdir() if p.name.startswith("refused")] == []
+
+
+def test_a_killed_import_resumes(dump):
+    out = dump["root"] / "resumed"
+
+    class Killed(Exception):
+        pass
+
+    def die(line: str) -> None:
+        raise Killed(line)
+
+    with pytest.raises(Killed):
+        import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=1,
+                    seed=4, created=1000, min_records=256, range_bytes=20_000, report=die)
+    work = out.with_name("resumed.work")
+    done = sorted(work.glob("r*.npz"))
+    assert done and not out.exists()
+    lines: list[str] = []
+    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2, seed=None,
+                created=1000, min_records=256, range_bytes=20_000, report=lines.append)
+    assert lines[0].startswith(f"resuming: {len(done)} of ")
+    assert _files(out) == _files(_built(dump, 4))  # the seed came from the work directory
+
+
+def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
+    root = dump["root"]
+    with running_anvil() as url, EthRpc(url) as rpc:
+        rpc.call("evm_setAutomine", False)
+
+        def mined(tx: str) -> dict:
+            _mine(rpc)
+            return _receipt(rpc, tx)
+
+        contracts, slots = [], set()
+        for i in range(3):  # each stores 42 in slot 1; then a slot of our own
+            tx = _send(rpc, data="0x" + (INIT + RUNTIME).hex(), gas=quantity(3_000_000))
+            contracts.append(bytes.fromhex(mined(tx)["contractAddress"][2:]))
+            word = (i + 1) * 2**200 + i
+            mined(_send(rpc, to="0x" + contracts[-1].hex(), gas=quantity(100_000),
+                                data="0x" + (7 + i).to_bytes(32, "big").hex()
+                        + word.to_bytes(32, "big").hex()))
+        for i in range(5):
+            mined(_send(rpc, to="0x" + bytes([i + 1]).hex() * 20, value=hex(10**15 + i)))
+        number = rpc.block_number()
+        (root / "anvil.json").write_text(json.dumps(rpc.call("anvil_dumpState")))
+        assert main(["chain", "import", "--format", "anvil", "--dump", str(root / "anvil.json"),
+                     "--rpc", url, "--signing-key", str(root / "o.key"),
+                     "--out", str(root / "anvil-owner"), "--min-records", "1024",
+                     "--log", str(root / "import.log")]) == 0
+        assert "records/s" in (root / "import.log").read_text()
+        owner = OwnerTable(root / "anvil-owner")
+        state = json.loads(subprocess.run(
+            ["gzip", "-dc"], input=bytes.fromhex(json.loads((root / "anvil.json").read_text())[2:]),
+            capture_output=True, check=True).stdout)
+        accounts = {bytes.fromhex(a[2:]) for a in state["accounts"]}
+        for a, acct in state["accounts"].items():
+            slots |= {(bytes.fromhex(a[2:]), int(s, 16).to_bytes(32, "big"))
+                      for s in acct.get("storage", {})}
+        assert {bytes.fromhex(DEV_ACCOUNTS[0][2:].lower())} <= accounts
+        assert {(c, (7 + i).to_bytes(32, "big")) for i, c in enumerate(contracts)} <= slots
+        # and some the state lacks: they read as nothing, as the node says
+        accounts |= {b"\x77" * 20}
+        slots |= {(contracts[0], (99).to_bytes(32, "big"))}
+        (root / "token").write_text(TOKEN)
+        (root / "rot").mkdir()
+        urls = []
+        for name in ("cia", "cib"):
+            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1,
+                   admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"),
+                   admin_snapshot_dir=str(root / "rot"))
+            urls.append(serve_instance.app_url(name))
+        reader = Reader(urls, root / "o.pub")
+        try:
+            reader.check(rpc, rpc.block(number), accounts, slots)
+            # the follower carries the imported tables on from the dump's block
+            follower = Follower(rpc, owner, HttpParties([AdminClient(u, TOKEN) for u in urls],
+                                                        30.0, None),
+                                load_signing_key(root / "o.key"), snapshot_dir=str(root / "rot"))
+            _send(rpc, to="0x" + "42" * 20, value="0x99")
+            _send(rpc, to="0x" + contracts[1].hex(), gas=quantity(100_000),
+                  data="0x" + (7).to_bytes(32, "big").hex() + (5).to_bytes(32, "big").hex())
+            block = _mine(rpc)
+            _catch_up(follower)
+            changed, changed_slots = _touched(follower)
+            assert b"\x42" * 20 in changed
+            assert (contracts[1], (7).to_bytes(32, "big")) in changed_slots
+            reader.check(rpc, block, changed | accounts, changed_slots | slots)
+        finally:
+            reader.close()
+            delete_apps("cia", "cib")

@@ -1,0 +1,158 @@
+"""Node state dumps (geth's JSON lines, anvil's JSON) read in ranges, encoded apart and placed:
+the tables equal, byte for byte, what the one-process build makes of the same state; a
+malformed line is refused with its line number."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from morphogen.chain import bulk, dumps
+from morphogen.chain.export import AccountState, BlockRef, ExportHeader, state_records, write_export
+from morphogen.chain.tables import build_chain_tables
+from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.records import RecordError
+from tests.unit._chain_dump import geth_dump
+
+ANCHOR = Anchor(1, 5, "0x" + "ab" * 32)
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+
+
+def single(tmp: Path, state: list[AccountState], seed: int):
+    export = tmp / "export.jsonl"
+    write_export(export, ExportHeader(1, BlockRef(5, ANCHOR.hash, "0x" + "cd" * 32,
+                                                  "0x" + "11" * 32)),
+                 sorted(state, key=lambda a: a.address))
+    return build_chain_tables(state_records(export), KEY, ANCHOR, seed=seed, created=1000,
+                              min_records=64)
+
+
+def encoded(path: Path, target: int, seed: int) -> list[dict]:
+    info = dumps.info(path)
+    plans = bulk.plan(seed)
+    return [bulk.encode_range(str(path), a, b, plans)
+            for a, b in dumps.line_ranges(path, info.body, target)]
+
+
+@pytest.mark.parametrize("target", [1, 3000, 1 << 30])
+def test_ranges_built_apart_equal_the_one_process_build(tmp_path, target):
+    state = geth_dump(tmp_path / "d.jsonl", 300)
+    parts = encoded(tmp_path / "d.jsonl", target, seed=5)
+    # ranges done in any order: their outputs are put in order by key, not by arrival
+    random.Random(0).shuffle(parts)
+    got = bulk.assemble(parts, seed=5, signing_key=KEY, anchor=ANCHOR, created=1000,
+                        min_records=64)
+    want = single(tmp_path, state, seed=5)
+    assert got.pages.shape == want.pages.shape
+    assert np.array_equal(got.pages, want.pages)
+    assert list(got.keys.items()) == list(want.keys.items())
+    assert got.descriptor == want.descriptor
+
+
+def test_the_seed_decides_the_table(tmp_path):
+    state = geth_dump(tmp_path / "d.jsonl", 40)
+    a, b = single(tmp_path, state, seed=1), single(tmp_path, state, seed=2)
+    assert not np.array_equal(a.pages, b.pages)
+    assert np.array_equal(a.pages, single(tmp_path, state, seed=1).pages)
+
+
+def test_geth_shapes_parse():
+    line = json.dumps({"balance": "1000000000000000000000", "nonce": 3, "root": "0x00",
+                       "codeHash": "0x00", "code": "0x6001",
+                       "storage": {"0x" + "00" * 31 + "07": "1234",
+                                   "0x" + "00" * 31 + "02": "0"},
+                       "address": "0x00000000000000000000000000000000000000bB"})
+    account = dumps.parse_account(line)
+    assert account[:4] == ("00" * 19 + "bb", 3, 10**21, "6001")
+    assert account.storage == [("00" * 31 + "07", "0" * 60 + "1234")]
+    # other spellings of the same storage (upper case, short slots, 0x words) read the same
+    for storage in ({"0x" + "00" * 31 + "07": "0x1234", "0x02": "0x0"},
+                    {"0X7": "0x" + "0" * 60 + "1234"}, {"0x" + "00" * 31 + "07": "01234"},
+                    {"7": "1234", "0x" + "ab" * 32: "0"}):
+        other = json.loads(line)
+        other["storage"] = storage
+        assert dumps.parse_account(json.dumps(other)).storage == account.storage, storage
+    other["storage"] = {"0x07": "1", "0x7": "2"}
+    with pytest.raises(dumps.LineError, match="twice"):
+        dumps.parse_account(json.dumps(other))
+
+
+@pytest.mark.parametrize("bad, says", [
+    ("{not json", "not JSON"),
+    ('{"balance": "1", "nonce": 0, "key": "0x1234"}', "preimage"),
+    ('{"balance": "x1", "nonce": 0, "address": "0x' + "11" * 20 + '"}', "balance"),
+    ('{"balance": "1", "nonce": -1, "address": "0x' + "11" * 20 + '"}', "nonce"),
+    ('{"balance": "1", "nonce": 0, "address": "0x' + "11" * 20 + '", "storage": '
+     '{"0xzz": "1"}}', "storage slot"),
+    ('{"balance": "1", "nonce": 0, "address": "0x' + "11" * 20 + '", "code": "0x123"}', "code"),
+    ("[1, 2]", "JSON object"),
+    ('{"balance": "1", "nonce": 0, "address": "0x1234"}', "address"),
+])
+def test_a_malformed_line_is_refused_with_its_number(tmp_path, bad, says):
+    path = tmp_path / "d.jsonl"
+    geth_dump(path, 30)
+    lines = path.read_text().splitlines()
+    lines.insert(17, bad)
+    path.write_text("\n".join(lines) + "\n")
+    info = dumps.info(path)
+    plans = bulk.plan(1)
+    ranges = dumps.line_ranges(path, info.body, 500)
+    for a, b in ranges:
+        try:
+            bulk.encode_range(str(path), a, b, plans)
+        except bulk.RangeError as exc:
+            assert dumps.line_number(path, a) + exc.index == 18
+            assert says in str(exc)
+            break
+    else:
+        pytest.fail("the malformed line was read")
+
+
+def test_an_address_twice_is_refused(tmp_path):
+    path = tmp_path / "d.jsonl"
+    geth_dump(path, 10)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + [lines[4]]) + "\n")
+    info = dumps.info(path)
+    with pytest.raises(bulk.RangeError, match="twice") as caught:
+        bulk.encode_range(str(path), info.body, info.size, bulk.plan(1))
+    assert caught.value.index == 10  # the repeat, the 12th line, is the range's 11th
+    # across ranges: found where they meet
+    parts = encoded(path, 200, seed=1)
+    with pytest.raises(RecordError, match="twice"):
+        bulk.assemble(parts, seed=1, signing_key=KEY, anchor=ANCHOR, created=1000)
+
+
+def test_line_ranges_cover_the_file_at_line_starts(tmp_path):
+    path = tmp_path / "d.jsonl"
+    geth_dump(path, 50)
+    data = path.read_bytes()
+    body = dumps.info(path).body
+    ranges = dumps.line_ranges(path, body, 700)
+    assert ranges[0][0] == body and ranges[-1][1] == len(data) and len(ranges) > 3
+    for (_, b), (c, _) in zip(ranges, ranges[1:], strict=False):
+        assert b == c and data[b - 1:b] == b"\n"
+
+
+def test_anvil_state_is_rewritten_as_lines(tmp_path):
+    address = "0x" + "ab" * 20
+    state = {"block": {"number": "0x9"}, "best_block_number": "0x9", "accounts": {
+        address: {"nonce": 2, "balance": "0x10", "code": "0x6001",
+                  "storage": {"0x" + "00" * 31 + "01": "0x" + "00" * 31 + "05"}}}}
+    (tmp_path / "a.json").write_text(json.dumps(state))
+    info = dumps.anvil_lines(tmp_path / "a.json", tmp_path / "a.jsonl")
+    assert info.number == 9 and info.root is None
+    [(_, line)] = list(dumps.read_range(tmp_path / "a.jsonl", info.body, info.size))
+    account = dumps.parse_account(line)
+    assert account[:4] == ("ab" * 20, 2, 16, "6001")
+    assert account.storage == [("00" * 31 + "01", "0" * 63 + "5")]
+    state["accounts"][address]["balance"] = "lots"
+    (tmp_path / "a.json").write_text(json.dumps(state))
+    with pytest.raises(dumps.DumpError, match="balance"):
+        dumps.anvil_lines(tmp_path / "a.json", tmp_path / "b.jsonl")
+    assert not (tmp_path / "b.jsonl").exists()
