@@ -146,7 +146,7 @@ def run(quick: bool, only: set[str], reader_count: int = 2) -> dict:
     from ray import serve
 
     from cluster import local
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from morphogen.chain.export import state_records
     from morphogen.chain.follow import Follower
     from morphogen.chain.node_export import export_from_node

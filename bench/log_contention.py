@@ -117,7 +117,7 @@ def writer(uri: str, count: int, tag: str, seed: int, barrier, hold_s: float, ga
                                                 build_updates(batch))
             if hold_s:
                 await asyncio.sleep(hold_s)
-            await publisher._in_log(log.decide, proposal, "commit")
+            await publisher.in_log(log.decide, proposal, "commit")
             out.append((time.perf_counter() - t, counts["busy"] - before["busy"],
                         counts["race_lost"] - before["race_lost"]))
             if gap_s:

@@ -62,7 +62,7 @@ def _log(msg: str) -> None:
 
 def run(runs: int, only: str | None = None) -> dict:
     from cluster import local
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from morphogen.chain import EthRpc, export_from_node, state_records
     from morphogen.chain.follow import Follower
     from morphogen.chain.tables import build_chain_tables
