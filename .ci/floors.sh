@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The dependency floors, tested: installs exactly the lowest version pyproject.toml allows of
-# every runtime and test dependency (`name>=X` becomes `name==X`) into a fresh virtual
+# every runtime, test and bench dependency (`name>=X` becomes `name==X`) into a fresh virtual
 # environment, the project itself with --no-deps, then runs the unit tier. Dependencies of
 # dependencies resolve as pip picks them. Not part of .ci/run (the installs alone take minutes);
 # run it after changing a floor: `bash .ci/floors.sh` (PYTHON=python3.11 to pick the interpreter,
@@ -15,11 +15,13 @@ venv=$(mktemp -d /tmp/morphogen-floors.XXXXXX)
 py="$venv/bin/python"
 "$py" -m pip install --quiet --upgrade pip
 
-# The requirements (runtime and the test extra) and a constraints file pinning each to its floor.
+# The requirements (runtime, the test and bench extras) and a constraints file pinning each to
+# its floor.
 "$py" - "$venv" <<'EOF'
 import re, sys, tomllib
 project = tomllib.load(open("pyproject.toml", "rb"))["project"]
-reqs = project["dependencies"] + project["optional-dependencies"]["test"]
+extras = project["optional-dependencies"]
+reqs = list(dict.fromkeys(project["dependencies"] + extras["test"] + extras["bench"]))
 pins = {}
 for req in reqs:
     name = re.match(r"[A-Za-z0-9_.-]+", req).group(0)
