@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmark scripts: timing medians, CSV and plot output."""
+"""Shared helpers of the benchmark scripts: timing medians, percentiles, CSV and plot output."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -21,6 +23,12 @@ def median_seconds(fn: Callable[[], object], runs: int, warmup: int = 1) -> floa
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The `q`th percentile (0-100) of `values`, numpy's default (linear between the two
+    nearest ranks): the one formula every benchmark's p50/p99 figures use. NaN when empty."""
+    return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
 def write_csv(path: Path, rows: Sequence[dict]) -> None:

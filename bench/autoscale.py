@@ -26,7 +26,6 @@ import json
 import os
 import random
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -38,7 +37,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import RESULTS, machine_label, plot, write_csv  # noqa: E402
+from bench._common import RESULTS, machine_label, percentile, plot, write_csv  # noqa: E402
 from bench._node_caches import node_chunks  # noqa: E402
 from cluster import fake_cluster, local  # noqa: E402
 from morphogen.client import PirClient, PirError  # noqa: E402
@@ -157,9 +156,7 @@ class Load:
             lat = [d for t, d in self.done if since <= t < until]
         if not lat:
             return 0.0, 0.0, 0.0
-        lat.sort()
-        p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
-        return len(lat) / (until - since), statistics.median(lat), p99
+        return len(lat) / (until - since), percentile(lat, 50), percentile(lat, 99)
 
 
 def replica_counts(app: str) -> dict[str, int]:

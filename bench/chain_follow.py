@@ -59,11 +59,6 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 class Readers:
     """Reader processes looking up rewritten slots privately, checking every value they get.
     Processes of their own, as a wallet is: threads in this one would queue for the
@@ -142,11 +137,11 @@ def _read_forever(seed, urls, pub, filler, slots, mined, reads, wrong, failed, s
 
 def run(quick: bool, only: set[str], reader_count: int = 2) -> dict:
     import _cpu_by_process as cpu_by_process
-    from _common import serve_two_parties
+    from _common import percentile, serve_two_parties
     from ray import serve
 
     from cluster import local
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from morphogen.chain.export import state_records
     from morphogen.chain.follow import Follower
     from morphogen.chain.node_export import export_from_node
@@ -229,8 +224,8 @@ def run(quick: bool, only: set[str], reader_count: int = 2) -> dict:
                         lags.append(published[number] - at)
                         time.sleep(max(0.0, at + block_time - time.monotonic()))
                     row = {"records_a_block": records, "block_time_s": block_time,
-                           "blocks": blocks, "lag_p50_s": round(_pct(lags, 0.5), 3),
-                           "lag_p99_s": round(_pct(lags, 0.99), 3),
+                           "blocks": blocks, "lag_p50_s": round(percentile(lags, 50), 3),
+                           "lag_p99_s": round(percentile(lags, 99), 3),
                            "lag_max_s": round(max(lags), 3)}
                     out["lag"].append(row)
                     _log(f"[bench] {row}")

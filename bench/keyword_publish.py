@@ -38,7 +38,7 @@ def run(pages: int, runs: int) -> dict:
     from ray import serve
 
     from cluster import local
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from morphogen.client import PirClient
     from morphogen.client.admin import AdminClient
     from morphogen.keyword import KeywordClient, build_table

@@ -45,7 +45,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import RESULTS, build_updates, machine_label, write_csv  # noqa: E402
+from bench._common import (  # noqa: E402
+    RESULTS,
+    build_updates,
+    machine_label,
+    percentile,
+    write_csv,
+)
 
 LEASE_S = 5.0  # the routers' default admin_lease_s
 
@@ -117,7 +123,7 @@ def writer(uri: str, count: int, tag: str, seed: int, barrier, hold_s: float, ga
                                                 build_updates(batch))
             if hold_s:
                 await asyncio.sleep(hold_s)
-            await publisher._in_log(log.decide, proposal, "commit")
+            await publisher.in_log(log.decide, proposal, "commit")
             out.append((time.perf_counter() - t, counts["busy"] - before["busy"],
                         counts["race_lost"] - before["race_lost"]))
             if gap_s:
@@ -235,9 +241,9 @@ def measure(pool, manager, uri: str, writers: int, tag: str, *args) -> dict:
     lat, waited, raced = (np.array([x for d in done for x in d[k]])
                           for k in ("latencies", "waited", "raced"))
     wall = max(d["end"] for d in done) - min(d["start"] for d in done)
-    tail = lat >= np.percentile(lat, 98)  # what the slowest publications went through
+    tail = lat >= percentile(lat, 98)  # what the slowest publications went through
     return {"median_ms": float(np.median(lat)) * 1e3,
-            "p99_ms": float(np.percentile(lat, 99)) * 1e3, "max_ms": float(lat.max()) * 1e3,
+            "p99_ms": percentile(lat, 99) * 1e3, "max_ms": float(lat.max()) * 1e3,
             "publications_per_s": len(lat) / wall,
             "waited_share": float((waited > 0).mean()),
             "tail_reads_busy": float(waited[tail].mean()),
@@ -281,7 +287,7 @@ def summarize(rows: list[dict], pooled: dict) -> list[dict]:
         lat = np.concatenate(pooled[key])
         out.append({**dict(zip(KEY, key, strict=True)), "runs": len(mine),
                     "median_ms": med("median_ms"), "p99_ms": med("p99_ms"),
-                    "p99_pooled_ms": round(float(np.percentile(lat, 99)) * 1e3, 2),
+                    "p99_pooled_ms": round(percentile(lat, 99) * 1e3, 2),
                     "max_ms": round(float(lat.max()) * 1e3, 2),
                     "publications_per_s": med("publications_per_s"),
                     "raw_publication_ms": med("raw_publication_ms"),

@@ -24,7 +24,6 @@ import csv
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import threading
@@ -34,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench._common import percentile  # noqa: E402
 from bench._http_load import http_load  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -53,10 +53,10 @@ class Point:
 
 
 def _point(mode: str, c: int, b: int, lat: list[float], seconds: float) -> Point:
-    ms = sorted(x * 1000 for x in lat) or [float("nan")]
-    p99 = ms[min(len(ms) - 1, int(round(0.99 * (len(ms) - 1))))]
+    ms = [x * 1000 for x in lat]
     return Point(mode, c, b, len(lat), len(lat) * b, round(seconds, 3),
-                 round(len(lat) * b / seconds, 2), round(statistics.median(ms), 2), round(p99, 2))
+                 round(len(lat) * b / seconds, 2), round(percentile(ms, 50), 2),
+                 round(percentile(ms, 99), 2))
 
 
 def _log(msg: str) -> None:

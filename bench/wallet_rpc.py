@@ -38,7 +38,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
-from _common import serve_two_parties  # noqa: E402
+from _common import percentile, serve_two_parties  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 TOKEN = "wallet-bench-token-0123456789"
@@ -46,14 +46,9 @@ TOKENS = 20
 CONTRACTS = json.loads((ROOT / "tests" / "vectors" / "wallet_contracts.json").read_text())
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
 def _summary(ms: list[float]) -> dict:
-    return {"n": len(ms), "p50_ms": round(_pct(ms, 0.5), 2), "p99_ms": round(_pct(ms, 0.99), 2),
-            "per_s": round(len(ms) / (sum(ms) / 1e3), 1)}
+    return {"n": len(ms), "p50_ms": round(percentile(ms, 50), 2),
+            "p99_ms": round(percentile(ms, 99), 2), "per_s": round(len(ms) / (sum(ms) / 1e3), 1)}
 
 
 def _log(msg: str) -> None:
@@ -62,7 +57,7 @@ def _log(msg: str) -> None:
 
 def run(runs: int, only: str | None = None) -> dict:
     from cluster import local
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from morphogen.chain import EthRpc, export_from_node, state_records
     from morphogen.chain.follow import Follower
     from morphogen.chain.tables import build_chain_tables
@@ -228,7 +223,7 @@ def run(runs: int, only: str | None = None) -> dict:
                 out["page_read"] = _summary(page_ms)
                 out["eth_getBalance"] = _summary(balance_ms)
                 out["eth_getBalance_over_page_read_p50"] = round(
-                    _pct(balance_ms, 0.5) / _pct(page_ms, 0.5), 2)
+                    percentile(balance_ms, 50) / percentile(page_ms, 50), 2)
                 out["eth_getBalance_read_already"] = _summary(again_ms)
                 _log(f"page read {out['page_read']}, eth_getBalance {out['eth_getBalance']}, "
                      f"read already {out['eth_getBalance_read_already']}")

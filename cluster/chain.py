@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from cluster.errors import CommandFailed, UsageError
-from cluster.records import add_publish_options
+from cluster.parties import add_publish_options
 
 
 def cmd_chain(args: argparse.Namespace) -> int:
@@ -132,7 +132,7 @@ def _import(args: argparse.Namespace) -> int:
 def _follow(args: argparse.Namespace) -> int:
     import httpx
 
-    from cluster.records import admin_parties
+    from cluster.parties import admin_parties
     from morphogen.chain import ChainError, EthRpc
     from morphogen.chain.follow import Follower, serve_metrics
     from morphogen.client import PirError

@@ -21,7 +21,7 @@ def run_records_demo(args: Any, cluster: Any, workdir: str) -> bool:
     from ray import serve
 
     from cluster import local
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from deployments.app import build_app
     from morphogen.client import PirClient
     from morphogen.client.admin import AdminClient

@@ -86,6 +86,10 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
         # benchmark) would collide, so each cluster takes free ones unless told otherwise.
         for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
             env[name] = os.environ.get(name) or str(listener_port())
+        # HAProxy reserves about 2.5 file descriptors per allowed connection and refuses to
+        # start above the hard limit: Serve before 2.60 allowed 20000 connections (~50k
+        # descriptors, over many machines' limit), 2.60 lowered its default to 4096
+        env["RAY_SERVE_HAPROXY_MAXCONN"] = os.environ.get("RAY_SERVE_HAPROXY_MAXCONN") or "4096"
     return env
 
 

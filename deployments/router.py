@@ -25,6 +25,7 @@ from deployments.metrics import ServeMetrics
 from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.constants import MAX_PAGES
 from morphogen.party import admin_wire, wire
+from morphogen.party.admin_status import party_status
 from morphogen.party.autoscaling import HELD_QUERIES
 from morphogen.party.combine import ShardFailure
 from morphogen.party.redact import redacted_traceback
@@ -205,7 +206,7 @@ class Router:
         self._metrics.replica_starts(counts)
 
     async def admin_status(self) -> dict[str, Any]:
-        doc = await self._party.admin.status()
+        doc = await party_status(self._party.admin)
         # replicas that are fetching or failed to start (the router's own app's), each in a
         # line: what an operator on a cluster started elsewhere cannot see otherwise
         try:

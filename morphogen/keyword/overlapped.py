@@ -34,7 +34,7 @@ from morphogen.keyword.publishing import (
 
 
 class Legs(Parties, Protocol):
-    """Parties that take a publication one party at a time (`cluster.records.HttpParties`)."""
+    """Parties that take a publication one party at a time (`cluster.parties.HttpParties`)."""
 
     def parents(self, publication: str) -> list[str | None]:
         """The parent each party must have for `publication` (read when not known)."""

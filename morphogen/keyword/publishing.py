@@ -44,7 +44,7 @@ MODES = "modes"  # owner.json: version -> {"mode": "updates"} or {"mode": "rotat
 
 
 class Parties(Protocol):
-    """Both parties, as the owner publishes to them (`cluster.records` sends over HTTP)."""
+    """Both parties, as the owner publishes to them (`cluster.parties` sends over HTTP)."""
 
     def max_updates(self) -> int:
         """The largest batch both parties take in one publication."""

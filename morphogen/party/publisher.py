@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
@@ -34,6 +33,14 @@ from morphogen.config import ADMIN_NEEDS_LOG, PartyConfig
 from morphogen.party import admin
 from morphogen.party.combine import ShardFailure
 from morphogen.party.failpoint import FileFailpoint, Pause
+from morphogen.party.publications import (
+    ParentMismatch,
+    check_parent,
+    identity_of,
+    new_publication_id,
+    rotation_request,
+    updates_request,
+)
 from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
 from morphogen.protocol.changes import ChangeBatch
@@ -74,50 +81,6 @@ class Publishing(Protocol):
     async def layout(self) -> Layout: ...
     def set_layout(self, infos: list[dict[str, Any]]) -> Layout | None: ...
     def advance_want(self, identities: frozenset[Any] | set[Any]) -> None: ...
-
-
-def identity_of(info: dict[str, Any]) -> EpochIdentity:
-    """The identity a shard's info reports, rebuilt and checked against its digest."""
-    ident = EpochIdentity(
-        int(info["epoch_id"]), str(info["identity_snapshot"]),
-        str(info["update_chain"]).removeprefix("0x"),
-    )
-    if ident.digest != info["identity"]:
-        raise ShardFailure(f"shard {info.get('shard')} reports an inconsistent identity")
-    return ident
-
-
-class ParentMismatch(ValueError):
-    """A publication names a parent identity that is not the party's head."""
-
-
-def check_parent(base: EpochIdentity | None, parent: str | None) -> None:
-    """Refuse a publication whose named parent is not the head it would apply on: another
-    publisher got there first, and applying it anyway would order this party's publications
-    differently from the other party's."""
-    if parent is not None and (base is None or base.digest != parent):
-        head = base.digest if base is not None else "none"
-        raise ParentMismatch(
-            f"this party's head is {head}, not the parent {parent} the publication names: "
-            "another publisher published in between. Nothing was changed; read both parties' "
-            "heads (morphogen admin status) and publish on what they serve")
-
-
-def new_publication_id() -> str:
-    return "p-" + secrets.token_hex(12)
-
-
-def updates_request(changes: ChangeBatch) -> str:
-    """What a re-sent publication id must ask again: the batch."""
-    return "updates:" + changes.digest
-
-
-def rotation_request(path: str, checksum: str) -> str:
-    return f"rotation:{checksum}:{path}"
-
-
-# What admin status shows of each replica of a shard.
-_REPLICA_KEYS = ("replica", "node_id", "epoch_id", "identity", "pending_updates", "scans")
 
 
 class Publisher:
@@ -167,7 +130,9 @@ class Publisher:
 
     # ------------------------------------------------------------------ the log steps
 
-    async def _in_log(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def in_log(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the log, off the event loop; 503 when the log cannot be read or
+        written (a conflict is the caller's)."""
         try:
             return await asyncio.to_thread(fn, *args)
         except EpochLogConflict:
@@ -184,7 +149,7 @@ class Publisher:
         deadline = time.monotonic() + self.party.cfg.admin_timeout_s
         while True:
             try:
-                return await self._in_log(self.log.propose, pub, request, publisher,
+                return await self.in_log(self.log.propose, pub, request, publisher,
                                           self.lease_s, build)
             except EpochLogBusy as busy:
                 if time.monotonic() + busy.remaining_s > deadline:
@@ -267,7 +232,7 @@ class Publisher:
                 raise
             await self._step("prepared")
             try:
-                await self._in_log(self.log.decide, proposal, "commit")
+                await self.in_log(self.log.decide, proposal, "commit")
             except EpochLogConflict as exc:
                 await admin.abort_all(proposal.epoch_id, aborts, timeout_s=cfg.admin_timeout_s)
                 raise self.party.unavailable(f"{exc}; nothing was changed, retry") from None
@@ -286,7 +251,7 @@ class Publisher:
 
     async def _fallback_base(self) -> EpochIdentity | None:
         """What the first publication builds on when the log has no committed entry."""
-        state = await self._in_log(self.log.state)
+        state = await self.in_log(self.log.state)
         return None if state.head is not None else await self._shards_identity()
 
     # ------------------------------------------------------------------ the admin routes
@@ -416,41 +381,3 @@ class Publisher:
                 log.info("epoch log compacted: %d records dropped", dropped)
         except Exception as exc:  # noqa: BLE001 - the next rotation tries again
             log.warning("epoch log compaction failed (%s)", reason(exc))
-
-    async def status(self) -> dict[str, Any]:
-        cfg = self.party.cfg
-        by_shard = await self.replica_infos()
-        infos = [replicas[0] for replicas in by_shard]
-        state = admin.party_epoch([i for replicas in by_shard for i in replicas])
-        keep = ("shard", "epoch_id", "identity", "first_page", "stop_page", "pending_updates",
-                "folded_chunks", "segments", "rotation_in_progress", "staged_epoch_id",
-                "snapshot_epoch_id", "snapshot_checksum", "engine", "scans", "folds")
-        log_state = await self._in_log(self.log.state)
-        head = log_state.head
-        pending = log_state.pending
-        recent = [e.pub for e in log_state.committed[-8:] if e.pub is not None]  # no folds
-        return {
-            **state.as_dict(),
-            "consistent": state.consistent,
-            "num_pages": state.num_pages,
-            "domain_bits": state.domain_bits,
-            "tables": infos[0].get("tables", {}),  # the named tables, as GET /epoch lists them
-            "rotation_in_progress": state.rotation_in_progress or self.rotating,
-            "admin_busy": pending is not None,
-            "epoch_log": str(self.log.directory) if self.log.durable else None,
-            "epoch_log_head": None if head is None else {
-                "epoch_id": head.epoch_id, "kind": head.kind, "identity": head.identity,
-                "publication": head.pub},
-            "epoch_log_pending": None if pending is None else {
-                "epoch_id": pending.epoch_id, "publication": pending.pub,
-                "lease_left_s": round(self.log.lease_left_s(log_state), 3)},
-            "recent_publications": recent,
-            # the largest batch one publication may carry here: a bigger one goes as a rotation
-            "admin_max_updates": cfg.admin_updates_cap(),
-            "wanted_identity": None if self.party.want is None else self.party.want.digest,
-            "shards": [
-                {**{k: i.get(k) for k in keep},
-                 "replicas": [{k: r.get(k) for k in _REPLICA_KEYS} for r in replicas]}
-                for i, replicas in zip(infos, by_shard, strict=True)
-            ],
-        }

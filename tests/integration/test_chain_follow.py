@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import main
-from cluster.records import HttpParties
+from cluster.parties import HttpParties
 from morphogen.chain.follow import CRASH_ENV, Follower
 from morphogen.chain.rpc import EthRpc, quantity
 from morphogen.chain.state import (

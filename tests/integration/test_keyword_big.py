@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from cluster.records import HttpParties
+from cluster.parties import HttpParties
 from morphogen.keyword import KeywordClient, build_table
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import publish

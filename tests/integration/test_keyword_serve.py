@@ -155,7 +155,7 @@ def test_a_tampered_party_gives_the_one_integrity_error_for_any_key(table) -> No
 
 
 def test_inserts_changes_and_deletes_published_to_both_parties(table) -> None:
-    from cluster.records import HttpParties
+    from cluster.parties import HttpParties
     from morphogen.client.admin import AdminClient, publish_to_parties
 
     accounts = table["accounts"]

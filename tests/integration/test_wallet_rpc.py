@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from cluster.cli import main
-from cluster.records import HttpParties
+from cluster.parties import HttpParties
 from morphogen.chain.follow import Follower
 from morphogen.chain.rpc import EthRpc, quantity
 from morphogen.client import PirClient

@@ -23,6 +23,7 @@ from morphogen.client.admin import (
 )
 from morphogen.client.wire import PirUnavailable
 from morphogen.party import admin_wire
+from morphogen.party.admin_status import party_status
 from morphogen.party.router import Party
 from morphogen.party.wire import error_body
 from morphogen.protocol.codec import ADMIN_STATUS_PATH, ADMIN_UPDATES_PATH, WireError
@@ -52,7 +53,7 @@ class PartyServer:
                                   headers={"Retry-After": "0"})
         try:
             if request.url.path == ADMIN_STATUS_PATH:
-                out = asyncio.run(self.party.admin.status())
+                out = asyncio.run(party_status(self.party.admin))
             else:
                 assert request.url.path == ADMIN_UPDATES_PATH
                 pub = admin_wire.publication_id(request.headers.get("idempotency-key"))

@@ -47,7 +47,7 @@ class Party:
 
 
 class Parties:
-    """Two in-memory parties taking legs as `cluster.records.HttpParties` sends them."""
+    """Two in-memory parties taking legs as `cluster.parties.HttpParties` sends them."""
 
     def __init__(self, pages: np.ndarray) -> None:
         self.parties = [Party(pages), Party(pages)]

