@@ -5,6 +5,8 @@ themselves, through two real parties, are tests/integration/test_wallet_rpc.py's
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import httpx
 import pytest
@@ -323,6 +325,23 @@ def test_any_body_however_nested_is_a_json_rpc_error(endpoint):
         answer = json.loads(endpoint.handle(json.dumps(deep).encode()))
         assert answer["error"]["code"] == INVALID_REQUEST
     assert call(endpoint, "eth_chainId")["result"] == "0x7a69"
+
+
+def test_a_deep_body_is_refused_where_the_recursion_limit_was_raised() -> None:
+    """A library in the process may raise the recursion limit; the parser, which recurses in C
+    once a level, would then overflow the stack on a deep body (the process dies). The depth
+    is judged before parsing. In a process of its own: a failure here is a crash."""
+    code = (
+        "import json, sys\n"
+        "sys.setrecursionlimit(10**7)\n"
+        "from morphogen.wallet import Endpoint\n"
+        "body = b'[' * 2_000_000 + b']' * 2_000_000\n"
+        "print(json.loads(Endpoint(None).handle(body))['error']['message'])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "nests deeper than" in run.stdout
 
 
 def test_idle_and_slow_connections_are_closed(state):
