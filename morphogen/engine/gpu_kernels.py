@@ -26,6 +26,7 @@ from morphogen.engine.gpu_plan import (
     LANES_PER_PAGE,
     LANES_PER_THREAD,
     MAX_TILE_BITS,
+    PACKED_KERNELS,
     PATH_SLOTS,
     REDUCE_KERNEL,
     REDUCE_LANES,
@@ -59,7 +60,12 @@ SLICED_KERNEL_SOURCE = Path(__file__).with_name("sliced_scan_kernel.cu")
 TABLE_KERNEL_SOURCE = Path(__file__).with_name("sliced_table_kernel.cu")
 # Page updates into the device copy (gpu_writes.py); after the others, whose types it uses.
 PATCH_KERNEL_SOURCE = Path(__file__).with_name("patch_kernel.cu")
-KERNEL_SOURCES = (KERNEL_SOURCE, SLICED_KERNEL_SOURCE, TABLE_KERNEL_SOURCE, PATCH_KERNEL_SOURCE)
+# The packed-key scans (docs/packed-keys.md): the fused layout's, after KERNEL_SOURCE whose
+# helpers it uses, and the sliced layout's, after SLICED_KERNEL_SOURCE. Appended last, so the
+# v1 kernels' code is what it was.
+PACKED_KERNEL_SOURCE = Path(__file__).with_name("packed_scan_kernel.cu")
+KERNEL_SOURCES = (KERNEL_SOURCE, SLICED_KERNEL_SOURCE, TABLE_KERNEL_SOURCE, PATCH_KERNEL_SOURCE,
+                  PACKED_KERNEL_SOURCE)
 # Given to NVRTC at load and to nvcc by nvcc_check, so both compile the same program.
 COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
@@ -67,7 +73,7 @@ READ_BW_KERNEL = "morphogen_read_bw"
 READ_BW_THREADS = 256
 PATCH_KERNELS = ("morphogen_patch_pages", "morphogen_patch_sliced")
 KERNEL_NAMES = (*SCAN_KERNELS, REDUCE_KERNEL, READ_BW_KERNEL, *SLICED_KERNELS, SLICE_KERNEL,
-                *TABLE_KERNELS, *PATCH_KERNELS)
+                *TABLE_KERNELS, *PATCH_KERNELS, *PACKED_KERNELS)
 
 # The numbers the CUDA source takes from Python, as `#define NAME value` (plain decimal ints,
 # so each expands to the int literal the kernels were written against).
@@ -101,7 +107,7 @@ TUNING_ENV = "MORPHOGEN_GPU_TUNING"
 # Kernel scalar arguments: CuPy passes numpy scalars by their own type and does NOT check them
 # against the kernel signature, so each scalar is built with the type the C side declares.
 #   C type               numpy type     used for
-#   unsigned int (u32)   np.uint32      num_keys, domain_bits, tile_bits, num_groups,
+#   unsigned int (u32)   np.uint32      num_keys, domain_bits, levels, tile_bits, num_groups,
 #                                       num_partials, row_lanes
 #   unsigned long long   np.uint64      num_pages, first_page, n16
 #   pointers             cupy arrays    pages, keys (uint32 records), partial, out, data, sink

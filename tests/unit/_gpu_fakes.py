@@ -29,6 +29,7 @@ from morphogen.engine import gpu, gpu_kernels, sliced
 from morphogen.engine.gpu_backend import DeviceInfo
 from morphogen.engine.gpu_keys import KEY_HEADER_WORDS, key_words
 from morphogen.engine.gpu_plan import (
+    PACKED_KERNELS,
     REDUCE_KERNEL,
     REDUCE_LANES,
     REDUCE_SLICES,
@@ -45,7 +46,7 @@ P = "p"
 SIGNATURES: dict[str, tuple[Any, ...]] = {
     **{
         name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, np.uint32, P)
-        for name in SCAN_KERNELS
+        for name in SCAN_KERNELS + PACKED_KERNELS
     },
     REDUCE_KERNEL: (P, P, np.uint32, np.uint32),
     gpu_kernels.READ_BW_KERNEL: (P, np.uint64, P),
@@ -160,8 +161,11 @@ class FakeBackend:
         assert source == gpu_kernels.kernel_source(tuning=tuning)
         for name in names:  # variants are stamped out by MG_SCAN_KERNEL / MG_SLICED_KERNEL
             kg = name.removeprefix("morphogen_scan_k")
+            packed_kg = name.removeprefix("morphogen_packed_k")
             if kg != name:
                 assert f"MG_SCAN_KERNEL({kg}," in source
+            elif packed_kg != name:
+                assert f"MG_PACKED_KERNEL({packed_kg}," in source
             elif name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS:
                 assert f", {name})" in source
             else:
@@ -313,6 +317,44 @@ def _model_scan(grid: int, args: tuple[Any, ...]) -> None:
             partial[row : row + PAGE_SIZE] = acc
 
 
+def _model_packed_scan(grid: int, args: tuple[Any, ...]) -> None:
+    """packed_scan_kernel.cu's contract: page p's selection bit of each key (its record holds
+    `levels` = d - 7 levels), the selected pages XORed, per page block."""
+    pages_a, num_pages, first, keys_a, num_keys, levels, _h, groups, partial_a = args
+    n, first, k_total, levels = int(num_pages), int(first), int(num_keys), int(levels)
+    page_blocks = grid // int(groups)
+    pages = pages_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE) if n else None
+    w = key_words(levels)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    for pb in range(page_blocks):
+        lo, hi = n * pb // page_blocks, n * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            if hi > lo:
+                bits = packed_selection(records[k], levels, first + lo, first + hi)
+                acc = np.bitwise_xor.reduce(pages[lo:hi][bits.astype(bool)], axis=0) \
+                    if bits.any() else acc
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
+def packed_selection(record: np.ndarray, levels: int, lo: int, hi: int) -> np.ndarray:
+    """Selection bits of key indices [lo, hi) of one packed record (the project's evaluator)."""
+    from morphogen.protocol import packed
+
+    r = np.ascontiguousarray(record, dtype=np.uint32)
+    key = packed.PackedKey(
+        root_seed=r[0:4].tobytes(), root_t=int(r[8]), party=int(r[8]),
+        domain_bits=levels + 7,
+        cw=tuple(c.tobytes() for c in r[KEY_HEADER_WORDS:].reshape(levels, 4)),
+        tcw_left=tuple((int(r[9]) >> i) & 1 for i in range(levels)),
+        tcw_right=tuple((int(r[10]) >> i) & 1 for i in range(levels)),
+        final_cw=r[4:8].tobytes(),
+    )
+    return packed.selection_range(key, lo, hi)
+
+
 def _model_reduce(args: tuple[Any, ...]) -> None:
     partial_a, out_a, num_partials, row_lanes = args
     nbytes = int(row_lanes) * 16
@@ -428,6 +470,9 @@ def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int
     if name in SCAN_KERNELS:
         assert block == SCAN_THREADS
         _model_scan(grid, args)
+    elif name in PACKED_KERNELS:
+        assert block == SCAN_THREADS
+        _model_packed_scan(grid, args)
     elif name in sliced.SLICED_KERNELS:
         assert block == sliced.SLICED_THREADS
         _model_sliced_scan(grid, args)
@@ -492,6 +537,8 @@ def load_emulator() -> ctypes.CDLL:
         u32, u64, vp, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
         dll.emu_scan.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, u32, vp]
         dll.emu_scan.restype = i
+        dll.emu_packed.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, u32, vp]
+        dll.emu_packed.restype = i
         dll.emu_reduce.argtypes = [u32, vp, vp, u32, u32]
         dll.emu_reduce.restype = i
         dll.emu_read_bw.argtypes = [u32, vp, u64, vp]
@@ -536,6 +583,10 @@ def run_emulated(
             assert block == SCAN_THREADS
             kg = int(name.removeprefix("morphogen_scan_k"))
             rc = dll.emu_scan(kg, grid, smem, *[v(a) for a in args])
+        elif name in PACKED_KERNELS:
+            assert block == SCAN_THREADS
+            kg = int(name.removeprefix("morphogen_packed_k"))
+            rc = dll.emu_packed(kg, grid, smem, *[v(a) for a in args])
         elif name == REDUCE_KERNEL:
             assert block == REDUCE_LANES * REDUCE_SLICES
             rc = dll.emu_reduce(grid, *[v(a) for a in args])
