@@ -1,5 +1,7 @@
 """The GPU scan engine: the kernels of scan_kernel.cu and sliced_scan_kernel.cu, driven through
-CuPy. Public API: `GpuEngine` and `GpuError` (the engine's failures).
+CuPy, and for packed keys (docs/packed-keys.md) those of packed_scan_kernel.cu and
+sliced_packed_kernel.cu (docs/gpu.md, "Packed keys"). Public API: `GpuEngine` and `GpuError`
+(the engine's failures).
 
 Kernel design: see the comments at the top of the .cu files. The host side is spread over
 small modules: launch planning (`gpu_plan`, `sliced`), key records (`gpu_keys`), the CUDA
@@ -75,7 +77,12 @@ from morphogen.engine.gpu_pool import (
     clamp_pool_size,
     fit_pool_size,
 )
-from morphogen.engine.gpu_tables import GpuTableScanner, ScanRange, table_launch_args
+from morphogen.engine.gpu_tables import (
+    GpuTableScanner,
+    ScanRange,
+    sliced_packed_args,
+    table_launch_args,
+)
 from morphogen.engine.gpu_timings import PhaseTimings
 from morphogen.engine.gpu_upload import (
     DEFAULT_LOAD_CHUNK_BYTES,
@@ -114,7 +121,7 @@ DEFAULT_LAYOUT = "sliced"
 LAYOUT_ENV = "MORPHOGEN_GPU_KERNEL"
 # The layouts with packed-key kernels (docs/packed-keys.md): an engine of another layout
 # advertises only v1 keys, so a party on its shards refuses packed ones.
-PACKED_LAYOUTS = ("fused",)
+PACKED_LAYOUTS = ("fused", "sliced")
 
 
 class GpuShard:
@@ -178,8 +185,8 @@ class GpuShard:
               rng: ScanRange, packed: bool = False) -> LaunchPlan | SlicedPlan:
         """The launch for `num_keys` keys over the first `num_pages` pages of `rng` (all of
         them, except in the warm-up); for the sliced layout, over the chunks that hold them.
-        `packed`: keys of the packed format (fused layout only so far)."""
-        if self.layout == "sliced" and not packed:
+        `packed`: keys of the packed format."""
+        if self.layout == "sliced":
             chunks = (chunk_range(rng.first_page, num_pages)[1] if rng.table
                       else self._chunks_holding(num_pages))
             return plan_sliced_launch(
@@ -190,6 +197,7 @@ class GpuShard:
                 blocks_per_sm=self._compiled.blocks_per_sm,
                 max_partial_rows=self._partial_rows,
                 table=rng.table,
+                packed=packed,
             )
         return plan_launch(
             num_keys,
@@ -333,6 +341,11 @@ class GpuShard:
                     if rng.table else self._pages_dev)
             args = (view, U64(num_pages), U64(rng.first_index), ws.keys_dev, U32(num_keys),
                     U32(levels), U32(plan.tile_bits), U32(plan.num_groups), ws.partial_dev)
+        elif packed:
+            threads = SLICED_THREADS
+            args = sliced_packed_args(b, self._pages_dev, self._first_chunk, num_pages, rng,
+                                      ws.keys_dev, num_keys, levels, plan.num_groups,
+                                      ws.partial_dev)
         elif rng.table:
             threads = SLICED_THREADS if isinstance(plan, SlicedPlan) else SCAN_THREADS
             args = table_launch_args(b, self._pages_dev, self.first_page, plan, num_pages, rng,

@@ -60,6 +60,11 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
                np.uint64, np.uint64)
         for name in sliced.TABLE_KERNELS
     },
+    **{
+        name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, P, np.uint32,
+               np.uint64, np.uint64)
+        for name in sliced.SLICED_PACKED_KERNELS
+    },
     **{name: (P, P, np.uint32, P) for name in gpu_kernels.PATCH_KERNELS},
 }
 
@@ -166,14 +171,14 @@ class FakeBackend:
                 assert f"MG_SCAN_KERNEL({kg}," in source
             elif packed_kg != name:
                 assert f"MG_PACKED_KERNEL({packed_kg}," in source
-            elif name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS:
+            elif name in gpu_kernels.SLICED_BLOCK_KERNELS:
                 assert f", {name})" in source
             else:
                 assert f"{name}(" in source
         return {name: FakeKernel(name) for name in names}
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
-        is_sliced = kernel.name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS
+        is_sliced = kernel.name in gpu_kernels.SLICED_BLOCK_KERNELS
         launched = sliced.SLICED_THREADS if is_sliced else SCAN_THREADS
         assert block == launched, f"{kernel.name}: occupancy of {block}-thread blocks asked"
         if is_sliced:
@@ -446,6 +451,36 @@ def _model_sliced_table(grid: int, args: tuple[Any, ...]) -> None:
             partial[row : row + PAGE_SIZE] = acc
 
 
+def _model_sliced_packed(grid: int, args: tuple[Any, ...]) -> None:
+    """sliced_packed_kernel.cu's contract: chunk c's position p is key index first_index +
+    256 c + p - offset, selected by the key's bit where that index is in [idx_lo, idx_hi)."""
+    data_a, num_chunks, first_index, keys_a, num_keys, levels, groups, partial_a, offset, \
+        idx_lo, idx_hi = args
+    n_chunks, k_total, levels = int(num_chunks), int(num_keys), int(levels)
+    page_blocks = grid // int(groups)
+    w = key_words(levels)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    size = sliced.SLICE_BYTES
+    naturals = [unslice_chunk(data_a.buf[c * size : (c + 1) * size].view("<u4"))
+                for c in range(n_chunks)]
+    for pb in range(page_blocks):
+        lo, hi = n_chunks * pb // page_blocks, n_chunks * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            for c in range(lo, hi):
+                base = int(first_index) + 256 * c - int(offset)
+                start, stop = max(base, int(idx_lo)), min(base + 256, int(idx_hi))
+                if start >= stop:
+                    continue
+                bits = packed_selection(records[k], levels, start, stop).astype(bool)
+                rows = naturals[c][start - base : stop - base]
+                if bits.any():
+                    acc ^= np.bitwise_xor.reduce(rows[bits], axis=0)
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
 def _model_patch(name: str, args: tuple[Any, ...]) -> None:
     """patch_kernel.cu's contract: each diff XORed into its page of the buffer, as the layout
     stores it (the sliced image of a diff alone in a chunk is the diff's bits there)."""
@@ -479,6 +514,9 @@ def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int
     elif name in sliced.TABLE_KERNELS:
         assert block == sliced.SLICED_THREADS
         _model_sliced_table(grid, args)
+    elif name in sliced.SLICED_PACKED_KERNELS:
+        assert block == sliced.SLICED_THREADS
+        _model_sliced_packed(grid, args)
     elif name == sliced.SLICE_KERNEL:
         _model_slice(args)
     elif name in gpu_kernels.PATCH_KERNELS:
@@ -548,6 +586,9 @@ def load_emulator() -> ctypes.CDLL:
         dll.emu_sliced_table.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp,
                                          u32, u64, u64]
         dll.emu_sliced_table.restype = i
+        dll.emu_sliced_packed.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp,
+                                          u32, u64, u64]
+        dll.emu_sliced_packed.restype = i
         dll.emu_patch.argtypes = [i, u32, u32, vp, vp, u32, vp]
         dll.emu_patch.restype = i
         dll.emu_slice_pages.argtypes = [u32, vp, u64, vp]
@@ -598,6 +639,10 @@ def run_emulated(
             assert block == sliced.SLICED_THREADS
             variant = sliced.TABLE_KERNELS.index(name)
             rc = dll.emu_sliced_table(variant, grid, smem, *[v(a) for a in args])
+        elif name in sliced.SLICED_PACKED_KERNELS:
+            assert block == sliced.SLICED_THREADS
+            variant = sliced.SLICED_PACKED_KERNELS.index(name)
+            rc = dll.emu_sliced_packed(variant, grid, smem, *[v(a) for a in args])
         elif name == sliced.SLICE_KERNEL:
             assert block == sliced.SLICE_THREADS
             rc = dll.emu_slice_pages(grid, *[v(a) for a in args])

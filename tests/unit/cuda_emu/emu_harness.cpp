@@ -142,6 +142,32 @@ void table_thread(void* p) {
     }
 }
 
+// TableArgs with domain_bits = the keys' levels, first_chunk = first_index, shift = offset,
+// leaf_lo/leaf_hi = idx_lo/idx_hi
+void sliced_packed_thread(void* p) {
+    const TableArgs& t = *static_cast<const TableArgs*>(p);
+    const SlicedArgs& a = t.s;
+    switch (a.variant) {
+        case 0:
+            morphogen_sliced_packed_n1(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                       a.domain_bits, a.num_groups, a.partial, t.shift,
+                                       t.leaf_lo, t.leaf_hi);
+            break;
+        case 1:
+            morphogen_sliced_packed_n2(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                       a.domain_bits, a.num_groups, a.partial, t.shift,
+                                       t.leaf_lo, t.leaf_hi);
+            break;
+        case 2:
+            morphogen_sliced_packed_n2_prefetch(a.sliced, a.num_chunks, a.first_chunk, a.keys,
+                                                a.num_keys, a.domain_bits, a.num_groups,
+                                                a.partial, t.shift, t.leaf_lo, t.leaf_hi);
+            break;
+        default:
+            break;
+    }
+}
+
 struct SliceArgs {
     const uint4* natural;
     u64 num_chunks;
@@ -196,6 +222,17 @@ extern "C" int emu_sliced_table(int variant, u32 grid, u64 smem_bytes, const uin
                  num_groups, partial},
                 shift, leaf_lo, leaf_hi};
     return emu::launch(grid, SLICED_THREADS, smem_bytes, table_thread, &a);
+}
+
+extern "C" int emu_sliced_packed(int variant, u32 grid, u64 smem_bytes, const uint4* sliced,
+                                 u64 num_chunks, u64 first_index, const u32* keys, u32 num_keys,
+                                 u32 levels, u32 num_groups, uint4* partial, u32 offset,
+                                 u64 idx_lo, u64 idx_hi) {
+    if (variant < 0 || variant > 2) return -1;
+    TableArgs a{{variant, sliced, num_chunks, first_index, keys, num_keys, levels, num_groups,
+                 partial},
+                offset, idx_lo, idx_hi};
+    return emu::launch(grid, SLICED_THREADS, smem_bytes, sliced_packed_thread, &a);
 }
 
 extern "C" int emu_slice_pages(u32 grid, const uint4* natural, u64 num_chunks, u32* sliced) {
