@@ -8,7 +8,8 @@ small modules: launch planning (`gpu_plan`, `sliced`), key records (`gpu_keys`),
 operations (`gpu_backend`), errors (`gpu_errors`), the program and its compilation
 (`gpu_kernels`), page upload (`gpu_upload`), workspaces and their pool (`gpu_pool`), phase
 timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`), table scans at any offset
-(`gpu_tables`), page writes into the device copy (`gpu_writes`; docs/gpu.md). Here:
+(`gpu_tables`), each launch's arguments (`gpu_launch`), page writes into the device copy
+(`gpu_writes`; docs/gpu.md). Here:
 
 - `GpuEngine(...)` compiles the kernels, once per engine: a CuPy that imports but cannot
   compile (no NVRTC, no CUDA headers) fails there with a GpuError naming the fix, not at a scan.
@@ -33,7 +34,6 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
@@ -52,11 +52,11 @@ from morphogen.engine.gpu_errors import GpuError, cuda_errors
 from morphogen.engine.gpu_kernels import (
     READ_BW_KERNEL,
     U32,
-    U64,
     CompiledKernels,
     compile_kernels,
 )
 from morphogen.engine.gpu_keys import key_words, pack_keys
+from morphogen.engine.gpu_launch import DeviceCopy, scan_args
 from morphogen.engine.gpu_plan import (
     DEFAULT_KEY_GROUP_MAX,
     KEY_GROUP_SIZES,
@@ -64,7 +64,6 @@ from morphogen.engine.gpu_plan import (
     REDUCE_KERNEL,
     REDUCE_LANES,
     REDUCE_SLICES,
-    SCAN_THREADS,
     LaunchPlan,
     plan_launch,
     reduce_grid,
@@ -77,12 +76,7 @@ from morphogen.engine.gpu_pool import (
     clamp_pool_size,
     fit_pool_size,
 )
-from morphogen.engine.gpu_tables import (
-    GpuTableScanner,
-    ScanRange,
-    sliced_packed_args,
-    table_launch_args,
-)
+from morphogen.engine.gpu_tables import GpuTableScanner, ScanRange
 from morphogen.engine.gpu_timings import PhaseTimings
 from morphogen.engine.gpu_upload import (
     DEFAULT_LOAD_CHUNK_BYTES,
@@ -100,7 +94,6 @@ from morphogen.engine.sliced import (
     SLICE_BYTES,
     SLICE_KERNEL,
     SLICE_PAGES,
-    SLICED_THREADS,
     SlicedPlan,
     chunk_range,
     plan_sliced_launch,
@@ -333,48 +326,9 @@ class GpuShard:
         levels = packed_levels(domain_bits) if packed else domain_bits
         key_bytes = num_keys * key_words(levels) * 4
         out_bytes = num_keys * PAGE_SIZE
-        if packed and isinstance(plan, LaunchPlan):
-            # the fused layout stores pages as they are: a view at the range's first page,
-            # numbered from its first index, serves a whole shard and a table alike
-            threads = SCAN_THREADS
-            view = (b.view(self._pages_dev, (rng.first_page - self.first_page) * PAGE_SIZE)
-                    if rng.table else self._pages_dev)
-            args = (view, U64(num_pages), U64(rng.first_index), ws.keys_dev, U32(num_keys),
-                    U32(levels), U32(plan.tile_bits), U32(plan.num_groups), ws.partial_dev)
-        elif packed:
-            threads = SLICED_THREADS
-            args = sliced_packed_args(b, self._pages_dev, self._first_chunk, num_pages, rng,
-                                      ws.keys_dev, num_keys, levels, plan.num_groups,
-                                      ws.partial_dev)
-        elif rng.table:
-            threads = SLICED_THREADS if isinstance(plan, SlicedPlan) else SCAN_THREADS
-            args = table_launch_args(b, self._pages_dev, self.first_page, plan, num_pages, rng,
-                                     ws.keys_dev, num_keys, domain_bits, ws.partial_dev)
-        elif isinstance(plan, SlicedPlan):
-            threads = SLICED_THREADS
-            args: tuple[Any, ...] = (
-                self._pages_dev,
-                U64(self._chunks_holding(num_pages)),
-                U64(self._first_chunk),
-                ws.keys_dev,
-                U32(num_keys),
-                U32(domain_bits),
-                U32(plan.num_groups),
-                ws.partial_dev,
-            )
-        else:
-            threads = SCAN_THREADS
-            args = (
-                self._pages_dev,
-                U64(num_pages),
-                U64(self.first_page),
-                ws.keys_dev,
-                U32(num_keys),
-                U32(domain_bits),
-                U32(plan.tile_bits),
-                U32(plan.num_groups),
-                ws.partial_dev,
-            )
+        copy = DeviceCopy(self._pages_dev, self.first_page, self.num_pages, self._first_chunk)
+        threads, args = scan_args(b, copy, plan, rng, num_pages, num_keys, domain_bits, levels,
+                                  packed, ws.keys_dev, ws.partial_dev)
         reduce_args = (
             ws.partial_dev, ws.out_dev, U32(plan.page_blocks), U32(num_keys * LANES_PER_PAGE),
         )

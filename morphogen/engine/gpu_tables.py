@@ -92,17 +92,3 @@ def table_launch_args(
     return (backend.view(pages_dev, offset), U64(num_pages), U64(rng.first_index), keys,
             U32(num_keys), U32(domain_bits), U32(plan.tile_bits), U32(plan.num_groups), partial)
 
-
-def sliced_packed_args(
-    backend: Backend, pages_dev: Any, shard_first_chunk: int, num_pages: int, rng: ScanRange,
-    keys: Any, num_keys: int, levels: int, num_groups: int, partial: Any,
-) -> tuple[Any, ...]:
-    """The arguments of the packed sliced scan (sliced_packed_kernel.cu) over `rng`'s first
-    `num_pages` pages, a whole shard or a table's part alike: a view from the chunk holding the
-    range's first page, whose position there is the offset of the range's first key index."""
-    c_lo, count = chunk_range(rng.first_page, num_pages)
-    view = backend.view(pages_dev, (c_lo - shard_first_chunk) * SLICE_BYTES)
-    return (view, U64(count), U64(rng.first_index), keys, U32(num_keys), U32(levels),
-            U32(num_groups), partial, U32(rng.first_page - c_lo * SLICE_PAGES),
-            U64(rng.first_index), U64(rng.first_index + num_pages))
-
