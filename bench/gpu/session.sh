@@ -23,7 +23,8 @@
 #          8, 32, every answer checked, for the layout $KERNEL names (default the engine's);
 #          new measurements stop $FORMATS_BUDGET s (default 100) after the load and the whole
 #          phase at $FORMATS_TIMEOUT s (default 180); results key_formats_<device>_<layout>_<fmt>
-#   formats-check  nvcc register report and tests/gpu/test_gpu_packed.py, each bounded
+#   formats-check  nvcc register report, tests/gpu/test_gpu_packed.py, memcheck and racecheck
+#          on the packed kernels (bench/gpu/sanitize.py --packed-only), each bounded
 #   formats-dry  the formats script on the CuPy fakes at 2^11 pages (its logic, no device)
 #   tables-check  nvcc register report, tests/gpu/test_gpu_tables.py, memcheck and racecheck
 #          on the table and patch kernels (bench/gpu/sanitize.py --tables-only), each bounded
@@ -150,6 +151,11 @@ formats-check() {
   timeout 120 python3 -m morphogen.engine.nvcc_check || rc=1
   timeout 150 python3 -m pytest -q -o filterwarnings= -p no:cacheprovider \
     tests/gpu/test_gpu_packed.py || rc=1
+  for tool in memcheck racecheck; do
+    echo "-- compute-sanitizer --tool $tool (packed keys)"
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 bench/gpu/sanitize.py --packed-only 2>&1 | tail -n 8 || rc=1
+  done
   return $rc
 }
 
