@@ -19,10 +19,18 @@
 #          pages written into device memory; every answer checked; at most $TABLES_TIMEOUT s
 #          (default 300)
 #   tables-dry  the same script on the CuPy fakes at 4 MiB (no device needed: its logic)
+#   formats bench/gpu/key_formats.py: v1 and packed keys on one 2^24-page shard (64 GiB), Q = 1,
+#          8, 32, every answer checked, for the layout $KERNEL names (default the engine's);
+#          new measurements stop $FORMATS_BUDGET s (default 100) after the load and the whole
+#          phase at $FORMATS_TIMEOUT s (default 180); results key_formats_<device>_<layout>_<fmt>
+#   formats-check  nvcc register report, tests/gpu/test_gpu_packed.py, memcheck and racecheck
+#          on the packed kernels (bench/gpu/sanitize.py --packed-only), each bounded
+#   formats-dry  the formats script on the CuPy fakes at 2^11 pages (its logic, no device)
 #   tables-check  nvcc register report, tests/gpu/test_gpu_tables.py, memcheck and racecheck
 #          on the table and patch kernels (bench/gpu/sanitize.py --tables-only), each bounded
 #
 # Issue 41 in one call of under 8 minutes (figures first): bash bench/gpu/session.sh tables tables-check
+# Issue 45 (figures first, about 3 minutes, then the checks): bash bench/gpu/session.sh formats formats-check
 #
 # Logs and results go to $OUT (default /tmp/morphogen-gpu-session). Runs without Ray or
 # pydantic: the engines import neither, and pytest gets an empty warning filter list. The
@@ -129,6 +137,32 @@ tables-dry() {
   phase "tables dry run"
   timeout "${TABLES_TIMEOUT:-900}" python3 bench/gpu/chain_tables.py --dry-run model \
     --gib 0.004 --seconds 3 --runs 2 --block-pages 20 --interval 1 --readers 1 --out "$OUT"
+}
+
+formats() {
+  phase "formats ${KERNEL:-default layout}"
+  timeout "${FORMATS_TIMEOUT:-180}" python3 bench/gpu/key_formats.py --out "$OUT" \
+    --budget-s "${FORMATS_BUDGET:-100}" ${KERNEL:+--kernel "$KERNEL"}
+}
+
+formats-check() {
+  local rc=0
+  phase formats-check
+  timeout 120 python3 -m morphogen.engine.nvcc_check || rc=1
+  timeout 150 python3 -m pytest -q -o filterwarnings= -p no:cacheprovider \
+    tests/gpu/test_gpu_packed.py || rc=1
+  for tool in memcheck racecheck; do
+    echo "-- compute-sanitizer --tool $tool (packed keys)"
+    timeout 90 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+      python3 bench/gpu/sanitize.py --packed-only 2>&1 | tail -n 8 || rc=1
+  done
+  return $rc
+}
+
+formats-dry() {
+  phase "formats dry run"
+  timeout "${FORMATS_TIMEOUT:-600}" python3 bench/gpu/key_formats.py --dry-run model \
+    --log2-pages 11 --runs 1 --out "$OUT"
 }
 
 status=0

@@ -4,10 +4,10 @@
   or leaf expansion and conditional page XORs (packed keys, `_cpu_packed_kernel`); an engine's
   `key_formats` names the formats it scans (`key_formats()`: v1 alone when it names none);
 - `gpu`: CuPy over two CUDA kernels, `sliced` (tensor cores over bit-sliced pages, the default)
-  and `fused` (integer AND-XOR): `gpu.py` drives them, `gpu_kernels`/`gpu_plan`/`sliced` plan
-  and compile, `gpu_pool` lends the workspaces, `gpu_tables` scans tables at any offset,
-  `gpu_writes` writes page updates into the device copy, `nvcc_check` holds the kernels to a
-  clean register report in CI.
+  and `fused` (integer AND-XOR), each with packed-key kernels: `gpu.py` drives them,
+  `gpu_kernels`/`gpu_plan`/`sliced` plan and compile, `gpu_pool` lends the workspaces,
+  `gpu_tables` scans tables at any offset, `gpu_writes` writes page updates into the device
+  copy, `nvcc_check` holds the kernels to a clean register report in CI.
 
 May use: `morphogen.protocol` (the PRG and DPF keys), `morphogen.constants`, NumPy, numba and
 CuPy. Never Ray, pydantic or httpx (the GPU machines lack them; the import contract checks it),

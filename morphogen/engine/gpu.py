@@ -1,12 +1,15 @@
 """The GPU scan engine: the kernels of scan_kernel.cu and sliced_scan_kernel.cu, driven through
-CuPy. Public API: `GpuEngine` and `GpuError` (the engine's failures).
+CuPy, and for packed keys (docs/packed-keys.md) those of packed_scan_kernel.cu and
+sliced_packed_kernel.cu (docs/gpu.md, "Packed keys"). Public API: `GpuEngine` and `GpuError`
+(the engine's failures).
 
 Kernel design: see the comments at the top of the .cu files. The host side is spread over
 small modules: launch planning (`gpu_plan`, `sliced`), key records (`gpu_keys`), the CUDA
 operations (`gpu_backend`), errors (`gpu_errors`), the program and its compilation
 (`gpu_kernels`), page upload (`gpu_upload`), workspaces and their pool (`gpu_pool`), phase
 timings (`gpu_timings`), the read-bandwidth yardstick (`gpu_bench`), table scans at any offset
-(`gpu_tables`), page writes into the device copy (`gpu_writes`; docs/gpu.md). Here:
+(`gpu_tables`), each launch's arguments (`gpu_launch`), page writes into the device copy
+(`gpu_writes`; docs/gpu.md). Here:
 
 - `GpuEngine(...)` compiles the kernels, once per engine: a CuPy that imports but cannot
   compile (no NVRTC, no CUDA headers) fails there with a GpuError naming the fix, not at a scan.
@@ -31,11 +34,17 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from morphogen.constants import MAX_DOMAIN_BITS, MAX_KEYS_PER_SCAN, PAGE_SIZE
+from morphogen.constants import (
+    KEY_FORMAT_V1,
+    KEY_FORMATS,
+    MAX_DOMAIN_BITS,
+    MAX_KEYS_PER_SCAN,
+    PAGE_SIZE,
+    packed_levels,
+)
 from morphogen.engine.base import check_domain, check_pages
 from morphogen.engine.gpu_backend import Backend, CupyBackend
 from morphogen.engine.gpu_bench import read_bandwidth
@@ -43,11 +52,11 @@ from morphogen.engine.gpu_errors import GpuError, cuda_errors
 from morphogen.engine.gpu_kernels import (
     READ_BW_KERNEL,
     U32,
-    U64,
     CompiledKernels,
     compile_kernels,
 )
 from morphogen.engine.gpu_keys import key_words, pack_keys
+from morphogen.engine.gpu_launch import DeviceCopy, scan_args
 from morphogen.engine.gpu_plan import (
     DEFAULT_KEY_GROUP_MAX,
     KEY_GROUP_SIZES,
@@ -55,7 +64,6 @@ from morphogen.engine.gpu_plan import (
     REDUCE_KERNEL,
     REDUCE_LANES,
     REDUCE_SLICES,
-    SCAN_THREADS,
     LaunchPlan,
     plan_launch,
     reduce_grid,
@@ -68,7 +76,7 @@ from morphogen.engine.gpu_pool import (
     clamp_pool_size,
     fit_pool_size,
 )
-from morphogen.engine.gpu_tables import GpuTableScanner, ScanRange, table_launch_args
+from morphogen.engine.gpu_tables import GpuTableScanner, ScanRange
 from morphogen.engine.gpu_timings import PhaseTimings
 from morphogen.engine.gpu_upload import (
     DEFAULT_LOAD_CHUNK_BYTES,
@@ -86,12 +94,12 @@ from morphogen.engine.sliced import (
     SLICE_BYTES,
     SLICE_KERNEL,
     SLICE_PAGES,
-    SLICED_THREADS,
     SlicedPlan,
     chunk_range,
     plan_sliced_launch,
 )
 from morphogen.protocol.dpf import DpfKey, KeyBatch, as_batch
+from morphogen.protocol.packed import PackedKeyBatch
 
 __all__ = ["GpuEngine", "GpuError", "GpuShard"]
 
@@ -104,10 +112,15 @@ __all__ = ["GpuEngine", "GpuError", "GpuShard"]
 SCAN_LAYOUTS = ("fused", "sliced")
 DEFAULT_LAYOUT = "sliced"
 LAYOUT_ENV = "MORPHOGEN_GPU_KERNEL"
+# The layouts with packed-key kernels (docs/packed-keys.md): an engine of another layout
+# advertises only v1 keys, so a party on its shards refuses packed ones.
+PACKED_LAYOUTS = ("fused", "sliced")
 
 
 class GpuShard:
     """One shard's pages on the device; `scan` is thread-safe."""
+
+    packed_layouts = PACKED_LAYOUTS
 
     def __init__(
         self,
@@ -162,9 +175,10 @@ class GpuShard:
     # -- sizing ------------------------------------------------------------------------------
 
     def _plan(self, num_keys: int, domain_bits: int, num_pages: int,
-              rng: ScanRange) -> LaunchPlan | SlicedPlan:
+              rng: ScanRange, packed: bool = False) -> LaunchPlan | SlicedPlan:
         """The launch for `num_keys` keys over the first `num_pages` pages of `rng` (all of
-        them, except in the warm-up); for the sliced layout, over the chunks that hold them."""
+        them, except in the warm-up); for the sliced layout, over the chunks that hold them.
+        `packed`: keys of the packed format."""
         if self.layout == "sliced":
             chunks = (chunk_range(rng.first_page, num_pages)[1] if rng.table
                       else self._chunks_holding(num_pages))
@@ -176,6 +190,7 @@ class GpuShard:
                 blocks_per_sm=self._compiled.blocks_per_sm,
                 max_partial_rows=self._partial_rows,
                 table=rng.table,
+                packed=packed,
             )
         return plan_launch(
             num_keys,
@@ -185,6 +200,7 @@ class GpuShard:
             blocks_per_sm=self._compiled.blocks_per_sm,
             key_group_max=self._key_group_max,
             max_partial_rows=self._partial_rows,
+            packed=packed,
         )
 
     def _chunks_holding(self, num_pages: int) -> int:
@@ -217,10 +233,11 @@ class GpuShard:
 
     # -- scanning ----------------------------------------------------------------------------
 
-    def scan(self, keys: Sequence[DpfKey] | KeyBatch) -> np.ndarray:
+    def scan(self, keys: Sequence[DpfKey] | KeyBatch | PackedKeyBatch) -> np.ndarray:
         return self.scan_timed(keys)[0]
 
-    def scan_timed(self, keys: Sequence[DpfKey] | KeyBatch) -> tuple[np.ndarray, PhaseTimings]:
+    def scan_timed(self, keys: Sequence[DpfKey] | KeyBatch | PackedKeyBatch
+                   ) -> tuple[np.ndarray, PhaseTimings]:
         """The answers and where the time went (see PhaseTimings)."""
         return self.scan_range_timed(keys, self._whole)
 
@@ -234,13 +251,16 @@ class GpuShard:
                                  self.num_pages)
         return GpuTableScanner(self, rng)
 
-    def scan_range_timed(self, keys: Sequence[DpfKey] | KeyBatch,
+    def scan_range_timed(self, keys: Sequence[DpfKey] | KeyBatch | PackedKeyBatch,
                          rng: ScanRange) -> tuple[np.ndarray, PhaseTimings]:
         """`scan_timed` over the pages of `rng` (the whole shard, or a table's part)."""
         if self._closed:
             raise RuntimeError("the shard is closed")
         start = time.perf_counter()
-        batch = as_batch(keys)
+        packed = isinstance(keys, PackedKeyBatch)
+        batch = keys if packed else as_batch(keys)
+        if packed and self.layout not in self.packed_layouts:
+            raise ValueError(f"the {self.layout} layout does not scan packed keys")
         check_domain(batch, rng.first_index, rng.num_pages)
         k = len(batch)
         if rng.num_pages == 0:
@@ -257,7 +277,7 @@ class GpuShard:
                 n = len(part)
                 pack_keys(part, ws.keys_host)
                 with cuda_errors(self._backend, "running a scan"):
-                    out = self._launch(ws, n, d, rng.num_pages, rng)
+                    out = self._launch(ws, n, d, rng.num_pages, rng, packed)
                     times = self._phase_times(ws)
                 result[lo : lo + n] = out
                 h2d, kern, d2h = h2d + times[0], kern + times[1], d2h + times[2]
@@ -297,43 +317,18 @@ class GpuShard:
 
     def _launch(
         self, ws: Workspace, num_keys: int, domain_bits: int, num_pages: int,
-        rng: ScanRange,
+        rng: ScanRange, packed: bool = False,
     ) -> np.ndarray:
         """Keys already packed in ws.keys_host; returns a view of ws.out_host (num_keys rows)."""
         b = self._backend
-        plan = self._plan(num_keys, domain_bits, num_pages, rng)
+        plan = self._plan(num_keys, domain_bits, num_pages, rng, packed)
         kernels = self._compiled.kernels
-        key_bytes = num_keys * key_words(domain_bits) * 4
+        levels = packed_levels(domain_bits) if packed else domain_bits
+        key_bytes = num_keys * key_words(levels) * 4
         out_bytes = num_keys * PAGE_SIZE
-        if rng.table:
-            threads = SLICED_THREADS if isinstance(plan, SlicedPlan) else SCAN_THREADS
-            args = table_launch_args(b, self._pages_dev, self.first_page, plan, num_pages, rng,
-                                     ws.keys_dev, num_keys, domain_bits, ws.partial_dev)
-        elif isinstance(plan, SlicedPlan):
-            threads = SLICED_THREADS
-            args: tuple[Any, ...] = (
-                self._pages_dev,
-                U64(self._chunks_holding(num_pages)),
-                U64(self._first_chunk),
-                ws.keys_dev,
-                U32(num_keys),
-                U32(domain_bits),
-                U32(plan.num_groups),
-                ws.partial_dev,
-            )
-        else:
-            threads = SCAN_THREADS
-            args = (
-                self._pages_dev,
-                U64(num_pages),
-                U64(self.first_page),
-                ws.keys_dev,
-                U32(num_keys),
-                U32(domain_bits),
-                U32(plan.tile_bits),
-                U32(plan.num_groups),
-                ws.partial_dev,
-            )
+        copy = DeviceCopy(self._pages_dev, self.first_page, self.num_pages, self._first_chunk)
+        threads, args = scan_args(b, copy, plan, rng, num_pages, num_keys, domain_bits, levels,
+                                  packed, ws.keys_dev, ws.partial_dev)
         reduce_args = (
             ws.partial_dev, ws.out_dev, U32(plan.page_blocks), U32(num_keys * LANES_PER_PAGE),
         )
@@ -377,15 +372,18 @@ class GpuShard:
         warmed: set[str] = set()
         # the table kernels too, over a range starting at the shard's first page
         table = ScanRange(self.first_page, pages, 0, table=True)
+        formats = (False, True) if self.layout in self.packed_layouts else (False,)
         with cuda_errors(self._backend, "warming the kernels"):
             for n in range(1, self._max_keys + 1):
                 for rng, dom in ((self._whole, d), (table, max(1, (pages - 1).bit_length()))):
-                    kernel = self._plan(n, dom, pages, rng).kernel
-                    if kernel in warmed:
-                        continue
-                    warmed.add(kernel)
-                    ws.keys_host[: n * key_words(dom)] = 0  # any seeds; the answer is discarded
-                    self._launch(ws, n, dom, pages, rng)
+                    for packed in formats:
+                        kernel = self._plan(n, dom, pages, rng, packed).kernel
+                        if kernel in warmed:
+                            continue
+                        warmed.add(kernel)
+                        words = key_words(packed_levels(dom) if packed else dom)
+                        ws.keys_host[: n * words] = 0  # any seeds; the answer is discarded
+                        self._launch(ws, n, dom, pages, rng, packed)
 
     # -- benchmark support -------------------------------------------------------------------
 
@@ -428,7 +426,8 @@ class GpuEngine:
     fills the device and extra ones only split its bandwidth); key_group_max (keys per block,
     one of KEY_GROUP_SIZES, fused kernel only); max_keys (keys per launch, 1..96: a call with
     more runs several launches in turn); kernel, the scan kernel and with it the device layout
-    of the pages (SCAN_LAYOUTS; default MORPHOGEN_GPU_KERNEL or DEFAULT_LAYOUT)."""
+    of the pages (SCAN_LAYOUTS; default MORPHOGEN_GPU_KERNEL or DEFAULT_LAYOUT). Its
+    `key_formats` are v1 and, on a layout of PACKED_LAYOUTS, packed."""
 
     name = "gpu"
 
@@ -447,6 +446,8 @@ class GpuEngine:
         if kernel not in SCAN_LAYOUTS:
             raise ValueError(f"kernel must be one of {SCAN_LAYOUTS}, got {kernel!r}")
         self.layout = kernel
+        # the formats this engine's shards scan (engines.key_formats reads it)
+        self.key_formats = KEY_FORMATS if kernel in PACKED_LAYOUTS else (KEY_FORMAT_V1,)
         if pool_size is None:
             pool_size = os.environ.get(POOL_SIZE_ENV, DEFAULT_POOL_SIZE)
         self.pool_size = clamp_pool_size(pool_size)

@@ -26,6 +26,7 @@ from morphogen.engine.gpu_plan import (
     LANES_PER_PAGE,
     LANES_PER_THREAD,
     MAX_TILE_BITS,
+    PACKED_KERNELS,
     PATH_SLOTS,
     REDUCE_KERNEL,
     REDUCE_LANES,
@@ -41,6 +42,7 @@ from morphogen.engine.sliced import (
     SLICE_U4,
     SLICED_FOLD_IMAD,
     SLICED_KERNELS,
+    SLICED_PACKED_KERNELS,
     SLICED_PREFETCH_BULK,
     SLICED_PREFETCH_ROUNDS,
     SLICED_THREADS,
@@ -49,6 +51,7 @@ from morphogen.engine.sliced import (
     SLICED_TUNING,
     SLICED_VARIANTS,
     TABLE_KERNELS,
+    sliced_packed_smem_bytes,
     sliced_smem_bytes,
 )
 
@@ -59,7 +62,13 @@ SLICED_KERNEL_SOURCE = Path(__file__).with_name("sliced_scan_kernel.cu")
 TABLE_KERNEL_SOURCE = Path(__file__).with_name("sliced_table_kernel.cu")
 # Page updates into the device copy (gpu_writes.py); after the others, whose types it uses.
 PATCH_KERNEL_SOURCE = Path(__file__).with_name("patch_kernel.cu")
-KERNEL_SOURCES = (KERNEL_SOURCE, SLICED_KERNEL_SOURCE, TABLE_KERNEL_SOURCE, PATCH_KERNEL_SOURCE)
+# The packed-key scans (docs/packed-keys.md): the fused layout's, after KERNEL_SOURCE whose
+# helpers it uses, and the sliced layout's, after SLICED_KERNEL_SOURCE. Appended last, so the
+# v1 kernels' code is what it was.
+PACKED_KERNEL_SOURCE = Path(__file__).with_name("packed_scan_kernel.cu")
+SLICED_PACKED_KERNEL_SOURCE = Path(__file__).with_name("sliced_packed_kernel.cu")
+KERNEL_SOURCES = (KERNEL_SOURCE, SLICED_KERNEL_SOURCE, TABLE_KERNEL_SOURCE, PATCH_KERNEL_SOURCE,
+                  PACKED_KERNEL_SOURCE, SLICED_PACKED_KERNEL_SOURCE)
 # Given to NVRTC at load and to nvcc by nvcc_check, so both compile the same program.
 COMPILE_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 
@@ -67,7 +76,9 @@ READ_BW_KERNEL = "morphogen_read_bw"
 READ_BW_THREADS = 256
 PATCH_KERNELS = ("morphogen_patch_pages", "morphogen_patch_sliced")
 KERNEL_NAMES = (*SCAN_KERNELS, REDUCE_KERNEL, READ_BW_KERNEL, *SLICED_KERNELS, SLICE_KERNEL,
-                *TABLE_KERNELS, *PATCH_KERNELS)
+                *TABLE_KERNELS, *PATCH_KERNELS, *PACKED_KERNELS, *SLICED_PACKED_KERNELS)
+# The kernels of the sliced layout's block size (SLICED_THREADS).
+SLICED_BLOCK_KERNELS = (*SLICED_KERNELS, *TABLE_KERNELS, *SLICED_PACKED_KERNELS)
 
 # The numbers the CUDA source takes from Python, as `#define NAME value` (plain decimal ints,
 # so each expands to the int literal the kernels were written against).
@@ -101,7 +112,7 @@ TUNING_ENV = "MORPHOGEN_GPU_TUNING"
 # Kernel scalar arguments: CuPy passes numpy scalars by their own type and does NOT check them
 # against the kernel signature, so each scalar is built with the type the C side declares.
 #   C type               numpy type     used for
-#   unsigned int (u32)   np.uint32      num_keys, domain_bits, tile_bits, num_groups,
+#   unsigned int (u32)   np.uint32      num_keys, domain_bits, levels, tile_bits, num_groups,
 #                                       num_partials, row_lanes
 #   unsigned long long   np.uint64      num_pages, first_page, n16
 #   pointers             cupy arrays    pages, keys (uint32 records), partial, out, data, sink
@@ -170,6 +181,8 @@ class CompiledKernels:
             backend.set_max_dynamic_smem(self.kernels[name], sliced_smem_bytes(nt))
         for (nt, _), name in zip(SLICED_VARIANTS, TABLE_KERNELS, strict=True):
             backend.set_max_dynamic_smem(self.kernels[name], sliced_smem_bytes(nt, table=True))
+        for (nt, _), name in zip(SLICED_VARIANTS, SLICED_PACKED_KERNELS, strict=True):
+            backend.set_max_dynamic_smem(self.kernels[name], sliced_packed_smem_bytes(nt))
         self._occupancy: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
@@ -177,7 +190,7 @@ class CompiledKernels:
         """Resident blocks per SM of scan kernel `name`, launched with its own block size and
         `smem_bytes` of dynamic shared memory."""
         key = (name, smem_bytes)
-        threads = SLICED_THREADS if name in SLICED_KERNELS + TABLE_KERNELS else SCAN_THREADS
+        threads = SLICED_THREADS if name in SLICED_BLOCK_KERNELS else SCAN_THREADS
         with self._lock:
             if key not in self._occupancy:
                 n = self.backend.blocks_per_sm(self.kernels[name], threads, smem_bytes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from morphogen.protocol.dpf import KeyBatch
+from morphogen.protocol.packed import PackedKeyBatch
 
 KEY_HEADER_WORDS = 12  # u32 words before the per-level correction words
 
@@ -18,14 +19,21 @@ def key_words(domain_bits: int) -> int:
     return KEY_HEADER_WORDS + 4 * domain_bits
 
 
-def pack_keys(batch: KeyBatch, out: np.ndarray | None = None) -> np.ndarray:
-    """The batch as (K, key_words(d)) uint32 records, the layout the scan kernels read.
+def tree_levels(batch: KeyBatch | PackedKeyBatch) -> int:
+    """Levels of the keys' trees, the `d` of their records: the domain bits for v1 keys,
+    d - 7 for packed keys (whose leaves hold 128 pages' selection bits)."""
+    return batch.levels if isinstance(batch, PackedKeyBatch) else batch.domain_bits
+
+
+def pack_keys(batch: KeyBatch | PackedKeyBatch, out: np.ndarray | None = None) -> np.ndarray:
+    """The batch as (K, key_words(d)) uint32 records, the layout the scan kernels read; for
+    packed keys d is their tree's levels (`tree_levels`), the fields the same.
 
     [0:4] root seed, [4:8] final_cw, [8] root_t, [9] tcw_left bits (bit i = level i),
     [10] tcw_right bits, [11] 0, [12 + 4i : 16 + 4i] cw[i]. `out`, when given, is a flat
     uint32 buffer (a pinned one) that receives the records and backs the returned view.
     """
-    k, d = len(batch), batch.domain_bits
+    k, d = len(batch), tree_levels(batch)
     w = key_words(d)
     if out is None:
         rec = np.empty((k, w), np.uint32)

@@ -26,6 +26,9 @@ REDUCE_SLICES = 16  # ... times slices of the partial rows it folds side by side
 KEY_GROUP_SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 SCAN_KERNELS = tuple(f"morphogen_scan_k{kg}" for kg in KEY_GROUP_SIZES)
 REDUCE_KERNEL = "morphogen_xor_reduce"
+# The packed-key scan (packed_scan_kernel.cu): the same key groups, tiles counted in leaves.
+PACKED_KERNELS = tuple(f"morphogen_packed_k{kg}" for kg in KEY_GROUP_SIZES)
+LEAF_BITS = 7  # a packed key's leaf holds the selection bits of 2^7 pages
 
 # Dynamic shared memory a scan block may use without an opt-in attribute; tiles are sized to it.
 SMEM_BUDGET = 48 * 1024
@@ -53,6 +56,19 @@ def choose_tile_bits(key_group: int, domain_bits: int, smem_budget: int = SMEM_B
     """The largest tile (2^h pages, h <= d) whose shared memory fits the budget."""
     h = min(MAX_TILE_BITS, domain_bits)
     while h > 1 and scan_smem_bytes(key_group, h) > smem_budget:
+        h -= 1
+    return h
+
+
+def choose_leaf_tile_bits(key_group: int, levels: int) -> int:
+    """A packed scan's tile, 2^h leaves (h <= levels): just enough leaves that the last level
+    of its expansion gives every thread of the block one PRG call (key_group << h >=
+    SCAN_THREADS). A larger tile would only add expansion a block's edges waste; the
+    expansion is 1/128 of the pages' cost either way."""
+    h = 0
+    while (key_group << h) < SCAN_THREADS and h < min(levels, MAX_TILE_BITS):
+        h += 1
+    while h > 0 and scan_smem_bytes(key_group, h) > SMEM_BUDGET:
         h -= 1
     return h
 
@@ -107,6 +123,7 @@ def plan_launch(
     key_group_max: int = DEFAULT_KEY_GROUP_MAX,
     max_partial_rows: int | None = None,
     page_blocks: int | None = None,
+    packed: bool = False,
 ) -> LaunchPlan:
     """Grid shape for `num_keys` keys over `num_pages` pages.
 
@@ -114,7 +131,9 @@ def plan_launch(
     key groups; each block then streams a contiguous page range (persistent blocks keep the
     accumulators in registers, and the per-block partials stay few). `max_partial_rows`
     bounds page_blocks * num_keys to the workspace's partial buffer; `page_blocks` overrides
-    the choice (tests use it to exercise many blocks on few pages).
+    the choice (tests use it to exercise many blocks on few pages). `packed`: the packed-key
+    kernel (PACKED_KERNELS), its tile_bits counting leaves of the key's `domain_bits - 7`
+    levels.
     """
     if not 1 <= domain_bits <= MAX_DOMAIN_BITS:
         raise ValueError(f"domain bits must be in 1..{MAX_DOMAIN_BITS}, got {domain_bits}")
@@ -123,9 +142,13 @@ def plan_launch(
     if key_group_max not in KEY_GROUP_SIZES:
         raise ValueError(f"key_group_max must be one of {KEY_GROUP_SIZES}, got {key_group_max}")
     kg, groups = choose_key_group(num_keys, key_group_max)
-    h = choose_tile_bits(kg, domain_bits)
+    if packed:
+        h = choose_leaf_tile_bits(kg, max(0, domain_bits - LEAF_BITS))
+        kernel = f"morphogen_packed_k{kg}"
+    else:
+        h = choose_tile_bits(kg, domain_bits)
+        kernel = f"morphogen_scan_k{kg}"
     smem = scan_smem_bytes(kg, h)
-    kernel = f"morphogen_scan_k{kg}"
     if page_blocks is None:
         resident = sm_count * max(1, int(blocks_per_sm(kernel, smem)))
         page_blocks = max(1, resident // groups)

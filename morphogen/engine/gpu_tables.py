@@ -91,3 +91,4 @@ def table_launch_args(
     offset = (rng.first_page - shard_first_page) * PAGE_SIZE
     return (backend.view(pages_dev, offset), U64(num_pages), U64(rng.first_index), keys,
             U32(num_keys), U32(domain_bits), U32(plan.tile_bits), U32(plan.num_groups), partial)
+

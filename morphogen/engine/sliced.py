@@ -51,6 +51,15 @@ def table_kernel_name(n_tiles: int, prefetch: bool) -> str:
 
 
 TABLE_KERNELS = tuple(table_kernel_name(nt, pf) for nt, pf in SLICED_VARIANTS)
+
+
+def packed_kernel_name(n_tiles: int, prefetch: bool) -> str:
+    """The variant of the packed-key scan (sliced_packed_kernel.cu), whole shards and tables."""
+    return f"morphogen_sliced_packed_n{n_tiles}" + ("_prefetch" if prefetch else "")
+
+
+SLICED_PACKED_KERNELS = tuple(packed_kernel_name(nt, pf) for nt, pf in SLICED_VARIANTS)
+CHUNK_LEAVES = 3  # packed leaves a chunk's 256 selection bits can span
 SLICED_MAX_GROUP_KEYS = 8 * max(N_TILES)
 
 # Tuning switches of the sliced scan, generated as #defines like the geometry. Each changes the
@@ -155,6 +164,14 @@ def sliced_smem_bytes(n_tiles: int, table: bool = False) -> int:
     return kg * (per_key + PATH_SLOTS)
 
 
+def sliced_packed_smem_bytes(n_tiles: int) -> int:
+    """Dynamic shared memory of one packed sliced-scan block: the answer rows (the chunk's
+    leaves and selection words live in their head until then), and a cached path per key for
+    each of a chunk's CHUNK_LEAVES leaves with the leaf it reached (sliced_packed_kernel.cu)."""
+    kg = 8 * n_tiles
+    return kg * PAGE_SIZE + CHUNK_LEAVES * kg * (PATH_SLOTS * 17 + 4)
+
+
 @dataclass(frozen=True)
 class SlicedPlan(BlockGrid):
     """One sliced launch: `grid` blocks of SLICED_THREADS, then the reduce launch."""
@@ -178,10 +195,12 @@ def plan_sliced_launch(
     max_partial_rows: int | None = None,
     page_blocks: int | None = None,
     table: bool = False,
+    packed: bool = False,
 ) -> SlicedPlan:
     """Key groups of at most SLICED_MAX_GROUP_KEYS keys, split evenly (every block does the
     same PRG work); one wave of resident blocks shared between the groups, each block taking a
-    contiguous run of chunks. `table`: the table scan's kernels (TABLE_KERNELS)."""
+    contiguous run of chunks. `table`: the table scan's kernels (TABLE_KERNELS); `packed`: the
+    packed-key kernels (SLICED_PACKED_KERNELS), which serve whole shards and tables alike."""
     if not 1 <= domain_bits <= MAX_DOMAIN_BITS:
         raise ValueError(f"domain bits must be in 1..{MAX_DOMAIN_BITS}, got {domain_bits}")
     if num_keys < 1:
@@ -192,8 +211,11 @@ def plan_sliced_launch(
     per_group = -(-num_keys // groups)
     nt = min(t for t in N_TILES if 8 * t >= per_group)
     prefetch = nt > 1 and groups <= PREFETCH_MAX_GROUPS
-    kernel = (table_kernel_name if table else sliced_kernel_name)(nt, prefetch)
-    smem = sliced_smem_bytes(nt, table)
+    if packed:
+        kernel, smem = packed_kernel_name(nt, prefetch), sliced_packed_smem_bytes(nt)
+    else:
+        kernel = (table_kernel_name if table else sliced_kernel_name)(nt, prefetch)
+        smem = sliced_smem_bytes(nt, table)
     if page_blocks is None:
         resident = sm_count * max(1, int(blocks_per_sm(kernel, smem)))
         page_blocks = max(1, min(num_chunks, resident // groups))

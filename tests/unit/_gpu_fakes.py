@@ -29,6 +29,7 @@ from morphogen.engine import gpu, gpu_kernels, sliced
 from morphogen.engine.gpu_backend import DeviceInfo
 from morphogen.engine.gpu_keys import KEY_HEADER_WORDS, key_words
 from morphogen.engine.gpu_plan import (
+    PACKED_KERNELS,
     REDUCE_KERNEL,
     REDUCE_LANES,
     REDUCE_SLICES,
@@ -45,7 +46,7 @@ P = "p"
 SIGNATURES: dict[str, tuple[Any, ...]] = {
     **{
         name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, np.uint32, P)
-        for name in SCAN_KERNELS
+        for name in SCAN_KERNELS + PACKED_KERNELS
     },
     REDUCE_KERNEL: (P, P, np.uint32, np.uint32),
     gpu_kernels.READ_BW_KERNEL: (P, np.uint64, P),
@@ -58,6 +59,11 @@ SIGNATURES: dict[str, tuple[Any, ...]] = {
         name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, P, np.uint32,
                np.uint64, np.uint64)
         for name in sliced.TABLE_KERNELS
+    },
+    **{
+        name: (P, np.uint64, np.uint64, P, np.uint32, np.uint32, np.uint32, P, np.uint32,
+               np.uint64, np.uint64)
+        for name in sliced.SLICED_PACKED_KERNELS
     },
     **{name: (P, P, np.uint32, P) for name in gpu_kernels.PATCH_KERNELS},
 }
@@ -160,16 +166,19 @@ class FakeBackend:
         assert source == gpu_kernels.kernel_source(tuning=tuning)
         for name in names:  # variants are stamped out by MG_SCAN_KERNEL / MG_SLICED_KERNEL
             kg = name.removeprefix("morphogen_scan_k")
+            packed_kg = name.removeprefix("morphogen_packed_k")
             if kg != name:
                 assert f"MG_SCAN_KERNEL({kg}," in source
-            elif name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS:
+            elif packed_kg != name:
+                assert f"MG_PACKED_KERNEL({packed_kg}," in source
+            elif name in gpu_kernels.SLICED_BLOCK_KERNELS:
                 assert f", {name})" in source
             else:
                 assert f"{name}(" in source
         return {name: FakeKernel(name) for name in names}
 
     def blocks_per_sm(self, kernel: Any, block: int, smem_bytes: int) -> int:
-        is_sliced = kernel.name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS
+        is_sliced = kernel.name in gpu_kernels.SLICED_BLOCK_KERNELS
         launched = sliced.SLICED_THREADS if is_sliced else SCAN_THREADS
         assert block == launched, f"{kernel.name}: occupancy of {block}-thread blocks asked"
         if is_sliced:
@@ -313,6 +322,44 @@ def _model_scan(grid: int, args: tuple[Any, ...]) -> None:
             partial[row : row + PAGE_SIZE] = acc
 
 
+def _model_packed_scan(grid: int, args: tuple[Any, ...]) -> None:
+    """packed_scan_kernel.cu's contract: page p's selection bit of each key (its record holds
+    `levels` = d - 7 levels), the selected pages XORed, per page block."""
+    pages_a, num_pages, first, keys_a, num_keys, levels, _h, groups, partial_a = args
+    n, first, k_total, levels = int(num_pages), int(first), int(num_keys), int(levels)
+    page_blocks = grid // int(groups)
+    pages = pages_a.buf[: n * PAGE_SIZE].reshape(n, PAGE_SIZE) if n else None
+    w = key_words(levels)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    for pb in range(page_blocks):
+        lo, hi = n * pb // page_blocks, n * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            if hi > lo:
+                bits = packed_selection(records[k], levels, first + lo, first + hi)
+                acc = np.bitwise_xor.reduce(pages[lo:hi][bits.astype(bool)], axis=0) \
+                    if bits.any() else acc
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
+def packed_selection(record: np.ndarray, levels: int, lo: int, hi: int) -> np.ndarray:
+    """Selection bits of key indices [lo, hi) of one packed record (the project's evaluator)."""
+    from morphogen.protocol import packed
+
+    r = np.ascontiguousarray(record, dtype=np.uint32)
+    key = packed.PackedKey(
+        root_seed=r[0:4].tobytes(), root_t=int(r[8]), party=int(r[8]),
+        domain_bits=levels + 7,
+        cw=tuple(c.tobytes() for c in r[KEY_HEADER_WORDS:].reshape(levels, 4)),
+        tcw_left=tuple((int(r[9]) >> i) & 1 for i in range(levels)),
+        tcw_right=tuple((int(r[10]) >> i) & 1 for i in range(levels)),
+        final_cw=r[4:8].tobytes(),
+    )
+    return packed.selection_range(key, lo, hi)
+
+
 def _model_reduce(args: tuple[Any, ...]) -> None:
     partial_a, out_a, num_partials, row_lanes = args
     nbytes = int(row_lanes) * 16
@@ -404,6 +451,36 @@ def _model_sliced_table(grid: int, args: tuple[Any, ...]) -> None:
             partial[row : row + PAGE_SIZE] = acc
 
 
+def _model_sliced_packed(grid: int, args: tuple[Any, ...]) -> None:
+    """sliced_packed_kernel.cu's contract: chunk c's position p is key index first_index +
+    256 c + p - offset, selected by the key's bit where that index is in [idx_lo, idx_hi)."""
+    data_a, num_chunks, first_index, keys_a, num_keys, levels, groups, partial_a, offset, \
+        idx_lo, idx_hi = args
+    n_chunks, k_total, levels = int(num_chunks), int(num_keys), int(levels)
+    page_blocks = grid // int(groups)
+    w = key_words(levels)
+    records = keys_a.buf[: k_total * w * 4].view(np.uint32).reshape(k_total, w)
+    partial = partial_a.buf.view(np.uint8)
+    size = sliced.SLICE_BYTES
+    naturals = [unslice_chunk(data_a.buf[c * size : (c + 1) * size].view("<u4"))
+                for c in range(n_chunks)]
+    for pb in range(page_blocks):
+        lo, hi = n_chunks * pb // page_blocks, n_chunks * (pb + 1) // page_blocks
+        for k in range(k_total):
+            acc = np.zeros(PAGE_SIZE, np.uint8)
+            for c in range(lo, hi):
+                base = int(first_index) + 256 * c - int(offset)
+                start, stop = max(base, int(idx_lo)), min(base + 256, int(idx_hi))
+                if start >= stop:
+                    continue
+                bits = packed_selection(records[k], levels, start, stop).astype(bool)
+                rows = naturals[c][start - base : stop - base]
+                if bits.any():
+                    acc ^= np.bitwise_xor.reduce(rows[bits], axis=0)
+            row = (pb * k_total + k) * PAGE_SIZE
+            partial[row : row + PAGE_SIZE] = acc
+
+
 def _model_patch(name: str, args: tuple[Any, ...]) -> None:
     """patch_kernel.cu's contract: each diff XORed into its page of the buffer, as the layout
     stores it (the sliced image of a diff alone in a chunk is the diff's bits there)."""
@@ -428,12 +505,18 @@ def run_model(name: str, grid: int, block: int, args: tuple[Any, ...], smem: int
     if name in SCAN_KERNELS:
         assert block == SCAN_THREADS
         _model_scan(grid, args)
+    elif name in PACKED_KERNELS:
+        assert block == SCAN_THREADS
+        _model_packed_scan(grid, args)
     elif name in sliced.SLICED_KERNELS:
         assert block == sliced.SLICED_THREADS
         _model_sliced_scan(grid, args)
     elif name in sliced.TABLE_KERNELS:
         assert block == sliced.SLICED_THREADS
         _model_sliced_table(grid, args)
+    elif name in sliced.SLICED_PACKED_KERNELS:
+        assert block == sliced.SLICED_THREADS
+        _model_sliced_packed(grid, args)
     elif name == sliced.SLICE_KERNEL:
         _model_slice(args)
     elif name in gpu_kernels.PATCH_KERNELS:
@@ -492,6 +575,8 @@ def load_emulator() -> ctypes.CDLL:
         u32, u64, vp, i = ctypes.c_uint32, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int
         dll.emu_scan.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, u32, vp]
         dll.emu_scan.restype = i
+        dll.emu_packed.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, u32, vp]
+        dll.emu_packed.restype = i
         dll.emu_reduce.argtypes = [u32, vp, vp, u32, u32]
         dll.emu_reduce.restype = i
         dll.emu_read_bw.argtypes = [u32, vp, u64, vp]
@@ -501,6 +586,9 @@ def load_emulator() -> ctypes.CDLL:
         dll.emu_sliced_table.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp,
                                          u32, u64, u64]
         dll.emu_sliced_table.restype = i
+        dll.emu_sliced_packed.argtypes = [i, u32, u64, vp, u64, u64, vp, u32, u32, u32, vp,
+                                          u32, u64, u64]
+        dll.emu_sliced_packed.restype = i
         dll.emu_patch.argtypes = [i, u32, u32, vp, vp, u32, vp]
         dll.emu_patch.restype = i
         dll.emu_slice_pages.argtypes = [u32, vp, u64, vp]
@@ -536,6 +624,10 @@ def run_emulated(
             assert block == SCAN_THREADS
             kg = int(name.removeprefix("morphogen_scan_k"))
             rc = dll.emu_scan(kg, grid, smem, *[v(a) for a in args])
+        elif name in PACKED_KERNELS:
+            assert block == SCAN_THREADS
+            kg = int(name.removeprefix("morphogen_packed_k"))
+            rc = dll.emu_packed(kg, grid, smem, *[v(a) for a in args])
         elif name == REDUCE_KERNEL:
             assert block == REDUCE_LANES * REDUCE_SLICES
             rc = dll.emu_reduce(grid, *[v(a) for a in args])
@@ -547,6 +639,10 @@ def run_emulated(
             assert block == sliced.SLICED_THREADS
             variant = sliced.TABLE_KERNELS.index(name)
             rc = dll.emu_sliced_table(variant, grid, smem, *[v(a) for a in args])
+        elif name in sliced.SLICED_PACKED_KERNELS:
+            assert block == sliced.SLICED_THREADS
+            variant = sliced.SLICED_PACKED_KERNELS.index(name)
+            rc = dll.emu_sliced_packed(variant, grid, smem, *[v(a) for a in args])
         elif name == sliced.SLICE_KERNEL:
             assert block == sliced.SLICE_THREADS
             rc = dll.emu_slice_pages(grid, *[v(a) for a in args])

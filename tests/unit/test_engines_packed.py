@@ -83,7 +83,7 @@ def test_engines_name_the_formats_they_scan():
     assert key_formats(engine.create("cpu")) == ("v1", "packed")
     assert key_formats(engine.create("reference")) == ("v1", "packed")
 
-    class V1Only:  # an engine naming no formats, as the GPU engine today
+    class V1Only:  # an engine naming no formats
         name = "gpu"
 
     batch = PackedKeyBatch.from_keys([generate_packed_keys(8, 3)[0]])

@@ -114,14 +114,27 @@ def test_kernel_variants_match_the_python_tables():
                                gpu_kernels.TABLE_KERNEL_SOURCE.read_text(), re.M)
     assert [(int(nt), pf == "true") for nt, pf, _ in stamped_table] == list(sliced.SLICED_VARIANTS)
     assert tuple(name for *_, name in stamped_table) == sliced.TABLE_KERNELS
+    stamped_packed = re.findall(
+        r"^MG_SLICED_PACKED_KERNEL\((\d+), \d+, (true|false), (\w+)\)$",
+        gpu_kernels.SLICED_PACKED_KERNEL_SOURCE.read_text(), re.M)
+    assert [(int(nt), pf == "true") for nt, pf, _ in stamped_packed] == list(sliced.SLICED_VARIANTS)
+    assert tuple(name for *_, name in stamped_packed) == sliced.SLICED_PACKED_KERNELS
+    packed = gpu_kernels.PACKED_KERNEL_SOURCE.read_text()
+    variants = [int(kg) for kg in re.findall(r"^MG_PACKED_KERNEL\((\d+),", packed, re.M)]
+    assert tuple(variants) == gpu_plan.KEY_GROUP_SIZES
+    assert gpu_plan.PACKED_KERNELS == tuple(f"morphogen_packed_k{kg}" for kg in variants)
     harness = (EMU_DIR / "emu_harness.cpp").read_text()
     cases = [int(kg) for kg in re.findall(r"^\s+MG_CASE\((\d+)\)", harness, re.M)]
+    assert tuple(cases) == gpu_plan.KEY_GROUP_SIZES
+    cases = [int(kg) for kg in re.findall(r"^\s+MG_PACKED_CASE\((\d+)\)", harness, re.M)]
     assert tuple(cases) == gpu_plan.KEY_GROUP_SIZES
     source = gpu_kernels.kernel_source()
     for name in gpu_kernels.KERNEL_NAMES:
         kg = name.removeprefix("morphogen_scan_k")
+        packed_kg = name.removeprefix("morphogen_packed_k")
         stamped = (f"MG_SCAN_KERNEL({kg}," if kg != name else
-                   f", {name})" if name in sliced.SLICED_KERNELS + sliced.TABLE_KERNELS
+                   f"MG_PACKED_KERNEL({packed_kg}," if packed_kg != name else
+                   f", {name})" if name in gpu_kernels.SLICED_BLOCK_KERNELS
                    else f"{name}(")
         assert stamped in source, name
 

@@ -160,7 +160,7 @@ def test_the_coalescer_merges_only_calls_of_one_format(served):
 
 def test_a_party_whose_shards_lack_the_format_refuses_it(served):
     party, links, _ = served
-    links[1].formats = ["v1"]  # a shard of before packed keys, or a GPU one
+    links[1].formats = ["v1"]  # a shard of before packed keys, or one without packed kernels
     doc = asyncio.run(party.epoch())
     assert doc["page_pir"]["key_formats"] == ["v1"]
     pk = generate_packed_keys(domain_bits_for(NUM_PAGES), 3)[0].to_bytes()
@@ -171,7 +171,7 @@ def test_a_party_whose_shards_lack_the_format_refuses_it(served):
 
 
 def test_an_engine_without_packed_kernels_refuses_packed_batches(tmp_path):
-    class V1Only:  # the GPU engine today: it names no formats
+    class V1Only:  # an engine naming no formats
         name = "gpu"
 
         def __init__(self):
@@ -198,7 +198,7 @@ def test_short_keys_get_the_reference_messages_on_any_server():
 
 
 def test_a_replica_on_a_v1_only_engine_says_so_and_answers_400(tmp_path, monkeypatch):
-    class V1Only:  # the GPU engine today: it names no formats
+    class V1Only:  # an engine naming no formats
         name = "gpu"
 
         def __init__(self, inner):

@@ -37,6 +37,29 @@ void scan_thread(void* p) {
     }
 }
 
+#define MG_PACKED_CASE(KG)                                                                    \
+    case KG:                                                                                  \
+        morphogen_packed_k##KG(a.pages, a.num_pages, a.first_page, a.keys, a.num_keys,        \
+                               a.domain_bits, a.tile_bits, a.num_groups, a.partial);          \
+        break;
+
+// ScanArgs with domain_bits = the packed keys' levels
+void packed_thread(void* p) {
+    const ScanArgs& a = *static_cast<const ScanArgs*>(p);
+    switch (a.kg) {
+        MG_PACKED_CASE(1)
+        MG_PACKED_CASE(2)
+        MG_PACKED_CASE(3)
+        MG_PACKED_CASE(4)
+        MG_PACKED_CASE(6)
+        MG_PACKED_CASE(8)
+        MG_PACKED_CASE(12)
+        MG_PACKED_CASE(16)
+        default:
+            break;
+    }
+}
+
 struct ReduceArgs {
     const uint4* partial;
     uint4* out;
@@ -119,6 +142,32 @@ void table_thread(void* p) {
     }
 }
 
+// TableArgs with domain_bits = the keys' levels, first_chunk = first_index, shift = offset,
+// leaf_lo/leaf_hi = idx_lo/idx_hi
+void sliced_packed_thread(void* p) {
+    const TableArgs& t = *static_cast<const TableArgs*>(p);
+    const SlicedArgs& a = t.s;
+    switch (a.variant) {
+        case 0:
+            morphogen_sliced_packed_n1(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                       a.domain_bits, a.num_groups, a.partial, t.shift,
+                                       t.leaf_lo, t.leaf_hi);
+            break;
+        case 1:
+            morphogen_sliced_packed_n2(a.sliced, a.num_chunks, a.first_chunk, a.keys, a.num_keys,
+                                       a.domain_bits, a.num_groups, a.partial, t.shift,
+                                       t.leaf_lo, t.leaf_hi);
+            break;
+        case 2:
+            morphogen_sliced_packed_n2_prefetch(a.sliced, a.num_chunks, a.first_chunk, a.keys,
+                                                a.num_keys, a.domain_bits, a.num_groups,
+                                                a.partial, t.shift, t.leaf_lo, t.leaf_hi);
+            break;
+        default:
+            break;
+    }
+}
+
 struct SliceArgs {
     const uint4* natural;
     u64 num_chunks;
@@ -175,6 +224,17 @@ extern "C" int emu_sliced_table(int variant, u32 grid, u64 smem_bytes, const uin
     return emu::launch(grid, SLICED_THREADS, smem_bytes, table_thread, &a);
 }
 
+extern "C" int emu_sliced_packed(int variant, u32 grid, u64 smem_bytes, const uint4* sliced,
+                                 u64 num_chunks, u64 first_index, const u32* keys, u32 num_keys,
+                                 u32 levels, u32 num_groups, uint4* partial, u32 offset,
+                                 u64 idx_lo, u64 idx_hi) {
+    if (variant < 0 || variant > 2) return -1;
+    TableArgs a{{variant, sliced, num_chunks, first_index, keys, num_keys, levels, num_groups,
+                 partial},
+                offset, idx_lo, idx_hi};
+    return emu::launch(grid, SLICED_THREADS, smem_bytes, sliced_packed_thread, &a);
+}
+
 extern "C" int emu_slice_pages(u32 grid, const uint4* natural, u64 num_chunks, u32* sliced) {
     SliceArgs a{natural, num_chunks, sliced};
     return emu::launch(grid, SLICE_THREADS, 0, slice_thread, &a);
@@ -193,6 +253,16 @@ extern "C" int emu_scan(int kg, u32 grid, u64 smem_bytes, const uint4* pages, u6
     ScanArgs a{kg, pages, num_pages, first_page, keys, num_keys, domain_bits, tile_bits,
                num_groups, partial};
     return emu::launch(grid, SCAN_THREADS, smem_bytes, scan_thread, &a);
+}
+
+extern "C" int emu_packed(int kg, u32 grid, u64 smem_bytes, const uint4* pages, u64 num_pages,
+                          u64 first_index, const u32* keys, u32 num_keys, u32 levels,
+                          u32 tile_bits, u32 num_groups, uint4* partial) {
+    if (kg != 1 && kg != 2 && kg != 3 && kg != 4 && kg != 6 && kg != 8 && kg != 12 && kg != 16)
+        return -1;
+    ScanArgs a{kg, pages, num_pages, first_index, keys, num_keys, levels, tile_bits,
+               num_groups, partial};
+    return emu::launch(grid, SCAN_THREADS, smem_bytes, packed_thread, &a);
 }
 
 extern "C" int emu_reduce(u32 grid, const uint4* partial, uint4* out, u32 num_partials,
