@@ -14,7 +14,7 @@ import pytest
 
 from cluster.chain_import import import_dump
 from cluster.cli import main
-from cluster.records import HttpParties
+from cluster.parties import HttpParties
 from morphogen.chain.export import BlockRef, ExportHeader, state_records, write_export
 from morphogen.chain.follow import Follower
 from morphogen.chain.rpc import EthRpc, quantity
