@@ -262,8 +262,46 @@ def generate_keys_reference(
 _KEY_FIELDS = ("root_seed", "root_t", "cw", "tcw", "final_cw")
 
 
+class StackedKeys:
+    """What every stacked key batch shares (KeyBatch, packed.PackedKeyBatch): the five arrays
+    of `_KEY_FIELDS`, read-only from construction on, pickled through the constructor, cut
+    and joined key-wise. A base, not a common class to reach for: a batch of one format is
+    never taken for the other (an engine that knows only KeyBatch refuses packed batches)."""
+
+    domain_bits: int
+
+    def __post_init__(self) -> None:
+        for name in _KEY_FIELDS:
+            getattr(self, name).flags.writeable = False
+
+    def __reduce__(self):
+        # through __init__, so that an unpickled batch is read-only like any other
+        return type(self), (self.domain_bits, *(getattr(self, f) for f in _KEY_FIELDS))
+
+    def __len__(self) -> int:
+        return int(self.root_seed.shape[0])  # type: ignore[attr-defined]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(keys={len(self)}, domain_bits={self.domain_bits})"
+
+    @classmethod
+    def _joined(cls, batches: Sequence[StackedKeys]):
+        if len(batches) == 1:
+            return batches[0]
+        d = batches[0].domain_bits
+        if any(b.domain_bits != d for b in batches):
+            raise DomainError("all keys of one batch must share one domain")
+        return cls(d, *(np.concatenate([getattr(b, f) for b in batches])  # type: ignore[call-arg]
+                        for f in _KEY_FIELDS))
+
+    def select(self, start: int, stop: int):
+        """Keys [start, stop) as a batch of their own (for chunked scans)."""
+        return type(self)(self.domain_bits,  # type: ignore[call-arg]
+                          *(getattr(self, f)[start:stop] for f in _KEY_FIELDS))
+
+
 @dataclass(frozen=True, repr=False)
-class KeyBatch:
+class KeyBatch(StackedKeys):
     """Keys of one domain stacked for the engines: the one form keys take from the server's
     parser to the kernels.
 
@@ -278,20 +316,6 @@ class KeyBatch:
     cw: np.ndarray  # (K, d, 4) uint32
     tcw: np.ndarray  # (K, d, 2) uint8: [..., 0] left, [..., 1] right
     final_cw: np.ndarray  # (K, 4) uint32
-
-    def __post_init__(self) -> None:
-        for name in _KEY_FIELDS:
-            getattr(self, name).flags.writeable = False
-
-    def __reduce__(self) -> tuple[type[KeyBatch], tuple[object, ...]]:
-        # through __init__, so that an unpickled batch is read-only like any other
-        return KeyBatch, (self.domain_bits, *(getattr(self, f) for f in _KEY_FIELDS))
-
-    def __len__(self) -> int:
-        return int(self.root_seed.shape[0])
-
-    def __repr__(self) -> str:
-        return f"KeyBatch(keys={len(self)}, domain_bits={self.domain_bits})"
 
     @classmethod
     def from_rows(cls, rows: np.ndarray) -> KeyBatch:
@@ -331,12 +355,7 @@ class KeyBatch:
     @classmethod
     def concat(cls, batches: Sequence[KeyBatch]) -> KeyBatch:
         """One batch of the keys of `batches`, in order (a coalesced group)."""
-        if len(batches) == 1:
-            return batches[0]
-        d = batches[0].domain_bits
-        if any(b.domain_bits != d for b in batches):
-            raise DomainError("all keys of one batch must share one domain")
-        return cls(d, *(np.concatenate([getattr(b, f) for b in batches]) for f in _KEY_FIELDS))
+        return cls._joined(batches)
 
     def keys(self) -> list[DpfKey]:
         """The batch back as key objects (the reference engine walks them one by one)."""
@@ -353,9 +372,6 @@ class KeyBatch:
             out.append(DpfKey.from_bytes(raw))
         return out
 
-    def select(self, start: int, stop: int) -> KeyBatch:
-        """Keys [start, stop) as a batch of their own (for chunked scans)."""
-        return KeyBatch(self.domain_bits, *(getattr(self, f)[start:stop] for f in _KEY_FIELDS))
 
 
 def as_batch(keys: Sequence[DpfKey] | KeyBatch) -> KeyBatch:

@@ -41,6 +41,7 @@ from morphogen.protocol.dpf import (
     DomainError,
     KeyBatch,
     KeyFormatError,
+    StackedKeys,
     _check_keygen,
     _xor,
     eval_points,
@@ -213,11 +214,8 @@ def generate_packed_keys(
             PackedKey(root_seed=roots[1], root_t=1, party=1, **common))
 
 
-_FIELDS = ("root_seed", "root_t", "cw", "tcw", "final_cw")
-
-
 @dataclass(frozen=True, repr=False)
-class PackedKeyBatch:
+class PackedKeyBatch(StackedKeys):
     """Packed keys of one domain stacked for the engines (C-contiguous, read-only arrays, as
     `KeyBatch`'s); `cw`/`tcw` hold `levels = d - 7` rows per key."""
 
@@ -229,19 +227,6 @@ class PackedKeyBatch:
     final_cw: np.ndarray  # (K, 4) uint32
 
     format = KEY_FORMAT_PACKED
-
-    def __post_init__(self) -> None:
-        for name in _FIELDS:
-            getattr(self, name).flags.writeable = False
-
-    def __reduce__(self) -> tuple[type[PackedKeyBatch], tuple[object, ...]]:
-        return PackedKeyBatch, (self.domain_bits, *(getattr(self, f) for f in _FIELDS))
-
-    def __len__(self) -> int:
-        return int(self.root_seed.shape[0])
-
-    def __repr__(self) -> str:
-        return f"PackedKeyBatch(keys={len(self)}, domain_bits={self.domain_bits})"
 
     @property
     def levels(self) -> int:
@@ -286,17 +271,9 @@ class PackedKeyBatch:
 
     @classmethod
     def concat(cls, batches: Sequence[PackedKeyBatch]) -> PackedKeyBatch:
-        if len(batches) == 1:
-            return batches[0]
-        if any(not isinstance(b, PackedKeyBatch) for b in batches):
+        if len(batches) > 1 and any(not isinstance(b, PackedKeyBatch) for b in batches):
             raise KeyFormatError("a batch never mixes key formats")
-        d = batches[0].domain_bits
-        if any(b.domain_bits != d for b in batches):
-            raise DomainError("all keys of one batch must share one domain")
-        return cls(d, *(np.concatenate([getattr(b, f) for b in batches]) for f in _FIELDS))
-
-    def select(self, start: int, stop: int) -> PackedKeyBatch:
-        return PackedKeyBatch(self.domain_bits, *(getattr(self, f)[start:stop] for f in _FIELDS))
+        return cls._joined(batches)
 
     def keys(self) -> list[PackedKey]:
         n, d = self.levels, self.domain_bits
