@@ -245,7 +245,11 @@ def run(args: argparse.Namespace) -> int:
         pass
     except BaseException as exc:  # noqa: BLE001 - reported after the stop
         error = exc
-    if not _stop(stopper, plan, owns, deployed):
+    clean = _stop(stopper, plan, owns, deployed)
+    if not clean or (error is None and not owns):
+        # Abandoned: Ray's exit hook would wait on the dead cluster. Joined: the driver's
+        # disconnect from someone else's cluster is all that is left, and on a loaded machine
+        # Ray's exit hooks alone could take the process past its bound.
         exit_now(report(error, args.debug) if error is not None else 0)
     if error is not None:
         raise error

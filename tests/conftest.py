@@ -62,18 +62,19 @@ _GROUPED = pytest.StashKey[bool]()
 
 def _work_group(nodeid: str) -> str:
     """The unit a worker takes whole: every test on the session's Ray instance (one instance
-    for the suite, not one a worker), the multi-node scenario, the integration tests that
-    start clusters of their own (each is several Ray processes: two at once would starve the
-    others' timed steps); any other test alone.
+    for the suite, not one a worker); the multi-node scenario and the integration tests that
+    start clusters of their own, one after another (each is several Ray processes: two at once
+    beside the session's instance starve each other's timed steps on CI's two cores); any
+    other test alone.
 
     From the test's id, because that is all the scheduler sees (xdist's own grouping by
     mark reads a node id that pytest 9.2 no longer lets it change)."""
     path = nodeid.split("::", 1)[0].replace("\\", "/")
     if "multinode/" in path:
-        return "multinode"
+        return "own-clusters"
     if "integration/" in path:
         own = path.rsplit("/", 1)[-1] in OWN_CLUSTER_MODULES
-        return "cluster-processes" if own else "serve-instance"
+        return "own-clusters" if own else "serve-instance"
     return nodeid
 
 

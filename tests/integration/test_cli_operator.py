@@ -118,7 +118,7 @@ def test_two_parties_on_one_machine_and_a_third_joining(tmp_path: Path) -> None:
         assert _status(f"{base}/c/health") == 200
         sent = joined.signal(signal.SIGINT)
         assert joined.wait_exit(sent, STOP_BOUND_S + 30) == 0, joined.output
-        assert joined.exit_s is not None and joined.exit_s <= STOP_BOUND_S
+        assert joined.exit_s is not None and joined.exit_s <= STOP_BOUND_S, joined.output
         assert _status(f"{base}/c/health") == 404
         assert _status(f"{url_a}/health") == 200 and _status(f"{url_b}/health") == 200
 
