@@ -147,7 +147,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
         else:
             with open(args.file, "rb") as fh:
                 pub = args.id or content_publication_id("updates", fh.read())
-            results = publish_to_parties(clients, lambda c, p: c.updates(changes, pub, p),
+            results = publish_to_parties(clients, lambda c, p: c.updates(
+                changes, pub, p, max_per_request=c.max_updates()),
                                          retry_for_s=args.retry_for, publication=pub)
     except (PirError, OSError, httpx.HTTPError) as exc:
         eprint(f"error: {type(exc).__name__}: {exc}")

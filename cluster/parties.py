@@ -22,17 +22,15 @@ class HttpParties:
         self._heads: list[str] | None = None
 
     def max_updates(self) -> int:
-        from morphogen.protocol.codec import MAX_ADMIN_UPDATES
-
+        """The most updates both parties take in one request: a larger version goes in
+        parts."""
         if self._max is None:
-            # a party of an earlier version does not report it: its default then
-            states = [c.status() for c in self.clients]
-            self._max = min(int(s.get("admin_max_updates") or MAX_ADMIN_UPDATES)
-                            for s in states)
+            self._max = min(c.max_updates() for c in self.clients)
         return self._max
 
     def updates(self, publication, batch):
-        return self._publish(publication, lambda c, p: c.updates(batch, publication, p))
+        return self._publish(publication, lambda c, p: c.updates(
+            batch, publication, p, max_per_request=self.max_updates()))
 
     def snapshot(self, publication, path):
         return self._publish(publication, lambda c, p: c.snapshot(path, publication, p))
@@ -58,7 +56,8 @@ class HttpParties:
         def send() -> dict:
             if form.rotation:
                 return client.snapshot(form.path, form.publication, parent)
-            return client.updates(form.batch, form.publication, parent)
+            return client.updates(form.batch, form.publication, parent,
+                                  max_per_request=self.max_updates())
 
         out = _with_retries(client, send, self.retry_for_s, time.sleep)
         if party == 0:
@@ -109,10 +108,12 @@ def add_publish_options(p: argparse.ArgumentParser) -> None:
     for rotations, the batch size and how long to re-send."""
     p.add_argument("--snapshot-dir", metavar="DIR|URI", default=None,
                    help="where both parties' rotations read snapshots (under their "
-                        "admin_snapshot_dir): a version larger than one batch is "
-                        "published as a rotation to its snapshot written there")
+                        "admin_snapshot_dir): a version whose table grew, or one that "
+                        "changed more than half the table's pages, is published as a "
+                        "rotation to its snapshot written there")
     p.add_argument("--max-batch-pages", type=inputs.positive_int, default=None,
-                   metavar="N", help="largest version sent as one batch (default: what "
+                   metavar="N", help="most pages in one request; a larger version goes in "
+                                     "several requests of one publication (default: what "
                                      "the parties report)")
     p.add_argument("--token-file", metavar="FILE", default=None,
                    help="file holding the parties' admin token")

@@ -266,9 +266,10 @@ def add_build_options(bld: argparse.ArgumentParser, src: argparse._MutuallyExclu
                           "one-row buckets (records)")
     bld.add_argument("--row-size", type=inputs.positive_int, default=0, metavar="BYTES",
                      help="row bytes of the row layout, a divisor of 4096")
-    bld.add_argument("--full-every", type=inputs.positive_int, default=8, metavar="N",
-                     help="the owner keeps a full copy every N versions, the changed pages "
-                          "between (records; default 8)")
+    bld.add_argument("--full-every", type=inputs.non_negative_int, default=0, metavar="N",
+                     help="the owner also keeps a full copy every N versions (records; "
+                          "default 0: only once the versions since the last full copy "
+                          "changed as many pages as the table holds)")
     bld.add_argument("--keep", type=inputs.positive_int, default=4, metavar="K",
                      help="published versions the owner keeps readable besides the "
                           "unpublished ones (records; default 4)")

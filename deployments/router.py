@@ -35,12 +35,14 @@ from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
+    BATCH_HEADER,
     BATCH_PATH,
     EPOCH_PATH,
     HEALTH_PATH,
     JSON_TYPE,
     MSGPACK_TYPE,
     PARENT_HEADER,
+    PART_HEADER,
     PUBLICATION_HEADER,
     QUERY_PATH,
     ErrorCode,
@@ -248,6 +250,8 @@ class Router:
         wire.request_encoding(content_type)  # 415 before reading
         pub = admin_wire.publication_id(request.headers.get(PUBLICATION_HEADER))
         parent = admin_wire.parent_identity(request.headers.get(PARENT_HEADER))
+        part = admin_wire.part_of(request.headers.get(PART_HEADER),
+                                  request.headers.get(BATCH_HEADER))
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
             requested = admin_wire.parse_snapshot_request(body, content_type)
@@ -257,6 +261,9 @@ class Router:
         changes = admin_wire.parse_updates(
             body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates
         )
+        if part is not None:
+            return _json_response(
+                await self._party.admin.updates_part(changes, pub, parent, *part))
         return _json_response(await self._party.admin.updates(changes, pub, parent))
 
     async def __call__(self, request: Request) -> Response:

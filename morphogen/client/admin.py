@@ -6,24 +6,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx
 import msgpack
+import numpy as np
 
 from morphogen.client.drivers import PirError, _error_from_response
 from morphogen.client.wire import PirUnavailable, Transient, encode_updates
+from morphogen.constants import PAGE_SIZE
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
+    BATCH_HEADER,
     JSON_TYPE,
+    MAX_ADMIN_UPDATES,
     MSGPACK_TYPE,
     PARENT_HEADER,
+    PART_HEADER,
     PUBLICATION_HEADER,
 )
+from morphogen.protocol.identity import batch_digest
 
 
 class AdminClient:
@@ -53,6 +60,7 @@ class AdminClient:
 
         self._connect = connect
         self._http = connect()
+        self._max_updates: int | None = None
 
     def __repr__(self) -> str:
         return f"AdminClient({str(self._http.base_url)!r})"
@@ -67,8 +75,9 @@ class AdminClient:
         self.close()
 
     def _send(self, path: str, obj: Any | None = None, body: bytes | None = None,
-              publication: str | None = None, parent: str | None = None) -> dict:
-        headers: dict[str, str] = {}
+              publication: str | None = None, parent: str | None = None,
+              extra: dict[str, str] | None = None) -> dict:
+        headers: dict[str, str] = dict(extra or {})
         if obj is not None or body is not None:
             if body is None:
                 body = (msgpack.packb(obj, use_bin_type=True) if self.encoding == "msgpack"
@@ -102,12 +111,44 @@ class AdminClient:
         return resp.json()
 
     def updates(self, changes: Sequence[tuple[int, str, bytes]],
-                publication: str | None = None, parent: str | None = None) -> dict:
+                publication: str | None = None, parent: str | None = None, *,
+                max_per_request: int | None = None) -> dict:
         """Publish the next epoch with these changes; `{"epoch_id", "identity", "applied",
         "publication"}` (`"duplicate": true` when `publication` was committed before). With
-        `parent`, the party applies it only on that identity (409 parent_mismatch else)."""
-        return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding),
-                          publication=publication, parent=parent)
+        `parent`, the party applies it only on that identity (409 parent_mismatch else).
+        More changes than `max_per_request` (the party's `admin_max_updates`) go as one
+        publication in several requests, published whole by the last."""
+        if max_per_request is None or len(changes) <= max_per_request:
+            return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding),
+                              publication=publication, parent=parent)
+        return self._in_parts(changes, publication or f"pub-{secrets.token_hex(12)}", parent,
+                              max_per_request)
+
+    def _in_parts(self, changes: Sequence[tuple[int, str, bytes]], publication: str,
+                  parent: str | None, per_request: int) -> dict:
+        digest = changes_digest(changes)
+        chunks = [changes[i:i + per_request] for i in range(0, len(changes), per_request)]
+
+        def send(i: int) -> dict:
+            return self._send(ADMIN_UPDATES_PATH, body=encode_updates(chunks[i], self.encoding),
+                              publication=publication, parent=parent,
+                              extra={PART_HEADER: f"{i + 1}/{len(chunks)}",
+                                     BATCH_HEADER: digest})
+
+        for i in range(len(chunks) - 1):
+            out = send(i)
+            if out.get("duplicate"):  # committed before: nothing more to send
+                return out
+        try:
+            return send(len(chunks) - 1)
+        except PirError as exc:
+            if exc.code != "missing_parts":
+                raise
+        # a part staged before was removed (an operator cleaning up, a store restored from
+        # a backup): every part once more, then the last
+        for i in range(len(chunks) - 1):
+            send(i)
+        return send(len(chunks) - 1)
 
     def snapshot(self, path: str, publication: str | None = None,
                  parent: str | None = None) -> dict:
@@ -115,12 +156,28 @@ class AdminClient:
         return self._send(ADMIN_SNAPSHOT_PATH, {"path": str(path)}, publication=publication,
                           parent=parent)
 
+    def max_updates(self) -> int:
+        """The most updates this party takes in one request (its status says; a party of an
+        earlier version does not, and takes the default)."""
+        if self._max_updates is None:
+            self._max_updates = int(self.status().get("admin_max_updates")
+                                    or MAX_ADMIN_UPDATES)
+        return self._max_updates
+
     def head(self) -> tuple[str | None, list[str]]:
         """The identity the party serves (its log's head) and its recent publication ids."""
         return head_of(self.status())
 
     def status(self) -> dict:
         return self._send(ADMIN_STATUS_PATH)
+
+
+def changes_digest(changes: Sequence[tuple[int, str, bytes]]) -> str:
+    """The digest a party computes of these changes as one batch (`ChangeBatch.digest`)."""
+    pages = np.fromiter((int(p) for p, _, _ in changes), np.int64, len(changes))
+    replace = np.fromiter((k == "data" for _, k, _ in changes), np.uint8, len(changes))
+    data = b"".join(bytes(raw).ljust(PAGE_SIZE, b"\0") for _, _, raw in changes)
+    return batch_digest(pages, replace, data)
 
 
 def ingress_miss(resp: httpx.Response) -> bool:

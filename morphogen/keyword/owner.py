@@ -1,7 +1,8 @@
 """The data owner's copy of a keyword table, and the updates made to it.
 
-The owner directory holds its versions (`morphogen.keyword.versions`: a full copy every
-`full_every` versions, the changed pages between) and a pointer to the current one::
+The owner directory holds its versions (`morphogen.keyword.versions`: a full copy once the
+changed pages since the last one add up to the table, the changed pages between) and a
+pointer to the current one::
 
     owner.json        {"current": 3, "published": 2, ...}   replaced atomically
     v000001/snapshot  the table as the parties serve it (manifest.json + pages.bin)
@@ -50,7 +51,12 @@ from morphogen.storage.durable import write_atomic
 OWNER_FILE = "owner.json"
 WRITER_LOCK = "writer.lock"
 OWNER_FORMAT = "morphogen-keyword-owner/1"
-FULL_EVERY = 8  # a full copy every this many versions; the others hold the changed pages
+# A full copy once the versions since the last one hold as many changed pages as the table:
+# a copy then costs no more than the block stream it stands for, whatever the table's size,
+# and the versions on disk stay under two tables' worth. FULL_EVERY > 0 (an owner's choice)
+# also makes every FULL_EVERY-th version full.
+FULL_EVERY = 0
+DIFF_PAGES = "diff_pages"  # owner.json: pages written as diffs since the last full copy
 KEEP = 4  # published versions kept readable, besides every unpublished one
 RESIZED = "resized"  # owner.json: versions whose matrix has another page count than the last
 
@@ -119,11 +125,12 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 def create_owner_dir(table: KeywordTable, root: str | os.PathLike[str], *,
                      full_every: int = FULL_EVERY, keep: int = KEEP) -> Path:
     """Write a freshly built table as version 1 of a new owner directory; returns the
-    snapshot directory the parties serve. Every `full_every`-th version is a full copy, the
-    others hold the changed pages; `keep` published versions stay readable besides the
-    unpublished ones."""
-    if full_every < 1 or keep < 1:
-        raise ValueError("full_every and keep are at least 1")
+    snapshot directory the parties serve. A version is a full copy once the versions since
+    the last one changed as many pages as the table holds (and every `full_every`-th with
+    `full_every` > 0); the others hold the changed pages. `keep` published versions stay
+    readable besides the unpublished ones."""
+    if full_every < 0 or keep < 1:
+        raise ValueError("full_every is at least 0 and keep at least 1")
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     if (root / OWNER_FILE).exists():
@@ -187,6 +194,10 @@ class OwnerTable:
         if version is None or version == self.current:
             return self._working()[0].copy()
         return self.store.pages(version)
+
+    def num_pages(self, version: int | None = None) -> int:
+        """The page count of a retained version's matrix, without reading its pages."""
+        return self.store.num_pages(version or self.current)
 
     def keys(self, version: int | None = None) -> dict[bytes, bytes]:
         if version is None or version == self.current:
@@ -276,9 +287,12 @@ class OwnerTable:
         key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
         key_dels = {t for e in editors.values() for t in e.key_dels}
         version = self.current + 1
-        full = (version - 1) % int(self.state.get("full_every", FULL_EVERY)) == 0
+        since = int(self.state.get(DIFF_PAGES, 0)) + len(batch)
+        every = int(self.state.get("full_every", FULL_EVERY))
+        full = since >= len(pages) or (every > 0 and (version - 1) % every == 0)
         self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
                          key_dels=key_dels, batch=batch)
+        self.state[DIFF_PAGES] = 0 if full else since
         self.state["current"] = version
         self.state["last_changes"] = changes_id  # moves with the pointer, in one write
         if note is not None:
@@ -325,6 +339,7 @@ class OwnerTable:
                              key_dels=set(), batch=batch)
             self.state["current"] = version
             self.state["last_changes"] = None
+            self.state[DIFF_PAGES] = 0
             self.state.setdefault(RESIZED, []).append(version)
             self.save()
             self._prune()

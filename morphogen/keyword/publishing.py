@@ -3,13 +3,18 @@
 Each unpublished version goes, in order, as ONE publication under one id
 (`OwnerTable.publication_id`), in one of two forms chosen once per version:
 
-- *updates*: its batch of re-signed pages, when the parties take a batch that large (the
-  smaller of their `admin_max_updates`);
+- *updates*: its batch of re-signed pages, whatever its size: a batch larger than the
+  parties take in one request (the smaller of their `admin_max_updates`) goes in several
+  requests of the one publication, which the last publishes whole (docs/publication.md);
 - *rotation*: the version's full snapshot, written where the parties read snapshots
   (their `admin_snapshot_dir`, a local directory or an object-store prefix), then one
-  rotation to it. A party verifies the snapshot and switches every shard in one step, so a
-  version touching any number of pages is applied whole or not at all, and no page count
-  blocks a version: the parties need only the room to hold it.
+  rotation to it. Only for a version whose matrix has another page count (a table grew), or
+  one that changed more than `ROTATE_ABOVE` of the matrix's pages where a snapshot
+  directory is given: the parties then load the version instead of holding a pending batch
+  nearly the table's size. A party verifies the snapshot and switches every shard in one
+  step.
+
+So what a block costs the parties grows with what it changed, not with the table.
 
 The form (and, for a rotation, the path) is recorded in the owner's state before anything is
 sent, and a re-run sends the recorded form under the same id: a party that has the version
@@ -40,6 +45,7 @@ from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
 from morphogen.storage.location import is_remote
 
+ROTATE_ABOVE = 0.5  # of the matrix's pages: a version changing more may go as a rotation
 MODES = "modes"  # owner.json: version -> {"mode": "updates"} or {"mode": "rotation", "path": ..}
 
 
@@ -118,17 +124,16 @@ def _choose(owner: OwnerTable, version: int, batch: Batch, parties: Parties,
     if chosen is not None:
         return dict(chosen)
     resized = version in owner.state.get(RESIZED, [])
-    if len(batch) <= parties.max_updates() and not resized:
+    most = len(batch) > ROTATE_ABOVE * owner.num_pages(version)
+    if not resized and not (most and snapshot_dir):
         chosen = {"mode": "updates"}
     else:
         if not snapshot_dir:
-            why = ("has another page count than the version before (a table grew)" if resized
-                   else f"changed {len(batch)} pages, more than the parties take in one batch "
-                        f"({parties.max_updates()})")
             raise PublishError(
-                f"version {version} {why}: it is published as a rotation to its full "
-                "snapshot. Give --snapshot-dir (a directory or object-store prefix under "
-                "both parties' admin_snapshot_dir) and publish again")
+                f"version {version} has another page count than the version before (a table "
+                "grew): it is published as a rotation to its full snapshot. Give "
+                "--snapshot-dir (a directory or object-store prefix under both parties' "
+                "admin_snapshot_dir) and publish again")
         chosen = {"mode": "rotation",
                   "path": stage_snapshot(owner, version, snapshot_dir)}
     modes[str(version)] = chosen

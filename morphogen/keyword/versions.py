@@ -11,7 +11,9 @@ Layout of a version directory (``v000007/``):
 Every version after the first holds ``batch.msgpack``, full or not, since publishing sends it.
 Reading version *v* opens the last full version at or before it and lays the batches after it
 on top, in order: each batch holds whole pages, so the result is byte for byte the full copy
-*v* would have been. A full copy every `full_every` versions bounds that work.
+*v* would have been. A full copy once the batches since the last one add up to the table's
+pages (`morphogen.keyword.owner.FULL_EVERY`) bounds that work by one table's worth, and costs
+no more than the batches it stands for.
 
 A version is written to a temporary directory and renamed into place before the owner's
 pointer moves to it, so a crash leaves no half version under a version's name. Pruning renames
@@ -113,6 +115,11 @@ class VersionStore:
             v -= 1
         raise VersionGone(f"version {version} is no longer kept: retention removed the full "
                           f"copy it is read from (version {v} is gone)")
+
+    def num_pages(self, version: int) -> int:
+        """The page count of `version` (a matrix that changed size is a full version)."""
+        with Snapshot.open(vdir(self.root, self._base(version)) / SNAPSHOT) as snap:
+            return int(snap.num_pages)
 
     def pages(self, version: int) -> np.ndarray:
         """The pages of `version`, exactly the bytes its full copy holds (or would hold)."""

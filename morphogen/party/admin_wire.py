@@ -12,16 +12,21 @@ from morphogen.constants import PAGE_SIZE
 from morphogen.party.wire import JSON, decode_body, request_encoding, validation_message
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, from_hex
+from morphogen.publication.records import MAX_PARTS
 
 # POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}
 #   diff: exactly 4096 bytes XORed into the page; data: the page's new content (at most 4096
 #   bytes, zero-padded). msgpack: the same with raw bytes. Applied in order, as one epoch.
 # POST /admin/snapshot {"path": "relative/to/admin_snapshot_dir"}
+# A publication larger than one request goes as several updates requests under one id, each
+# with `Morphogen-Part: I/N` and `Morphogen-Batch: <digest of the whole batch>`.
 # Both take an `Idempotency-Key` header: the publication id. The admin sends one id to both
 # parties and re-sends it after any failure; a party answers a committed id with its first
 # outcome and applies nothing twice (docs/publication.md).
 
 _PUBLICATION_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
+_PART = re.compile(r"([1-9][0-9]{0,4})/([1-9][0-9]{0,4})")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
 _IDENTITY = re.compile(r"0x[0-9a-f]{32}")
 
 
@@ -120,6 +125,21 @@ def parent_identity(header: str | None) -> str | None:
         raise WireError(400, ErrorCode.BAD_REQUEST,
                         "Morphogen-Parent is an epoch identity: 0x and 32 lower-case hex digits")
     return header
+
+
+def part_of(part: str | None, digest: str | None) -> tuple[int, int, str] | None:
+    """(part, parts, digest of the whole batch) of an updates request sent in parts; None
+    for a publication in one request."""
+    if part is None and digest is None:
+        return None
+    m = _PART.fullmatch(part or "")
+    if m is None or not 1 <= int(m[1]) <= int(m[2]) <= MAX_PARTS:
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        f"Morphogen-Part is PART/PARTS, 1 <= PART <= PARTS <= {MAX_PARTS}")
+    if digest is None or not _DIGEST.fullmatch(digest):
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        "Morphogen-Batch is the whole batch's digest: 64 lower-case hex digits")
+    return int(m[1]), int(m[2]), digest
 
 
 def parse_snapshot_request(body: bytes, content_type: str | None) -> str:

@@ -43,8 +43,8 @@ from morphogen.party.publications import (
 )
 from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
-from morphogen.protocol.changes import ChangeBatch
-from morphogen.protocol.codec import ErrorCode, WireError
+from morphogen.protocol.changes import ChangeBatch, joined
+from morphogen.protocol.codec import BATCH_HEADER, ErrorCode, WireError
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication.lease import BusyWait
 from morphogen.publication.log import (
@@ -261,6 +261,48 @@ class Publisher:
         # gone then, and a batch applied twice undoes itself on one party only
         if not self.log.durable:
             raise WireError(403, ErrorCode.FORBIDDEN, ADMIN_NEEDS_LOG)
+
+    async def updates_part(self, changes: ChangeBatch, pub: str | None, parent: str | None,
+                           part: int, parts: int, digest: str) -> dict[str, Any]:
+        """Part `part` of `parts` of one publication whose whole batch has `digest`: kept in
+        the log's store until the last part, which publishes all of them as one `updates`
+        (docs/publication.md). Any router replica may take any part: they meet in the
+        shared store. A re-sent part is written again; a part of a publication already
+        committed is answered from the log."""
+        self._check_durable()
+        if pub is None:
+            raise WireError(400, ErrorCode.BAD_REQUEST,
+                            "a publication in parts needs its id (Idempotency-Key)")
+        done = (await self.in_log(self.log.state)).pubs.get(pub)
+        if done is not None:  # committed: its parts may be gone; nothing to stage again
+            if done.request != "updates:" + digest:
+                raise WireError(409, ErrorCode.CONFLICT,
+                                f"publication id {pub} was used for another request (epoch "
+                                f"{done.epoch_id}); use a new id")
+            await self.catch_up()
+            return {"epoch_id": done.epoch_id, "identity": done.identity, "publication": pub,
+                    "applied": 0, "duplicate": True, "part": part, "parts": parts}
+        if part < parts:
+            await self.in_log(self.log.stage_part, digest, part, parts, changes)
+            return {"publication": pub, "part": part, "parts": parts, "staged": len(changes)}
+        staged, missing = await self.in_log(self.log.staged_parts, digest, parts)
+        if missing:
+            shown = ", ".join(map(str, missing[:8])) + (" .." if len(missing) > 8 else "")
+            raise WireError(409, ErrorCode.MISSING_PARTS,
+                            f"publication {pub}: part(s) {shown} of {parts} are not here; "
+                            "send them, then the last part again")
+        whole = joined([*staged, changes])
+        if whole.digest != digest:
+            raise WireError(409, ErrorCode.CONFLICT,
+                            f"publication {pub}: its {parts} parts make another batch than "
+                            f"{BATCH_HEADER} names; send every part again")
+        out = await self.updates(whole, pub, parent)
+        try:  # decided: the parts are no longer read (a failure leaves files, not a wrong state)
+            await self.in_log(self.log.drop_parts, digest, parts)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("staged parts of %s not removed (%s)", pub, reason(exc))
+        out["parts"] = parts
+        return out
 
     async def updates(self, changes: ChangeBatch, pub: str | None = None,
                       parent: str | None = None) -> dict[str, Any]:

@@ -104,6 +104,15 @@ class ChangeBatch:
         return out
 
 
+def joined(batches: Sequence[ChangeBatch]) -> ChangeBatch:
+    """The batches one after another, as one batch (its changes in the same order)."""
+    if len(batches) == 1:
+        return batches[0]
+    return ChangeBatch(np.concatenate([b.pages for b in batches]).astype(np.int64),
+                       np.concatenate([b.replace for b in batches]).astype(bool),
+                       b"".join(bytes(b.data) for b in batches))
+
+
 def composed(batches: Sequence[ChangeBatch]) -> ChangeBatch:
     """One batch whose effect on any matrix equals applying `batches` in order: at most one
     change a page, sorted by page. A replacement absorbs whatever came before it on its page

@@ -33,6 +33,10 @@ PUBLICATION_HEADER = "idempotency-key"
 # another refuses it (409 parent_mismatch), so two publishers never interleave A and B.
 PARENT_HEADER = "morphogen-parent"
 MAX_ADMIN_UPDATES = 1024  # default cap of updates per admin request
+# A publication larger than one request goes in parts (docs/publication.md): each request
+# names its part ("2/5") and the digest of the whole batch; the last part publishes them all.
+PART_HEADER = "morphogen-part"
+BATCH_HEADER = "morphogen-batch"
 
 
 class ErrorCode(StrEnum):
@@ -57,6 +61,7 @@ class ErrorCode(StrEnum):
     BAD_UPDATE = "bad_update"  # 400: page outside the matrix, wrong diff size, bad count
     BAD_SNAPSHOT = "bad_snapshot"  # 422: missing, truncated or wrong-checksum snapshot
     CONFLICT = "conflict"  # 409: another admin operation holds the shards' staging slot
+    MISSING_PARTS = "missing_parts"  # 409: the last part came before the others
     PARENT_MISMATCH = "parent_mismatch"  # 409: the party's head is not the publication's parent
 
 

@@ -112,6 +112,10 @@ class DirectoryLog:
         write_atomic(self.directory / name, parts,
                      tmp=self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{name}")
 
+    def remove_files(self, names: list[str]) -> None:
+        for name in names:
+            (self.directory / name).unlink(missing_ok=True)
+
     @contextlib.contextmanager
     def locked(self, scan: Scan) -> Iterator[tuple[Callable[[bytes], None], LogState]]:
         """The records under an exclusive flock, a torn tail cut: yields (append, state)."""

@@ -55,12 +55,14 @@ from morphogen.publication.records import (
     all_zeros,
     apply,
     decode_batch,
+    decode_part,
     encode_batch,
     frame,
     misfit,
     new_publisher_id,
     now_ms,
     on_node,
+    part_name,
     rotation_entry,
     updates_entry,
 )
@@ -97,6 +99,7 @@ class LogStore(Protocol):
     def blob_path(self, name: str) -> Any: ...
     def read_blob(self, name: str) -> bytes: ...
     def write_file(self, name: str, parts: tuple[bytes, ...]) -> None: ...
+    def remove_files(self, names: list[str]) -> None: ...
     def locked(self, scan: Callable[[bytes], tuple[LogState, int]]
                ) -> AbstractContextManager[tuple[Append, LogState]]: ...
     def rewrite(self, state: LogState, plan: Compaction) -> None: ...
@@ -279,6 +282,29 @@ class EpochLog:
             raise EpochLogError(f"{path}: update batch of epoch {entry.epoch_id} is "
                                 f"unreadable ({exc.strerror or exc})") from None
         return decode_batch(raw, entry, path)
+
+    # -- a publication in parts (docs/publication.md, "Publications larger than a request")
+    def stage_part(self, digest: str, part: int, parts: int, batch: ChangeBatch) -> None:
+        """Keep part `part` of `parts` of the batch with `digest` until its last part comes.
+        Written whole or not at all; a re-sent part writes the same name again."""
+        self._store.write_file(part_name(digest, part, parts), encode_batch(batch))
+
+    def staged_parts(self, digest: str, parts: int) -> tuple[list[ChangeBatch], list[int]]:
+        """The staged parts 1 .. parts - 1 of a batch, and the numbers of those missing."""
+        found, missing = [], []
+        for part in range(1, parts):
+            name = part_name(digest, part, parts)
+            try:
+                raw = self._store.read_blob(name)
+            except (FileNotFoundError, KeyError):
+                missing.append(part)
+                continue
+            found.append(decode_part(raw, self._store.blob_path(name)))
+        return found, missing
+
+    def drop_parts(self, digest: str, parts: int) -> None:
+        """Remove a batch's staged parts (its publication is decided, or it is abandoned)."""
+        self._store.remove_files([part_name(digest, p, parts) for p in range(1, parts)])
 
     # -- writing
     def _add(self, append: Append, state: LogState, entry: LogEntry,

@@ -53,6 +53,10 @@ class MemoryLog:
     def write_file(self, name: str, parts: tuple[bytes, ...]) -> None:
         self._blobs[name] = b"".join(parts)
 
+    def remove_files(self, names: list[str]) -> None:
+        for name in names:
+            self._blobs.pop(name, None)
+
     @contextlib.contextmanager
     def locked(self, scan: Scan) -> Iterator[tuple[Callable[[bytes], None], LogState]]:
         with self._mutex:

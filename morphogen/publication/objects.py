@@ -94,6 +94,12 @@ class ObjectLog:
         # writes the same bytes, so a plain put is safe
         self.objects.put(f"{BLOBS}/{name}", b"".join(parts))
 
+    def remove_files(self, names: list[str]) -> None:
+        try:
+            self.objects.delete([f"{BLOBS}/{name}" for name in names])
+        except Exception as exc:  # noqa: BLE001 - the store's errors, with the URI
+            raise self._unreachable(exc) from None
+
     @contextlib.contextmanager
     def locked(self, scan: Scan) -> Iterator[tuple[Callable[[bytes], None], LogState]]:
         """The records as read now: yields (create, state), where `create` raises RaceLost

@@ -66,6 +66,11 @@ _INTS = ("seq", "epoch_id", "base_epoch", "count", "of", "lease_ms", "lease_for_
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 PUB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 BLOB_NAME = re.compile(r"(?:updates|fold)-[0-9]{12,}-[0-9a-f]{16}\.bin")
+# One part of a publication sent in several requests, staged until its last part arrives:
+# named by the whole batch's digest, so that parts of two different batches never mix.
+# No compaction sweeps them (BLOB_NAME does not match): the last part's request removes them.
+PART_NAME = re.compile(r"part-[0-9a-f]{32}-[0-9]{5}-of-[0-9]{5}\.bin")
+MAX_PARTS = 99_999
 
 
 class EpochLogError(RuntimeError):
@@ -170,6 +175,13 @@ class LogState:
 def blob_name(epoch_id: int, digest: str, kind: str = "updates") -> str:
     """An update batch's name: its epoch first, which a compaction's sweep reads."""
     return f"{kind}-{int(epoch_id):012d}-{digest[:16]}.bin"
+
+
+def part_name(digest: str, part: int, parts: int) -> str:
+    """The staged file of part `part` (1-based) of `parts` of the batch with `digest`."""
+    if not 1 <= part <= parts <= MAX_PARTS:
+        raise ValueError(f"part {part} of {parts}")
+    return f"part-{digest[:32]}-{part:05d}-of-{parts:05d}.bin"
 
 
 def now_ms() -> int:
@@ -398,20 +410,32 @@ def encode_batch(batch: ChangeBatch) -> tuple[bytes, ...]:
 
 def decode_batch(raw: bytes, entry: LogEntry, path: str | Path) -> ChangeBatch:
     """The update batch of `entry` from its file's bytes, checked against the record."""
+    count = int(entry.count or 0)
+    pages, flags, data = _decoded(raw, path, count)
+    if batch_digest(pages, flags, data) != entry.blob_digest:
+        raise EpochLogError(f"{path}: batch digest does not match record {entry.seq}")
+    return ChangeBatch(pages, flags.astype(bool), data)
+
+
+def decode_part(raw: bytes, path: str | Path) -> ChangeBatch:
+    """A staged part from its file's bytes (its digest is checked with the whole batch's)."""
+    pages, flags, data = _decoded(raw, path, None)
+    return ChangeBatch(pages, flags.astype(bool), data)
+
+
+def _decoded(raw: bytes, path: str | Path, count: int | None
+             ) -> tuple[np.ndarray, np.ndarray, bytes]:
     magic, page_size, n = _BLOB.unpack_from(raw[: _BLOB.size].ljust(_BLOB.size, b"\0"))
     if len(raw) < _BLOB.size or magic != BLOB_MAGIC or page_size != PAGE_SIZE:
         raise EpochLogError(f"{path}: not an update batch file ({len(raw)} bytes, bad "
                             "header)")
-    count = int(entry.count or 0)
-    want = _BLOB.size + count * (8 + 1 + PAGE_SIZE)
-    if n != count or len(raw) != want:
-        raise EpochLogError(f"{path}: {len(raw)} bytes for {n} changes, the record names "
-                            f"{count} changes ({want} bytes)")
+    want = _BLOB.size + n * (8 + 1 + PAGE_SIZE)
+    if (count is not None and n != count) or len(raw) != want:
+        named = f", the record names {count} changes" if count is not None else ""
+        raise EpochLogError(f"{path}: {len(raw)} bytes for {n} changes{named} ({want} bytes "
+                            "expected)")
     pages = np.frombuffer(raw, "<i8", n, _BLOB.size).astype(np.int64)
     flags = np.frombuffer(raw, np.uint8, n, _BLOB.size + 8 * n)
-    data = raw[_BLOB.size + 9 * n :]
     if n and int(flags.max()) > 1:
         raise EpochLogError(f"{path}: replace flags other than 0 and 1 (corrupt)")
-    if batch_digest(pages, flags, data) != entry.blob_digest:
-        raise EpochLogError(f"{path}: batch digest does not match record {entry.seq}")
-    return ChangeBatch(pages, flags.astype(bool), data)
+    return pages, flags, raw[_BLOB.size + 9 * n :]

@@ -58,6 +58,10 @@ class ChurnPlan:
     rotation_pages: tuple[int, ...] = (170, 260)
     retry: RetryPolicy | None = None  # the readers' policy; None: the client's default
     min_kills: int = 0  # go on past duration_s until this many kills were made
+    # and until this many publications (rotations among them) were acknowledged, within
+    # settle_s: a loaded machine publishes fewer in duration_s, and the checks want them
+    min_publications: int = 0
+    min_rotations: int = 0
     settle_s: float = 90.0  # how long the end may wait for every replica to be back and at head
 
 
@@ -524,6 +528,8 @@ def _run(base_url: str, root: Path, plan: ChurnPlan, common: dict[str, Any],
             report.kills.append(killer.kill_next(started))
             next_kill = max(next_kill + plan.kill_interval_s, time.monotonic())
         time.sleep(max(0.0, started + plan.duration_s - time.monotonic()))
+        wait_until(lambda: report.publications >= plan.min_publications
+                   and report.rotations >= plan.min_rotations, plan.settle_s, 0.2)
         publisher.join()
         # the readers go on while the last replicas come back and reach the head
         report.replicas_at_head = wait_until(lambda: _all_at_head(urls), plan.settle_s, 0.5)

@@ -34,7 +34,7 @@ def test_reads_and_publications_survive_killed_routers_and_shards_of_both_partie
         serve_instance, tmp_path: Path) -> None:
     plan = ChurnPlan(seed=7, duration_s=36.0, kill_interval_s=6.0, min_kills=6,
                      update_interval_s=1.5, rotation_interval_s=12.0, readers=2, pages=200,
-                     settle_s=60.0)
+                     settle_s=60.0, min_publications=10, min_rotations=2)
     common = party_args(serve_instance.cache_dir, retry_backoff_ms=30.0, scan_attempts=5,
                         fold_interval_s=0.3, fold_threshold=4)
     report = run(serve_instance.url, tmp_path, plan, common)

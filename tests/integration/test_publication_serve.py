@@ -134,3 +134,43 @@ def test_a_router_killed_mid_publication_loses_nothing_and_blocks_nothing(
         status["recent_publications"]):]
     serve.delete("pa")
     serve.delete("pb")
+
+
+def test_a_publication_larger_than_a_request_goes_in_parts_through_any_router(
+        parties, tmp_path: Path) -> None:
+    """Parties taking 8 updates a request, A behind two router replicas: a 40-change
+    publication goes in 5 requests (Serve spreads them over both replicas, which meet in the
+    shared log store), is served whole after the last, and re-sent answers from the log."""
+    from ray import serve
+
+    snaps, token = rotation_snapshots(tmp_path, PAGES, 120, seed=33, token=TOKEN)
+    for name in ("qa", "qb"):
+        deploy(parties, name, snapshot=str(snaps / "base"), num_shards=2,
+               router_replicas=2 if name == "qa" else 1, admin_token_file=str(token),
+               epoch_log_dir=str(tmp_path / f"log-{name}"), admin_max_updates=8)
+    url_a, url_b = parties.app_url("qa"), parties.app_url("qb")
+    rng = random.Random(5)
+    model = synthetic_pages(33, 0, PAGES)
+    big = [c for _ in range(40) for c in random_changes(rng, PAGES)][:40]
+    try:
+        with AdminClient(url_a, TOKEN, timeout_s=30) as adm_a, \
+                AdminClient(url_b, TOKEN, timeout_s=30) as adm_b:
+            assert adm_a.max_updates() == adm_b.max_updates() == 8
+            with pytest.raises(PirError) as err:  # in one request: over the party's cap
+                adm_a.updates(big, "pub-one-request")
+            assert err.value.status == 413  # the body is over what 8 updates take
+            outs = [adm.updates(big, "pub-big", max_per_request=adm.max_updates())
+                    for adm in (adm_a, adm_b)]
+            assert [o["applied"] for o in outs] == [40, 40] and outs[0]["parts"] == 5
+            assert outs[0]["identity"] == outs[1]["identity"]
+            model = apply_changes(model, big)
+            touched = sorted({p for p, _, _ in big})
+            _read_until_ok(url_a, url_b, model, touched[:12] + [0, 159])
+            again = adm_a.updates(big, "pub-big", max_per_request=8)
+            assert again["duplicate"] and again["identity"] == outs[0]["identity"]
+            assert adm_a.status()["recent_publications"][-1] == "pub-big"
+        left = [p.name for p in (tmp_path / "log-qa").iterdir() if p.name.startswith("part-")]
+        assert left == []
+    finally:
+        serve.delete("qa")
+        serve.delete("qb")

@@ -146,3 +146,20 @@ def test_admin_client_sends_the_token_and_maps_errors() -> None:
     assert msgpack.unpackb(seen[-1].content)["updates"][0]["page"] == 1
     with pytest.raises(ValueError):
         encode_updates([(1, "xor", b"")])
+
+
+def test_the_part_headers_of_a_publication_in_parts():
+    from morphogen.party.admin_wire import part_of
+
+    digest = "ab" * 32
+    assert part_of(None, None) is None
+    assert part_of("1/1", digest) == (1, 1, digest)
+    assert part_of("3/12", digest) == (3, 12, digest)
+    for bad_part in ("0/3", "4/3", "1/0", "1/100000", "a/b", "1-3", "", " 1/3", "01/3"):
+        with pytest.raises(WireError) as err:
+            part_of(bad_part, digest)
+        assert err.value.status == 400 and "Morphogen-Part" in err.value.message
+    for bad_digest in (None, "AB" * 32, "ab" * 31, "zz" * 32):
+        with pytest.raises(WireError) as err:
+            part_of("1/2", bad_digest)
+        assert err.value.status == 400 and "Morphogen-Batch" in err.value.message

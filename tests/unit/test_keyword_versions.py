@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from morphogen.keyword import build_table
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
-from morphogen.keyword.publishing import PublishError, publish
+from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
 from morphogen.keyword.versions import VersionGone
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -177,7 +177,57 @@ class FakeParties:
         return self._both(pub, f"rotation:{path}", apply_to)
 
 
-def test_a_version_bigger_than_a_batch_goes_whole_as_a_rotation(tmp_path: Path) -> None:
+def test_a_full_copy_comes_once_the_diffs_since_the_last_add_up_to_the_table(
+        tmp_path: Path) -> None:
+    """By default the owner writes a full copy only when the batches since the last one hold
+    as many pages as the table: what it writes a block is the block's pages, amortized."""
+    recs = _records(3000, seed=21)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    root, total = tmp_path / "o", len(table.pages)
+    rng = random.Random(22)
+    sizes, copies = {}, {}
+    for _ in range(14):
+        changes = _changes(rng, recs, 3)
+        version, batch = owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+        sizes[version], copies[version] = len(batch), owner.pages().copy()
+        owner.mark_published(version)
+    fulls = [v for v in sizes if (root / f"v{v:06d}" / "snapshot").is_dir()]
+    assert fulls, "no full copy in 14 versions"
+    since = 0
+    for v in sorted(sizes):
+        since += sizes[v]
+        assert (v in fulls) == (since >= total), (v, since, total)
+        if v in fulls:
+            since = 0
+    assert owner.state["diff_pages"] == since
+    for v in range(max(fulls), 16):  # a full copy and the diffs after it read back whole
+        assert np.array_equal(OwnerTable(root).pages(v), copies[v]), v
+
+
+def test_a_version_bigger_than_a_request_goes_as_updates_if_it_changed_a_small_share(
+        tmp_path: Path) -> None:
+    recs = _records(3000, seed=17)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    parties = FakeParties(table.pages, cap=4)
+    rng = random.Random(18)
+    changed = {k: rng.randbytes(32) for k in sorted(recs)[:6]}
+    version, batch = owner.apply([Change("put", k, v) for k, v in changed.items()], KEY,
+                                 rng=rng.randrange)
+    assert parties.cap < len(batch) <= ROTATE_ABOVE * owner.num_pages()
+    # no snapshot directory is needed: nothing about this version calls for a rotation
+    done = publish(owner, parties)
+    assert [(p.version, p.mode, p.pages) for p in done] == [(version, "updates", len(batch))]
+    assert np.array_equal(parties.a.pages, owner.pages())
+    recs.update(changed)
+    assert _lookup(parties.b.pages, sorted(changed)) == [recs[k] for k in sorted(changed)]
+
+
+def test_a_version_changing_most_of_the_table_goes_whole_as_a_rotation(tmp_path: Path) -> None:
     recs = _records(1200, seed=7)
     table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
     create_owner_dir(table, tmp_path / "o", full_every=4)
@@ -186,13 +236,10 @@ def test_a_version_bigger_than_a_batch_goes_whole_as_a_rotation(tmp_path: Path) 
     rng = random.Random(8)
     big = [Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:300]]
     big_version, big_batch = owner.apply(big, KEY, rng=rng.randrange)
-    assert len(big_batch) > parties.cap
+    assert len(big_batch) > ROTATE_ABOVE * owner.num_pages()
     small = [Change("put", sorted(recs)[400], rng.randbytes(32))]
     small_version, _ = owner.apply(small, KEY, rng=rng.randrange)
     _follow(recs, big + small)
-    with pytest.raises(PublishError, match="--snapshot-dir"):
-        publish(owner, parties)  # nothing sent: no place for the snapshot was given
-    assert parties.a.applied == parties.b.applied == 0
     parties.fail_b = 1
     with pytest.raises(ConnectionError):
         publish(owner, parties, snapshot_dir=str(tmp_path / "snaps"))
