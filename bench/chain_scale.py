@@ -123,14 +123,19 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
 
     owner_dir = root / policy
     create_owner_dir(table, owner_dir, full_every=OLD_FULL_EVERY if policy == "before" else 0)
+    gc.collect()
+    rss_before = psutil.Process().memory_info().rss
     owner = OwnerTable(owner_dir)
     owner.holds()  # loaded, as a running follower holds it
+    rss = psutil.Process().memory_info().rss - rss_before
     table_pages = owner.num_pages()
     table_bytes = table_pages * 4096
-    rss = psutil.Process().memory_info().rss
+    full_copy = _version_bytes(owner_dir, 1)  # the table's pages and keys
     rng = np.random.default_rng(7)  # the same blocks under both policies
     addrs, slots = list(addrs), list(slots)
     applies, pages, owner_bytes, party_in, party_log, forms = [], [], 0, 0, 0, []
+    version_bytes: list[int] = []
+    full_flags: list[bool] = []
     for b in range(blocks):
         changes = block_changes(rng, addrs, slots, b + 2)
         t = time.perf_counter()
@@ -142,6 +147,8 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
         pages.append(n)
         full = owner.store.is_full(version)
         written = _version_bytes(owner_dir, version)
+        version_bytes.append(written)
+        full_flags.append(full)
         if policy == "before":
             rotate, parts = n > REQUEST_PAGES, 1
         else:
@@ -160,14 +167,27 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
              f"{written / 2**20:.1f} MiB, apply {applies[-1]:.2f} s")
     del owner
     gc.collect()
+    block_pages = statistics.median(pages)
+    if policy == "before":  # one full copy every OLD_FULL_EVERY versions
+        share = full_copy / OLD_FULL_EVERY
+    else:  # one full copy each time the diffs add up to the table
+        share = full_copy * block_pages / table_pages
+    diffs = [w for w, f in zip(version_bytes, full_flags, strict=True) if not f]
+    staged = table_bytes * forms.count("rotation") / blocks
     return {"table_pages": table_pages, "table_mib": round(table_bytes / 2**20, 1),
+            "full_copy_mib": round(full_copy / 2**20, 1),
+            "full_copies_in_run": sum(full_flags),
+            # in steady state: a block's own version, its share of the full copies, and a
+            # rotation's snapshot where the block went as one
+            "owner_mib_per_block_steady": round(
+                (statistics.mean(diffs) + share + staged) / 2**20, 2),
             "apply_s_median": round(statistics.median(applies), 3),
             "apply_s_max": round(max(applies), 3),
             "block_pages_median": int(statistics.median(pages)),
-            "owner_mib_per_block": round(owner_bytes / blocks / 2**20, 2),
+            "owner_mib_per_block_in_run": round(owner_bytes / blocks / 2**20, 2),
             "party_received_mib_per_block": round(party_in / blocks / 2**20, 2),
             "party_log_mib_per_block": round(party_log / blocks / 2**20, 2),
-            "forms": forms, "rss_mib_owner_loaded": round(rss / 2**20)}
+            "forms": forms, "owner_resident_mib": round(rss / 2**20)}
 
 
 def _version_bytes(root: Path, version: int) -> int:
@@ -223,9 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     small, large = result["sizes"][str(min(args.sizes))], result["sizes"][str(max(args.sizes))]
     result["ratios_largest_to_smallest"] = {
         policy: {k: round(large[policy][k] / small[policy][k], 2) if small[policy][k] else None
-                 for k in ("apply_s_median", "owner_mib_per_block",
-                           "party_received_mib_per_block", "block_pages_median",
-                           "rss_mib_owner_loaded")}
+                 for k in ("apply_s_median", "owner_mib_per_block_steady",
+                           "party_received_mib_per_block", "party_log_mib_per_block",
+                           "block_pages_median", "owner_resident_mib")}
         for policy in ("now", "before")}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "chain_scale.json").write_text(json.dumps(result, indent=1) + "\n")
