@@ -233,7 +233,7 @@ def test_a_stuck_serve_stops_and_a_second_signal_forces(tmp_path: Path) -> None:
 
 
 def test_shards_that_cannot_fit_fail_fast(tmp_path: Path) -> None:
-    """Case 2: the README's `--shards 4` on two cores (4 x 0.5 CPU + a 0.25 router) is refused
+    """Case 2: docs/serving.md's `--shards 4` on two cores (4 x 0.5 CPU + a 0.25 router) is refused
     within seconds, with the numbers and the flag that fixes it; nothing is left running."""
     snap = _snapshot(tmp_path)
     ray_tmp = short_tmp()

@@ -1,5 +1,5 @@
 """deployments/kuberay/Dockerfile builds the image rayservice.yaml runs (no Docker needed: the
-file is read here and checked against pyproject.toml, the manifest and the README)."""
+file is read here and checked against pyproject.toml, the manifest and docs/operating.md)."""
 
 from __future__ import annotations
 
@@ -209,9 +209,10 @@ def test_it_runs_as_the_non_root_uid_the_pods_run_as() -> None:
         assert any(f.startswith(f"--chown={uid}") for f in flags), flags
 
 
-def test_the_manifest_and_the_readme_name_the_image_this_file_builds() -> None:
-    """The tag is the project's version and the CUDA major of the extra installed; the README
-    builds and pushes the very name the manifest pulls, under the operator's registry."""
+def test_the_manifest_and_the_book_name_the_image_this_file_builds() -> None:
+    """The tag is the project's version and the CUDA major of the extra installed; the book's
+    KubeRay steps (docs/operating.md) build and push the very name the manifest pulls, under
+    the operator's registry."""
     stage = _stage()
     _, extra = _gpu_extra(stage)
     cuda = re.search(r"cuda\d+", extra)
@@ -222,11 +223,11 @@ def test_the_manifest_and_the_readme_name_the_image_this_file_builds() -> None:
     (image,) = images
     name = image.rsplit("/", 1)[-1]
     assert name == f"morphogen:{version}-{cuda.group(0)}", image
-    readme = (REPO / "README.md").read_text()
+    steps = (REPO / "docs" / "operating.md").read_text()
     rel = DOCKERFILE.relative_to(REPO).as_posix()
-    build = re.search(rf"docker build -f {re.escape(rel)} -t \$REGISTRY/(\S+) \.\n", readme)
-    assert build and build.group(1) == name, "the README's build is not the manifest's image"
-    assert f"docker push $REGISTRY/{name}\n" in readme
+    build = re.search(rf"docker build -f {re.escape(rel)} -t \$REGISTRY/(\S+) \.\n", steps)
+    assert build and build.group(1) == name, "docs/operating.md's build is not the manifest's image"
+    assert f"docker push $REGISTRY/{name}\n" in steps
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -178,7 +178,8 @@ def test_every_container_runs_one_built_image() -> None:
 
 def test_credentials_and_the_admin_token_come_from_secrets() -> None:
     """In every container (a router replica may run on any node), never as literal values;
-    and the README creates every secret the manifest reads, with the keys it reads."""
+    and the book's KubeRay steps (docs/operating.md) create every secret the manifest reads,
+    with the keys it reads."""
     doc = _doc()
     cfg = _party(doc)
     referenced: dict[str, set[str]] = {}
@@ -195,10 +196,10 @@ def test_credentials_and_the_admin_token_come_from_secrets() -> None:
             assert refs, f"{name}: no S3 credentials"
             for ref in refs:
                 referenced.setdefault(ref, set())
-    readme = (REPO / "README.md").read_text()
+    steps = (REPO / "docs" / "operating.md").read_text()
     for secret, keys in referenced.items():
         created = re.search(
-            rf"kubectl create secret generic {re.escape(secret)}\b((?:\\\n|[^\n])*)", readme)
-        assert created, f"the README does not create the secret {secret}"
+            rf"kubectl create secret generic {re.escape(secret)}\b((?:\\\n|[^\n])*)", steps)
+        assert created, f"docs/operating.md does not create the secret {secret}"
         for key in keys:
             assert f"--from-literal={key}=" in created.group(1), (secret, key)
