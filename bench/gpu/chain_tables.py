@@ -4,8 +4,8 @@ updates written into device memory while lookups run (issue 41).
     python bench/gpu/chain_tables.py [--gib N] [--out DIR] [--seconds S] [--dry-run MODE]
 
 The matrix holds three keyword tables in mainnet proportions (accounts 35 : storage 77 : code
-15, as docs/mainnet sizes them), each a data table, its hash-tree levels (32-byte hashes, 128
-a page) and a descriptor page, placed back to back so that every table but none of the data
+15, as the design's "Mainnet" section sizes them), each a data table, its hash-tree levels
+(32-byte hashes, 128 a page) and a descriptor page, placed back to back so that every table but none of the data
 starts mid-chunk of the sliced layout, at --gib GiB (default 32 on a card under 100 GiB, 64
 above). Pages are a 64 MiB random pool, each page stamped with its number and version, so any
 page's bytes are known without a host copy; every answer is checked by XOR-ing both parties'
@@ -51,7 +51,7 @@ from morphogen.engine.gpu_tables import ScanRange  # noqa: E402
 from morphogen.protocol import dpf  # noqa: E402
 from morphogen.snapshot.layout import domain_bits_for  # noqa: E402
 
-PROPORTIONS = {"accounts": 35, "storage": 77, "code": 15}  # GiB at mainnet (docs/mainnet)
+PROPORTIONS = {"accounts": 35, "storage": 77, "code": 15}  # GiB at mainnet (the design's "Mainnet" section)
 HASHES_PER_PAGE = 128
 POOL_PAGES = 1 << 14  # 64 MiB of random pages, tiled
 LEAD_PAGES = 37  # pages before the first table: no data table starts on a chunk boundary
