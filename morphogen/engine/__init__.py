@@ -4,7 +4,8 @@
   or leaf expansion and conditional page XORs (packed keys, `_cpu_packed_kernel`); an engine's
   `key_formats` names the formats it scans (`key_formats()`: v1 alone when it names none);
 - `gpu`: CuPy over two CUDA kernels, `sliced` (tensor cores over bit-sliced pages, the default)
-  and `fused` (integer AND-XOR), each with packed-key kernels: `gpu.py` drives them,
+  and `fused` (integer AND-XOR), each with packed-key kernels: `gpu.py` is the engine,
+  `gpu_shard` a shard's pages on the device, scanned and written,
   `gpu_kernels`/`gpu_plan`/`sliced` plan and compile, `gpu_pool` lends the workspaces,
   `gpu_tables` scans tables at any offset, `gpu_writes` writes page updates into the device
   copy, `nvcc_check` holds the kernels to a clean register report in CI.

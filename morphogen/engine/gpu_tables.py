@@ -25,7 +25,7 @@ from morphogen.engine.sliced import SLICE_BYTES, SLICE_PAGES, SlicedPlan, chunk_
 from morphogen.protocol.dpf import DpfKey, KeyBatch
 
 if TYPE_CHECKING:
-    from morphogen.engine.gpu import GpuShard
+    from morphogen.engine.gpu_shard import GpuShard
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,11 @@ test's) and imports none.
 """
 
 from morphogen.keyword.build import KeywordTable, TableFullError, build_table
-from morphogen.keyword.client import (
-    AsyncKeywordClient,
-    KeywordClient,
-    TableChangingError,
-    request_sizes,
-)
+from morphogen.keyword.client import AsyncKeywordClient, KeywordClient
 from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError, StaleTableError
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.layout import Geometry
+from morphogen.keyword.lookup import TableChangingError, request_sizes
 from morphogen.keyword.records import Record, RecordError, read_records
 
 __all__ = [

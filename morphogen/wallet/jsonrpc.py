@@ -36,7 +36,7 @@ import numpy as np
 
 from morphogen.client import PirError
 from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
-from morphogen.wallet.evm import CallFailed, CallLimit
+from morphogen.wallet.call_errors import CallFailed, CallLimit
 from morphogen.wallet.methods import METHODS, InvalidParams, NotServed
 from morphogen.wallet.state import PrivateState
 from morphogen.wallet.workers import RunTimedOut, client, current_client

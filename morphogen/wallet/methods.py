@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from morphogen.chain.state import Account, address_bytes, word_bytes
-from morphogen.wallet.state import PrivateState, Served
+from morphogen.wallet.state import PrivateState
+from morphogen.wallet.versions import Served
 
 _QUANTITY = re.compile(r"0x(0|[1-9a-fA-F][0-9a-fA-F]*)")
 _HASH = re.compile(r"0x[0-9a-fA-F]{64}")

@@ -18,7 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from morphogen.wallet.commit import GroupCommit
-from morphogen.wallet.state import CallCache, PrivateState, Served
+from morphogen.wallet.state import CallCache, PrivateState
+from morphogen.wallet.versions import Served
 
 # How long a round waits at most for the calls coming to theirs: a few runs' time.
 GATHER_S = 0.05

@@ -18,25 +18,18 @@ What the parties see does not depend on the address, the slot or the contract:
   before, padded to the next power of two of code hashes; the padding is random keys asked and
   verified like real ones.
 
-Whether a version is still the one served (`still_served`) is both parties' GET /epoch naming
-the very (epoch id, identity) the version's reads were proven under: an identity names the
-data (a snapshot's root and every update batch since), so equal identities are equal data. It
-asks nothing about any key. A read that names other data shows the parties have left that
-data for good (epoch ids only grow): the version is then known not served (`left`), with no
-read, and the first round after it reads the working set (morphogen/wallet/evm.py).
+Which version the reads are held to, and whether the parties still serve it, is
+versions.py's (`ServedVersions`, which `PrivateState` extends).
 """
 
 from __future__ import annotations
 
-import logging
 import secrets
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 from morphogen.chain.state import (
@@ -55,9 +48,9 @@ from morphogen.chain.state import (
 )
 from morphogen.chain.tables import TABLES
 from morphogen.keyword import KeywordClient, KeywordIntegrityError, TableChangingError
-from morphogen.keyword.client import SharedVersion
 from morphogen.keyword.descriptor import Descriptor
-from morphogen.wallet.commit import GroupCommit
+from morphogen.keyword.lookup import SharedVersion
+from morphogen.wallet.versions import Served, ServedVersions
 
 # EIP-170's code size cap over the code table's 1,020-byte chunks.
 MAX_DEPLOYED_CODE = 24_576
@@ -68,14 +61,8 @@ TRIES = 4
 CALL_BUCKETS = (4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # Code verified against its hash is the same at every version: kept across versions.
 CODE_CACHE = 512
-VIEWS_KEPT = 8  # the (epoch id, identity) of the last versions read, for `still_served`
 RECENT_ACCOUNTS = 256  # accounts asked by address (balance, nonce): part of the working set
 _ROUND_POOL = ThreadPoolExecutor(6, thread_name_prefix="morphogen-round")
-# /epoch reads made while calls run: a thread each waits on one shared read (GroupCommit)
-_CONFIRM_POOL = ThreadPoolExecutor(32, thread_name_prefix="morphogen-confirm")
-# the hooks at a new version (the working set's round), one version after another
-_HOOK_POOL = ThreadPoolExecutor(1, thread_name_prefix="morphogen-new-version")
-log = logging.getLogger(__name__)
 
 
 def bucket(n: int) -> int:
@@ -91,27 +78,7 @@ def code_bucket(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-@dataclass(frozen=True)
-class Served:
-    """The block a read reflects, as the owner signed it, and the owner's version."""
-
-    chain_id: int
-    number: int
-    hash: str  # 0x-hex, as the node names it
-    version: int
-    time: int  # when the owner made the version, Unix seconds
-
-
-def served_of(desc: Descriptor) -> Served:
-    if desc.anchor is None:
-        raise KeywordIntegrityError(
-            f"keyword table {desc.name!r} names no block: it is not a chain's table "
-            "(build it with morphogen chain build)")
-    a = desc.anchor
-    return Served(a.chain_id, a.number, a.hash, desc.version, desc.time)
-
-
-class PrivateState:
+class PrivateState(ServedVersions):
     """Private, verified state reads at the block the parties serve. Thread-safe: a read
     borrows a set of clients no other read is using (a client keeps the version it read last,
     so a set is reused across requests and connections rather than made for each), all bound
@@ -125,131 +92,18 @@ class PrivateState:
         they serve a new version, and read its descriptors then, before a request needs them
         (a request's first lookup at a new version otherwise pays three round trips, not
         one). None: no watching; `close()` stops it."""
-        self.pir, self.public_key, self.max_age = pir, public_key, max_age
-        # Versions only grow; blocks may not: the owner's version after a reorg to a shorter
-        # branch names a lower block, and it is the one to serve. So the clients are bound
-        # below by the newest version seen and by the caller's `min_block` only, never by
-        # the highest block seen (which would refuse every read after a reorg of depth 2 or
-        # more until the new branch passed the old height).
-        self.min_block = min_block
-        self.seen_version, self.seen_block = 0, min_block
-        self.latest: Served | None = None  # the newest version any read accepted
+        super().__init__(pir, max_age=max_age, min_block=min_block)
+        self.public_key = public_key
         self._free: list[dict[str, KeywordClient]] = []
         # a new version's descriptors read once for every set of clients, not once a set
         self._versions = {t: SharedVersion() for t in TABLES}
-        self._lock = threading.Lock()
         self._calls: tuple[tuple[int, str], CallCache] | None = None
         self.codes: OrderedDict[bytes, bytes] = OrderedDict()  # code hash -> code, verified
-        # (version, block hash) -> the parties' (epoch id, identity) its reads came from
-        self._views: OrderedDict[tuple[int, str], tuple[int, str | None]] = OrderedDict()
-        self._left: OrderedDict[tuple[int, str | None], None] = OrderedDict()  # views left
-        self._new_version: list[Callable[[Served], None]] = []
-        self._announced = 0  # the newest version the hooks were told of
         self._recent: OrderedDict[bytes, None] = OrderedDict()  # accounts asked, newest last
         self.last_asked = float("-inf")  # monotonic time of the last request for state
-        # both parties' /epoch, one read for the requests that came while the last was out
-        self._epochs: GroupCommit[None, Any] = GroupCommit(
-            lambda items: [self.pir.info(refresh=True)] * len(items))
         with self.clients():  # a bad key fails here, not at the first request
             pass
-        self._stop = threading.Event()
-        self._watch: threading.Thread | None = None
-        if watch_s is not None:
-            if not watch_s > 0:
-                raise ValueError("watch_s is a number of seconds above 0 (or None)")
-            self._watch = threading.Thread(target=self._watching, args=(watch_s,),
-                                           name="morphogen-rpc-watch", daemon=True)
-            self._watch.start()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._watch is not None:
-            self._watch.join(timeout=30)
-
-    def _watching(self, every_s: float) -> None:
-        last = None
-        while not self._stop.wait(every_s):
-            try:
-                info = self.pir.info(refresh=True)
-                now = (info.epoch_ids, info.identities)
-                if now != last:
-                    self.refresh()  # a version newer than any before: the hooks are told
-                    last = now
-            except Exception as exc:  # the parties away: the requests will say so
-                log.debug("watching the parties' version: %s", type(exc).__name__)
-
-    def on_new_version(self, hook: Callable[[Served], None]) -> None:
-        """`hook(served)`, on a thread of its own, once for each version newer than any
-        before that a read of the head finds: the watcher's (`watch_s`), or a request's (a
-        wallet polling `eth_blockNumber` learns of a block from such a read, and asks for
-        its balances right after)."""
-        self._new_version.append(hook)
-
-    def _head_read(self, served: Served) -> Served:
-        """`served` from a read of the signed head: the hooks told where it is newer than
-        any version they were told of."""
-        with self._lock:
-            newer = served.version > self._announced
-            if newer:
-                self._announced = served.version
-        if newer and self._new_version:
-            _HOOK_POOL.submit(self._announce, served)
-        return served
-
-    def _announce(self, served: Served) -> None:
-        for hook in list(self._new_version):
-            try:
-                hook(served)
-            except Exception as exc:  # noqa: BLE001 - a request reads what it needs itself
-                log.debug("at a new version: %s", type(exc).__name__)
-
-    def still_served(self, served: Served) -> bool:
-        """Whether both parties serve now exactly the data `served`'s reads (by `read_round`)
-        were proven against, within the freshness bound: two GET /epoch, no lookup. False
-        where that is not known (the caller then reads a round)."""
-        view = self._confirmable(served)
-        if view is None:
-            return False
-        try:
-            info = self._epochs.submit(None)  # a read that began after this call came
-        except Exception as exc:  # noqa: BLE001 - the round says what is wrong
-            log.debug("reading the parties' epochs: %s", type(exc).__name__)
-            return False
-        if all(e == view[0] and i == view[1]
-               for e, i in zip(info.epoch_ids, info.identities, strict=True)):
-            return True
-        # A party names other data: it published past this view (a party's epoch id only
-        # grows, so it never serves the view again), and the other follows it.
-        with self._lock:
-            self._left[view] = None
-            while len(self._left) > VIEWS_KEPT:
-                self._left.popitem(last=False)
-        return False
-
-    def _confirmable(self, served: Served) -> tuple[int, str] | None:
-        """The view `served`'s reads were proven under, where /epoch may confirm it: one with
-        an identity (never epoch ids alone), not known left, within the freshness bound."""
-        with self._lock:
-            view = self._views.get((served.version, served.hash))
-            if view is None or view[1] is None or view in self._left:
-                return None
-        if self.max_age is not None and time.time() - served.time > self.max_age:
-            return None
-        return view[0], view[1]
-
-    def confirming(self, served: Served) -> Future[bool] | None:
-        """`still_served(served)` read on another thread, for a caller that runs meanwhile;
-        None where /epoch cannot confirm it (no read made)."""
-        if self._confirmable(served) is None:
-            return None
-        return _CONFIRM_POOL.submit(self.still_served, served)
-
-    def left(self, served: Served) -> bool:
-        """Whether a read of /epoch showed the parties had left the data `served`'s reads came
-        from: a round at it then lands at a newer version, whose reads start empty."""
-        with self._lock:
-            view = self._views.get((served.version, served.hash))
-            return view is not None and view in self._left
+        self._start_watching(watch_s)
 
     def refresh(self) -> None:
         """Every table's descriptor read again, in parallel, for all the sets of clients."""
@@ -277,23 +131,6 @@ class PrivateState:
         finally:
             with self._lock:
                 self._free.append(mine)
-
-    def _accepted(self, desc: Descriptor, view: tuple[int, str | None] | None = None
-                  ) -> Served:
-        """`desc`'s version accepted; `view`: the parties' data it was proven under."""
-        served = served_of(desc)
-        with self._lock:
-            self.seen_version = max(self.seen_version, served.version)
-            self.seen_block = max(self.seen_block, served.number)
-            if self.latest is None or served.version >= self.latest.version:
-                self.latest = served
-            if view is not None:
-                key = (served.version, served.hash)
-                self._views[key] = view
-                self._views.move_to_end(key)
-                while len(self._views) > VIEWS_KEPT:
-                    self._views.popitem(last=False)
-        return served
 
     def head(self) -> Served:
         """The block the parties serve now (the accounts table's signed descriptor, read

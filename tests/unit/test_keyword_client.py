@@ -21,7 +21,7 @@ from morphogen.keyword import (
     build_table,
     request_sizes,
 )
-from morphogen.keyword import client as kwclient
+from morphogen.keyword import lookup as kwlookup
 from morphogen.keyword.verify import ANSWER_FAILED
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -79,7 +79,7 @@ def test_clients_sharing_a_version_read_its_descriptor_once_and_each_a_new_one()
     recs = records(200, seed=5)
     t = table(recs)
     pir = PagePir(t.pages)
-    shared = kwclient.SharedVersion()
+    shared = kwlookup.SharedVersion()
     a, b = (KeywordClient(pir, PUB, shared=shared) for _ in range(2))
     key = sorted(recs)[0]
     assert a.get(key) == recs[key]
@@ -132,7 +132,7 @@ def test_padding_answers_are_dropped_even_when_they_hold_records(monkeypatch) ->
     present = sorted(recs)
     # padding keys that the table holds: their values must still never reach the caller
     fillers = iter(present[100:])
-    monkeypatch.setattr(kwclient.secrets, "token_bytes", lambda n: next(fillers))
+    monkeypatch.setattr(kwlookup.secrets, "token_bytes", lambda n: next(fillers))
     keys = [present[0], b"absent-key", present[1]]
     assert kc.get_many(keys) == [recs[present[0]], None, recs[present[1]]]
     assert pir.requests[-1] == 4

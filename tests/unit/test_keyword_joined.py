@@ -13,9 +13,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.keyword import build_table
 from morphogen.keyword.build import join_tables
-from morphogen.keyword.client import KeywordClient, UnknownKeywordTable
+from morphogen.keyword.client import KeywordClient
 from morphogen.keyword.descriptor import Anchor, KeywordIntegrityError, parts_of, tables_of
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
+from morphogen.keyword.placement import UnknownKeywordTable
 from morphogen.keyword.records import RecordError
 
 KEY = Ed25519PrivateKey.generate()

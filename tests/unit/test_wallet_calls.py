@@ -23,24 +23,19 @@ from morphogen.chain.state import (
     storage_key,
 )
 from morphogen.keyword.descriptor import Anchor
+from morphogen.wallet.call_params import CALL_GAS, call_param
 from morphogen.wallet.commit import GroupCommit
-from morphogen.wallet.evm import (
-    CALL_GAS,
-    MAX_ROUNDS,
-    CallReads,
-    CallRoutes,
-    call_param,
-    round_bucket,
-)
+from morphogen.wallet.costs import MAX_ROUNDS, round_bucket
+from morphogen.wallet.loopback import CallReads, CallRoutes
 from morphogen.wallet.methods import InvalidParams, NotServed
 from morphogen.wallet.state import (
     CODE_READ_CHUNKS,
     CallCache,
     PrivateState,
-    Served,
     bucket,
     code_bucket,
 )
+from morphogen.wallet.versions import Served
 
 HEAD = Served(1, 9, "0x" + "ab" * 32, 4, 0)
 TOKEN = bytes.fromhex("22" * 20)
@@ -512,7 +507,7 @@ def test_the_working_set_is_read_at_a_new_version_before_the_wallet_asks():
 
 
 def test_a_head_read_that_finds_a_new_version_starts_the_working_sets_round():
-    from morphogen.wallet.state import _HOOK_POOL
+    from morphogen.wallet.versions import _HOOK_POOL
 
     def told() -> None:  # the hooks run on one thread, in order: what was queued is done
         _HOOK_POOL.submit(lambda: None).result(timeout=10)
@@ -599,7 +594,8 @@ def test_a_calls_rounds_reach_a_bucket_whatever_path_it_ends_on(end):
     2 and 3, one padding round), whether it returns, stops at BLOCKHASH, runs out of time or
     moves to a newer version on the way (then 8: the rounds at both versions, padded
     together)."""
-    from morphogen.wallet.evm import ROUND_BUCKETS, PrivateCalls
+    from morphogen.wallet.costs import ROUND_BUCKETS
+    from morphogen.wallet.evm import PrivateCalls
     from morphogen.wallet.workers import RunTimedOut
 
     tables = _chained(4, 9)
@@ -630,7 +626,8 @@ def test_a_call_over_its_lookups_or_its_run_time_is_refused_with_a_clear_error()
     round that would pass it (-32005, naming the limit); one whose runs' EVM time passes
     `run_s` is a timeout (-32002), the time spent waiting for rounds not counted."""
     from morphogen.wallet import Endpoint
-    from morphogen.wallet.evm import MAX_CALL_LOOKUPS, PrivateCalls
+    from morphogen.wallet.costs import MAX_CALL_LOOKUPS
+    from morphogen.wallet.evm import PrivateCalls
     from morphogen.wallet.jsonrpc import LIMIT_EXCEEDED, TIMED_OUT
 
     tables = _tables(4, 9, 7)

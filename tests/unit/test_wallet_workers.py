@@ -115,9 +115,10 @@ def test_an_access_list_is_paid_for_and_warm(workers):
     plain transfer with one address and two keys (27,200). The listed slots are loaded at the
     start, so they are read like any (here through a loopback that knows them)."""
     from morphogen.chain.state import Account
-    from morphogen.wallet.evm import CallReads, CallRoutes
+    from morphogen.wallet.loopback import CallReads, CallRoutes
     from morphogen.wallet.server import RpcServer
-    from morphogen.wallet.state import CallCache, Served
+    from morphogen.wallet.state import CallCache
+    from morphogen.wallet.versions import Served
 
     other = "0x" + "33" * 20
     cache = CallCache()
