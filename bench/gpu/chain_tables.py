@@ -5,11 +5,12 @@ updates written into device memory while lookups run (issue 41).
 
 The matrix holds three keyword tables in mainnet proportions (accounts 35 : storage 77 : code
 15, as the design's "Mainnet" section sizes them), each a data table, its hash-tree levels
-(32-byte hashes, 128 a page) and a descriptor page, placed back to back so that every table
-but none of the data starts mid-chunk of the sliced layout, at --gib GiB (default 32 on a
-card under 100 GiB, 64 above). Pages are a 64 MiB random pool, each page stamped with its number and version, so any
-page's bytes are known without a host copy; every answer is checked by XOR-ing both parties'
-answers (both parties' keys in one call, so they read one generation of the data).
+(32-byte hashes, 128 a page) and a descriptor page, placed back to back so that every table but
+none of the data starts mid-chunk of the sliced layout, at --gib GiB (default 32 on a card
+under 100 GiB, 64 above). Pages are a 64 MiB random pool, each page stamped with its number and
+version, so any page's bytes are known without a host copy; every answer is checked by XOR-ing
+both parties' answers (both parties' keys in one call, so they read one generation of the
+data).
 
 Phases, each bounded by --seconds and written to $OUT/chain_tables_<device>.json as it ends:
   ratio    each data table and the largest tree level: a table query (3 keys; 8 queries = 24
