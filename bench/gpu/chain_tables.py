@@ -52,7 +52,7 @@ from morphogen.engine.gpu_tables import ScanRange  # noqa: E402
 from morphogen.protocol import dpf  # noqa: E402
 from morphogen.snapshot.layout import domain_bits_for  # noqa: E402
 
-PROPORTIONS = {"accounts": 35, "storage": 77, "code": 15}  # GiB at mainnet (the design's "Mainnet" section)
+PROPORTIONS = {"accounts": 35, "storage": 77, "code": 15}  # GiB at mainnet (the design, "Mainnet")
 HASHES_PER_PAGE = 128
 POOL_PAGES = 1 << 14  # 64 MiB of random pages, tiled
 LEAD_PAGES = 37  # pages before the first table: no data table starts on a chunk boundary
