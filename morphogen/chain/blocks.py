@@ -142,7 +142,7 @@ class Tracer:
 
     `trace_replayBlockTransactions` (reth, erigon, nethermind, anvil; not geth) returns every
     transaction's state diff from one replay of the block. A debug trace of the block costs
-    more on the nodes that have both: on anvil 7x at 200 transactions and 8x at 300, whatever
+    more on the nodes that have both: on anvil 6x at 200 transactions, 10x at 300, whatever
     the tracer, and per-transaction traces, even sent at once, no less (bench/chain_trace.py).
     The first block probes the sources in `SOURCES` order; the first one the node answers is
     used from then on. A node that refuses one (no such method, or not that form of the block
