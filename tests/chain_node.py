@@ -14,7 +14,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -65,14 +65,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_anvil(chain_id: int = 31337, *, start_s: float = 30.0) -> Iterator[str]:
-    """Start anvil on 127.0.0.1, wait until it answers eth_chainId, yield its URL; it is
-    killed on the way out."""
+def running_anvil(chain_id: int = 31337, *, start_s: float = 30.0,
+                  args: Sequence[str] = ()) -> Iterator[str]:
+    """Start anvil on 127.0.0.1 (with `args` added to its command line, e.g. a hardfork),
+    wait until it answers eth_chainId, yield its URL; it is killed on the way out."""
     binary = need_anvil()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen([binary, "--silent", "--host", "127.0.0.1", "--port", str(port),
-                             "--chain-id", str(chain_id)],
+                             "--chain-id", str(chain_id), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + start_s

@@ -6,8 +6,9 @@ number, hash). For each new block the follower
 
 1. reads the block's header and checks that its parent is the last block applied (else: a
    reorg, below);
-2. collects what the block changed (`morphogen.chain.blocks.touched_by`) and reads those
-   values at the block from the node, checked against the block's trace;
+2. collects what the block changed (`morphogen.chain.blocks.Tracer`: the cheapest source of
+   traces the node answers) and reads those values at the block from the node, checked
+   against the block's trace;
 3. applies them as ONE owner version (`OwnerTable.apply`, named by the block's hash so that a
    re-run never applies a block twice), with the record of the last K blocks in the same
    atomic write;
@@ -47,7 +48,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from morphogen.chain.blocks import Header, State, Touched, header, read_state, touched_by
+from morphogen.chain.blocks import (
+    ChainMoved,
+    Header,
+    State,
+    Touched,
+    Tracer,
+    header,
+    read_state,
+)
 from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
 from morphogen.chain.tables import TABLES
@@ -67,10 +76,6 @@ GROW_AT = 0.8  # a table is grown before a block would fill it past this
 
 class FollowError(ChainError):
     """The follower cannot go on (the message says why and what to do)."""
-
-
-class ChainMoved(ChainError):
-    """The node's chain changed while a step read it: the step is tried again."""
 
 
 CRASH_ENV = "MORPHOGEN_FOLLOW_CRASH"
@@ -165,6 +170,7 @@ class Follower:
         if confirmations < 0 or keep < 1:
             raise ValueError("confirmations is 0 or more, keep 1 or more")
         self.rpc, self.owner, self.parties = rpc, owner, parties
+        self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep
         self.snapshot_dir = snapshot_dir
@@ -267,7 +273,7 @@ class Follower:
         if nxt.parent_hash != digest:
             self._reorg(started, target)
         else:
-            self._apply(nxt, touched_by(self.rpc, nxt), [], started)
+            self._apply(nxt, self.tracer.touched(nxt), [], started)
         return True
 
     def _hash_at(self, number: int) -> str | None:
@@ -470,7 +476,7 @@ class Follower:
             if first.parent_hash != base["hash"]:
                 raise ChainMoved(f"block {first.number}'s parent is not block {number} "
                                  "on the node: the chain moved again mid-reorg")
-            touched, revert = touched_by(self.rpc, first), False
+            touched, revert = self.tracer.touched(first), False
         else:
             first = header(self.rpc, number)
             if first.hash != base["hash"]:
