@@ -216,7 +216,8 @@ class PartyConfig(BaseModel):
         1.0, ge=0, description="background fold of pending updates into pages (0: off)"
     )
     fold_threshold: int = Field(64, ge=1, description="pending updates that trigger a fold")
-    fold_chunk_pages: int = Field(1024, ge=1, description="copy-on-write unit of a fold")
+    fold_chunk_pages: int = Field(1024, ge=1, description="the chunk a fold counts written pages "
+                                  "in (and copies, for an engine that scans its own copy)")
 
     # -- Serve lifecycle
     health_check_period_s: float = Field(10.0, gt=0)

@@ -61,6 +61,9 @@ class CpuShard:
         pages = check_pages(pages)
         # the kernel reads pages as u64 rows; a strided view would silently lose vectorisation
         self._pages = np.ascontiguousarray(pages).view(np.uint64)
+        # scans read `pages` itself (no copy was made): a write into them, between scans, is
+        # what the next scan reads (morphogen.party.host_fold)
+        self.reads_in_place = bool(pages.flags.c_contiguous)
         self.num_pages = int(pages.shape[0])
         self.first_page = int(first_page)
         self._engine = engine

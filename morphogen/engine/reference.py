@@ -15,6 +15,7 @@ from morphogen.protocol.packed import PackedKeyBatch, selection_range
 class ReferenceShard:
     def __init__(self, pages: np.ndarray, first_page: int) -> None:
         self._pages = check_pages(pages)
+        self.reads_in_place = True  # scans read `pages` itself (morphogen.party.host_fold)
         self.num_pages = int(pages.shape[0])
         self.first_page = int(first_page)
 

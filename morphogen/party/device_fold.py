@@ -1,7 +1,7 @@
 """Pending page updates folded into a GPU shard's device copy, in place.
 
-On the CPU engines a fold writes pending updates into private host copies of the touched
-chunks (morphogen.party.epoch). On a GPU shard the scans read the device copy, so the fold
+On the CPU engines a fold writes pending updates into the host pages in place, under the same
+gate (morphogen.party.host_fold). On a GPU shard the scans read the device copy, so the fold
 writes the updates there (GpuShard.write_pages: 4 KiB a changed page crosses the bus, untouched
 pages never again) and keeps the segment: its scanner, its table scanners and its lease stay
 what they were. The host side only needs the changed pages' bytes for later PageWrites and the

@@ -1,10 +1,10 @@
-"""One shard's versioned state: epochs, pending page updates, copy-on-write folding, rotation.
+"""One shard's versioned state: epochs, pending page updates, folding, rotation.
 
 An epoch is an immutable view of the matrix: a snapshot plus an ordered list of page updates
 (`PageUpdate`: XOR diffs), held on a shard as a `Version` (morphogen.party.version) whose answers
 apply the pending updates to the scan of the pages, so an update becomes visible the moment its
-epoch is published, and the background fold that later writes it into the pages (copy-on-write,
-per touched chunk) changes no answer's bytes.
+epoch is published, and the background fold that later writes it into the pages (in place,
+between scans: morphogen.party.host_fold and device_fold) changes no answer's bytes.
 
 Publication is two-phase so that every shard of a party switches together: `prepare_*` builds
 the next version off to the side (the expensive part: loading a snapshot range, resolving page
@@ -41,7 +41,7 @@ from morphogen.party.device_fold import (
     fold_on_device,
     stage_rotation,
 )
-from morphogen.party.host_fold import fold_on_host
+from morphogen.party.host_fold import fold_in_place, fold_on_host, host_writable
 from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
@@ -52,7 +52,7 @@ from morphogen.protocol.packed import AnyBatch, PackedKeyBatch
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.tables import advertised
 
-DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit of copy-on-write when pending updates are folded
+DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit folds count in (and copy, where not in place)
 T = TypeVar("T")
 # A staged version left by an admin operation that never committed nor aborted (its router
 # died) may be replaced by another operation after this long.
@@ -102,8 +102,9 @@ class ShardState:
         self._staged_at = 0.0
         self._loading = False  # a prepare_snapshot is loading its range
         self._table_loader = TableLoader(engine)
-        # GPU shards fold pending updates into the device copy between scans (device_fold)
-        self._gate = ScanGate() if engine.name == "gpu" else None
+        # Folds write pending updates into the pages scans read (the device copy on a GPU
+        # shard, device_fold; the host pages on the CPU engines, host_fold), between scans
+        self._gate = ScanGate()
         self._broken: BaseException | None = None
 
     # -- reads
@@ -135,10 +136,9 @@ class ShardState:
         batch = keys if isinstance(keys, PackedKeyBatch) else as_batch(keys)
         check_format(self._engine, batch)  # an engine without packed kernels refuses them
         if self._broken is not None:
-            raise RuntimeError("the device copy is undefined after a failed write; this shard "
+            raise RuntimeError("the pages are undefined after a failed write; this shard "
                                "must be replaced") from self._broken
-        gate = self._gate.scan() if self._gate is not None else contextlib.nullcontext()
-        with gate, self.lease() as version:
+        with self._gate.scan(), self.lease() as version:
             if table is not None:
                 table.check(version.snapshot.manifest, version.first_page, version.stop_page)
                 want = table.table.domain_bits
@@ -162,7 +162,9 @@ class ShardState:
     @contextlib.contextmanager
     def lease(self) -> Iterator[Version]:
         """The current version, its segments kept open until the block ends (a scan's
-        lease): a commit, rotation or fold meanwhile retires them but closes them only after."""
+        lease): a commit, rotation or fold meanwhile retires them but closes them only after.
+        A lease alone does not keep a fold from writing into the pages it shares with the
+        next version: reading its answers needs the scan gate too, as `scan_timed` holds it."""
         version = self._leases.acquire()
         try:
             yield version
@@ -282,7 +284,7 @@ class ShardState:
             try:
                 pages = snapshot.read_verified(first_page, stop_page)
                 version = None
-                if self._gate is not None:  # a GPU shard keeps its device copy if it can
+                if device_writable(self.current):  # a GPU shard keeps its device copy
                     version = stage_rotation(self.current, snapshot, first_page, pages,
                                              epoch_id)
                 if version is None:
@@ -304,14 +306,14 @@ class ShardState:
             old = self.current
             if staged.device_diffs is not None:
                 rotation = staged
-                staged = self._device_write(lambda: commit_rotation(rotation,
+                staged = self._write_under_gate(lambda: commit_rotation(rotation,
                                                                     self._leases.swap))
             else:
                 self._leases.swap(staged)
             self._staged = None
             self._staged_op = None
             self._leases.retire(old.segments, keep=staged.segments)
-            if staged.pending and self._gate is not None and device_writable(staged):
+            if staged.pending and device_writable(staged):
                 # a GPU shard writes the updates into device memory now: no answer pays the
                 # CPU pass over them afterwards (the answers are the same bytes either way)
                 self._fold_on_device(staged)
@@ -345,22 +347,28 @@ class ShardState:
 
     # -- background maintenance
     def fold_pending(self) -> int:
-        """Write the current version's pending updates into private page copies.
+        """Write the current version's pending updates into the pages scans read.
 
-        Builds a version with the same epoch id and identical answers, and swaps it in only if
-        nothing was published meanwhile. Returns the number of updates folded.
+        Swaps in a version with the same epoch id and identical answers, only if nothing was
+        staged meanwhile. Returns the number of updates folded.
 
-        On the CPU engines every touched chunk becomes a private copy and the untouched runs
-        around it become segments of their own (views, no copy). On a GPU shard the updates
-        are written into the device copy in place (morphogen.party.device_fold), which a
-        commit of updates already does, so little is left pending there.
+        On the CPU engines the updates are XORed into the shard's own pages in place, under
+        the scan gate (morphogen.party.host_fold: 4 KiB written an update, whatever the
+        shard's size); an engine that scans a copy of its own gets private copies of the
+        touched chunks instead. On a GPU shard they are written into the device copy in place
+        (morphogen.party.device_fold), which a commit of updates already does, so little is
+        left pending there.
         """
         with self._lock:
             base = self.current
             if not base.pending or self._staged is not None:
                 return 0
-            if self._gate is not None and device_writable(base):
+            if device_writable(base):
                 self._fold_on_device(base)
+                return len(base.pending)
+            if host_writable(base):
+                self._write_under_gate(
+                    lambda: fold_in_place(base, self._chunk, self._leases.swap))
                 return len(base.pending)
             folded_version = fold_on_host(base, self._engine, self._chunk)
             self._leases.swap(folded_version)
@@ -368,12 +376,11 @@ class ShardState:
             return len(base.pending)
 
     # -- internals
-    def _device_write(self, action: Callable[[], T]) -> T:
-        """`action` (a device write and its version swap, morphogen.party.device_fold) under
-        the scan gate, with the lock held: no scan runs while the device copy changes, and
-        the version swaps before the next one. A failed write leaves the copy undefined:
-        the shard stops serving."""
-        assert self._gate is not None
+    def _write_under_gate(self, action: Callable[[], T]) -> T:
+        """`action` (a write into the pages scans read and its version swap: device_fold,
+        host_fold) under the scan gate, with the lock held: no scan runs while the pages
+        change, and the version swaps before the next one. A failed write leaves the pages
+        undefined: the shard stops serving."""
         with self._gate.write():
             try:
                 return action()
@@ -382,7 +389,7 @@ class ShardState:
                 raise
 
     def _fold_on_device(self, base: Version) -> None:
-        self._device_write(lambda: fold_on_device(base, self._leases.swap))
+        self._write_under_gate(lambda: fold_on_device(base, self._leases.swap))
 
     def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
         cur = self.current

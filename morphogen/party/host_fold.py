@@ -1,17 +1,84 @@
-"""Pending page updates folded into private host copies (the CPU engines' fold).
+"""Pending page updates folded into the host pages the CPU engines scan.
 
-Every touched chunk becomes a private copy and the untouched runs around it become segments of
-their own (views of the loaded pages, no copy); the new version answers the same bytes without
-the pending updates. A GPU shard writes its updates into the device copy instead
-(morphogen.party.device_fold).
+In place, where it can (`fold_in_place`): a shard's pages are its own copy (`read_verified`'s,
+never the file's mapping), and the CPU engines scan those very arrays, so a fold XORs each
+pending update into its page and swaps in the same segments without the updates: 4 KiB
+written a page updated, whatever the shard's size, and no segment split. The write changes
+what every version sharing those segments reads, so, as on a GPU shard
+(morphogen.party.device_fold), it runs under the scan gate's write side: the scans in flight
+(on the version with the updates pending) finish first, and every later scan reads the folded
+version, whose answers are the same bytes.
+
+Otherwise (`fold_on_host`: an engine that scans a copy of its own), every touched chunk becomes
+a private copy and the untouched runs around it become segments of their own (views of the
+loaded pages, no copy), which no scan in flight reads.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import numpy as np
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine
 from morphogen.party.version import Segment, Version
+
+
+def host_writable(version: Version) -> bool:
+    """Whether every segment's scanner reads the segment's pages themselves, and those pages
+    are an array of this process's own (`_owner`), so a write into them is what scans read."""
+    return bool(version.segments) and all(
+        getattr(s.scanner, "reads_in_place", False) and _owner(s.pages) is not None
+        for s in version.segments)
+
+
+def _owner(pages: np.ndarray) -> np.ndarray | None:
+    """The C-contiguous (n, 4096) uint8 array owning the memory of `pages` (a row range of
+    it, or itself); None for memory of another kind (a mapping, a foreign buffer)."""
+    arr = pages
+    while isinstance(arr.base, np.ndarray):
+        arr = arr.base
+    if not (arr.flags.owndata and arr.flags.c_contiguous and arr.dtype == np.uint8
+            and arr.ndim == 2 and arr.shape[1] == PAGE_SIZE and pages.flags.c_contiguous):
+        return None
+    return arr
+
+
+def fold_in_place(base: Version, c: int, swap: Callable[[Version], None]) -> Version:
+    """XOR `base`'s pending updates into its segments' pages and `swap` in the version without
+    them (the caller holds the scan gate's write side; `host_writable(base)`). Chunks of `c`
+    pages written are added to `folded` (what `info()` counts)."""
+    pages, diffs = base._pending_arrays
+    diffs = diffs.reshape(len(pages), PAGE_SIZE)
+    firsts = np.array([s.first_page for s in base.segments], np.int64)
+    order = np.argsort(firsts, kind="stable")
+    where = order[np.searchsorted(firsts[order], pages, "right") - 1]
+    for i, seg in enumerate(base.segments):
+        mine = np.flatnonzero(where == i)
+        if not mine.size:
+            continue
+        rows = pages[mine] - seg.first_page
+        if rows.min() < 0 or rows.max() >= seg.pages.shape[0]:
+            raise IndexError("a pending update outside every segment of the version")
+        owner = _owner(seg.pages)
+        assert owner is not None  # host_writable
+        rows += (seg.pages.__array_interface__["data"][0]
+                 - owner.__array_interface__["data"][0]) // PAGE_SIZE
+        was = owner.flags.writeable
+        owner.flags.writeable = True
+        try:
+            if np.unique(rows).size == rows.size:
+                owner[rows] ^= diffs[mine]
+            else:  # a page updated twice: both diffs, in any order (XOR commutes)
+                np.bitwise_xor.at(owner, rows, diffs[mine])
+        finally:
+            owner.flags.writeable = was
+    folded = replace(base, pending=(),
+                     folded=base.folded | frozenset((pages // c).tolist()))
+    swap(folded)
+    return folded
 
 
 def fold_on_host(base: Version, engine: Engine, c: int) -> Version:

@@ -63,7 +63,7 @@ class Version:
     stop_page: int
     segments: tuple[Segment, ...]
     pending: tuple[PageUpdate, ...] = ()
-    folded: frozenset[int] = field(default_factory=frozenset)  # chunks held as private copies
+    folded: frozenset[int] = field(default_factory=frozenset)  # chunks a fold has written
     # pages whose bytes changed in a device copy (morphogen.party.device_fold): their host bytes
     written: Mapping[int, bytes] = field(default_factory=dict, hash=False, compare=False)
     # a staged rotation's (pages, diffs) against the device copy it shares: written at commit

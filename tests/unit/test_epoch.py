@@ -229,3 +229,37 @@ def test_shard_core_rotates_to_another_page_count_and_domain(tmp_path, snapshots
     assert not cores[2].info()["rotation_in_progress"]
     for c in cores:
         c.close()
+
+
+@pytest.mark.parametrize("name", ["cpu", "reference"])
+def test_a_fold_writes_the_updates_into_the_pages_scans_read_and_nothing_else(snapshots, name):
+    """The in-place fold: the same segments and arrays before and after (nothing copied, no
+    scanner rebuilt), the pages the model's, read-only again; a page updated twice, and a
+    replacement, fold as applying them in order would."""
+    snap, _ = snapshots
+    state = ShardState(engine.create(name), snap, 0, NUM_PAGES, chunk_pages=32)
+    model = synthetic_pages(1, 0, NUM_PAGES).copy()
+    rng = np.random.default_rng(12)
+    d1, d2 = (rng.integers(0, 256, 4096, np.uint8) for _ in range(2))
+    state.prepare_updates(2, [PageUpdate(7, d1.tobytes()), PageWrite(150, b"\x09" * 10)])
+    state.commit(2)
+    state.prepare_updates(3, [PageUpdate(7, d2.tobytes()), PageUpdate(299, d1.tobytes())])
+    state.commit(3)
+    model[7] ^= d1 ^ d2
+    model[150] = 0
+    model[150, :10] = 9
+    model[299] ^= d1
+    before = state.current
+    arrays = [s.pages for s in before.segments]
+    assert state.fold_pending() == 4
+    after = state.current
+    assert after.pending == () and after.identity == before.identity
+    assert after.segments == before.segments  # the same Segment objects: no copy, no split
+    assert all(s.pages is a for s, a in zip(after.segments, arrays, strict=True))
+    got = np.concatenate([np.asarray(s.pages) for s in after.segments])
+    assert np.array_equal(got, model)
+    assert all(not s.pages.flags.writeable for s in after.segments)
+    assert after.folded == {0, 150 // 32, 299 // 32}
+    keys = keys_for([7, 150, 299, 0])
+    assert np.array_equal(state.scan(keys)[1], expected(model, 0, NUM_PAGES, keys))
+    assert state.fold_pending() == 0

@@ -139,7 +139,7 @@ def test_epoch_lists_the_tables(served):
     assert doc["page_pir"]["num_pages"] == NUM_PAGES  # the default table: the whole matrix
 
 
-def test_tables_follow_page_updates_and_keep_their_scanners_until_a_fold(served):
+def test_tables_follow_page_updates_and_keep_their_scanners_through_a_fold(served):
     party, links, model = served
     rng = np.random.default_rng(1)
     touched = [3, 45, 50, 95]  # head, mid (shard 0), mid and inner (shard 1), tail
@@ -163,8 +163,12 @@ def test_tables_follow_page_updates_and_keep_their_scanners_until_a_fold(served)
     # updates keep the segments, so the table's scanner was built once
     assert state.current.segments[0].subs._by_range[(40, 60)] is scanner
     assert state.fold_pending() == 2  # pages 3 and 45
-    assert subs._closed and not subs._by_range  # a fold closes the old segment's scanners
-    assert asyncio.run(_read(party, new, "mid", [5])) == [new[45].tobytes()]
+    # the fold wrote them into the pages the segment's scanners read: nothing is rebuilt
+    assert state.current.pending == () and not subs._closed
+    assert state.current.segments[0].subs._by_range[(40, 60)] is scanner
+    assert asyncio.run(_read(party, new, "mid", [5, 10])) == [new[45].tobytes(),
+                                                               new[50].tobytes()]
+    assert asyncio.run(_read(party, new, "head", [3])) == [new[3].tobytes()]
 
 
 def test_a_shard_refuses_a_plan_its_epoch_does_not_match(served):
