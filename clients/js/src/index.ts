@@ -24,3 +24,23 @@ export {
   xorPages,
 } from "./wire.js";
 export type { Answer, Encoding, TableInfo } from "./wire.js";
+export {
+  KeywordClient,
+  TableChangingError,
+  UnknownKeywordTable,
+  requestSizes,
+} from "./keyword/client.js";
+export type { KeywordClientOptions } from "./keyword/client.js";
+export {
+  KeywordIntegrityError,
+  StaleTableError,
+  descriptorFromPage,
+  descriptorOf,
+  publicKeyOf,
+  stale,
+} from "./keyword/descriptor.js";
+export type { Anchor, Bounds, Descriptor } from "./keyword/descriptor.js";
+export { candidates, seededHash, siphash13, tagOf } from "./keyword/hashing.js";
+export { Geometry, leafHash, levelSizes, nodeHash } from "./keyword/table.js";
+export { check, plan, privateLevels, proveWhole, wholePagesWanted } from "./keyword/verify.js";
+export type { Proof } from "./keyword/verify.js";

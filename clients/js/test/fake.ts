@@ -29,6 +29,8 @@ export class FakeParty {
   keyFormats: string[] = ["v1"];
   tables: Record<string, { first_page: number; num_pages: number; domain_bits: number }> = {};
   faults: Fault[] = [];
+  /** a lying party: flips a bit of every page it answers */
+  lie = false;
   epochReads = 0;
   posts: { path: string; contentType: string; body: unknown }[] = [];
 
@@ -105,6 +107,7 @@ export class FakeParty {
       }
       results.push(raws.map((k) => this.scan(k, table)));
     }
+    if (this.lie) for (const r of results) for (const acc of r) acc[0]! ^= 1;
     const out: Record<string, unknown> = { epoch_id: this.answerEpoch ?? this.epochId };
     const identity = this.answerIdentity === undefined ? this.identity : this.answerIdentity;
     if (identity !== null) out.identity = identity;
@@ -116,6 +119,11 @@ export class FakeParty {
     }
     return Response.json(out);
   }
+}
+
+/** The domain bits a party gives `numPages` pages (morphogen/snapshot/layout.py). */
+export function domainBitsFor(numPages: number): number {
+  return Math.max(1, Math.ceil(Math.log2(numPages)));
 }
 
 /** A fetch that routes http://a/... to `a` and http://b/... to `b`. */
