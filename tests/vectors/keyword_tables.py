@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from morphogen.keyword.build import Draws, build_table
+from morphogen.keyword.build import Draws, KeywordTable, build_table
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.hashing import candidates
 from morphogen.keyword.pages import tag_of
@@ -49,12 +49,19 @@ def records(n: int, value_size: int, seed: str) -> dict[bytes, bytes]:
     return {rng.randbytes(rng.choice([8, 20, 32])): rng.randbytes(value_size) for _ in range(n)}
 
 
-def table(name: str) -> dict:
+def built(name: str) -> tuple[KeywordTable, dict[bytes, bytes]]:
+    """Table `name` as the owner built it (tests/integration/test_js_client.py serves one),
+    and its records."""
     n, value_size, layout, row_size, buckets, anchor, table_name = CASES[name]
     recs = records(n, value_size, f"morphogen keyword vector {name}")
     t = build_table(recs.items(), value_size=value_size, signing_key=OWNER, layout=layout,
                     row_size=row_size, num_buckets=buckets, anchor=anchor, name=table_name,
                     draws=Draws(f"morphogen keyword vector draws {name}"), created=CREATED)
+    return t, recs
+
+
+def table(name: str) -> dict:
+    t, recs = built(name)
     desc = t.descriptor
     rng = random.Random(f"morphogen keyword vector absent {name}")
     keys = list(recs)[:12] + [rng.randbytes(20) for _ in range(ABSENT)]

@@ -3,15 +3,22 @@
 // and runs this file with:
 //   MORPHOGEN_JS_SERVER_A, MORPHOGEN_JS_SERVER_B  the parties' base URLs
 //   MORPHOGEN_JS_PAGES                            the served pages, 4096 bytes each, in order
-// Without them every test here is skipped (a plain `npm test`).
+// and, for the keyword client, with two parties serving a table of
+// tests/vectors/keyword_tables.json:
+//   MORPHOGEN_JS_KW_A, MORPHOGEN_JS_KW_B          their base URLs
+//   MORPHOGEN_JS_KW_TABLE                         the table's name in that file
+// Without them the tests here are skipped (a plain `npm test`).
 
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { describe, it } from "node:test";
 
+import { fromHex, to0xHex, toHex } from "../src/bytes.js";
 import { PAGE_SIZE, keyLength, packedKeyLength } from "../src/constants.js";
 import { generateKeys } from "../src/dpf.js";
-import { PageOutOfRange, PirClient, encodeRequest } from "../src/index.js";
+import { KeywordClient, KeywordIntegrityError, PageOutOfRange, PirClient, encodeRequest } from "../src/index.js";
+import { ANSWER_FAILED } from "../src/keyword/verify.js";
+import { readVectors } from "./vectors.js";
 
 const A = process.env.MORPHOGEN_JS_SERVER_A;
 const B = process.env.MORPHOGEN_JS_SERVER_B;
@@ -87,5 +94,55 @@ describe("page client against two real parties", { skip }, () => {
     const r2 = await fetch(A! + req.path, { method: "POST", body: req.body, headers: req.headers });
     assert.equal(r2.status, 400);
     assert.equal((await r2.json()).error.code, "bad_domain");
+  });
+});
+
+const KW_A = process.env.MORPHOGEN_JS_KW_A;
+const KW_B = process.env.MORPHOGEN_JS_KW_B;
+const KW_TABLE = process.env.MORPHOGEN_JS_KW_TABLE;
+const skipKw = !KW_A || !KW_B || !KW_TABLE ? "MORPHOGEN_JS_KW_A/B and MORPHOGEN_JS_KW_TABLE not set" : false;
+
+/** A fetch that flips one bit of the first page of every answer from `victim` to a JSON
+ * request naming party table `table` (every request when undefined). */
+function lying(victim: string, table?: string): typeof fetch {
+  return async (input, init) => {
+    const resp = await fetch(input, init);
+    if (init?.method !== "POST" || !String(input).startsWith(victim)) return resp;
+    const asked = JSON.parse(new TextDecoder().decode(init.body as Uint8Array));
+    if (table !== undefined && asked.table !== table) return resp;
+    const doc = await resp.json();
+    const group = doc.results ? doc.results[0].pages : doc.pages;
+    const first = fromHex(group[0]);
+    first[1234]! ^= 0x04;
+    group[0] = to0xHex(first);
+    return Response.json(doc, { status: resp.status });
+  };
+}
+
+describe("keyword client against two real parties", { skip: skipKw }, () => {
+  interface Lookup { key: string; value: string | null }
+  const table = skipKw ? undefined
+    : readVectors<Record<string, { public_key: string; lookups: Lookup[] }>>("keyword_tables.json")[KW_TABLE!]!;
+
+  for (const [whole, encoding] of [[128, "json"], [1, "msgpack"]] as const) {
+    it(`finds every value and no absent key (levels of up to ${whole} pages read whole, ${encoding})`, async () => {
+      const kw = new KeywordClient(new PirClient(KW_A!, KW_B!, { encoding }), table!.public_key, { wholeLevelPages: whole });
+      const got = await kw.getMany(table!.lookups.map((l) => fromHex(l.key)));
+      assert.deepEqual(got.map((v) => (v === null ? null : toHex(v))), table!.lookups.map((l) => l.value));
+      const desc = await kw.descriptor();
+      assert.equal(desc.version, 1);
+      assert.deepEqual(kw.lastView?.[0], (await kw.pir.readInfo()).epochId);
+    });
+  }
+
+  it("refuses a lying party's answers with the one error, never a value", async () => {
+    const key = fromHex(table!.lookups[0]!.key);
+    for (const [victim, part] of [[KW_B!, "data"], [KW_A!, "tree1"]] as const) {
+      const kw = new KeywordClient(new PirClient(KW_A!, KW_B!, { fetch: lying(victim, part) }),
+        table!.public_key, { wholeLevelPages: 1 });
+      await assert.rejects(kw.get(key), (e: Error) => e instanceof KeywordIntegrityError && e.message === ANSWER_FAILED, part);
+    }
+    const kw = new KeywordClient(new PirClient(KW_A!, KW_B!, { fetch: lying(KW_A!) }), table!.public_key);
+    await assert.rejects(kw.get(key), /not signed by the trusted owner key/);
   });
 });
