@@ -1,0 +1,46 @@
+export * from "./constants.js";
+export { fromHex, to0xHex, toHex, xorBytes } from "./bytes.js";
+export { expand } from "./prg.js";
+export { DomainError, DpfKey, KeyFormatError, generateKeys } from "./dpf.js";
+export type { RootSeeds } from "./dpf.js";
+export { PackedKey, generatePackedKeys } from "./packed.js";
+export { PirClient, RetryPolicy, checkServerUrl } from "./client.js";
+export type { PirClientOptions } from "./client.js";
+export {
+  DataMoved,
+  EpochMismatchError,
+  PageOutOfRange,
+  PirError,
+  PirUnavailable,
+  RETRY_STATUSES,
+  ServerInfo,
+  UnknownTable,
+  View,
+  decodeAnswer,
+  encodeRequest,
+  infoFromEpoch,
+  makeKeys,
+  planTargets,
+  xorPages,
+} from "./wire.js";
+export type { Answer, Encoding, TableInfo } from "./wire.js";
+export {
+  KeywordClient,
+  TableChangingError,
+  UnknownKeywordTable,
+  requestSizes,
+} from "./keyword/client.js";
+export type { KeywordClientOptions } from "./keyword/client.js";
+export {
+  KeywordIntegrityError,
+  StaleTableError,
+  descriptorFromPage,
+  descriptorOf,
+  publicKeyOf,
+  stale,
+} from "./keyword/descriptor.js";
+export type { Anchor, Bounds, Descriptor } from "./keyword/descriptor.js";
+export { candidates, seededHash, siphash13, tagOf } from "./keyword/hashing.js";
+export { Geometry, leafHash, levelSizes, nodeHash } from "./keyword/table.js";
+export { check, plan, privateLevels, proveWhole, wholePagesWanted } from "./keyword/verify.js";
+export type { Proof } from "./keyword/verify.js";
