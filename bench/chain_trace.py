@@ -52,19 +52,9 @@ def _log(msg: str) -> None:
 def run(txs: int, records: int, blocks: int) -> dict:
     from chain_follow import FILL_INIT, FILL_RUNTIME
 
-    from morphogen.chain.blocks import (
-        PRESTATE,
-        TRACER,
-        Touched,
-        Tracer,
-        _accounts,
-        _block_changes,
-        _diff,
-        _slots,
-        header,
-        read_state,
-    )
+    from morphogen.chain.blocks import TRACER, Touched, _accounts, _slots, header, read_state
     from morphogen.chain.rpc import EthRpc, quantity
+    from morphogen.chain.traces import PRESTATE, Tracer, _block_changes, _diff
     from tests.chain_node import DEV_ACCOUNTS, running_anvil
 
     def prestate_of(results: list[dict], head) -> Touched:

@@ -134,7 +134,8 @@ def _follow(args: argparse.Namespace) -> int:
 
     from cluster.parties import admin_parties
     from morphogen.chain import ChainError, EthRpc
-    from morphogen.chain.follow import Follower, serve_metrics
+    from morphogen.chain.follow import Follower
+    from morphogen.chain.progress import serve_metrics
     from morphogen.client import PirError
     from morphogen.keyword.owner import OwnerTable, WriterBusy, writer_lock
     from morphogen.keyword.publishing import PublishError

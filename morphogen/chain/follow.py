@@ -6,7 +6,7 @@ number, hash). For each new block the follower
 
 1. reads the block's header and checks that its parent is the last block applied (else: a
    reorg, below);
-2. collects what the block changed (`morphogen.chain.blocks.Tracer`: the cheapest source of
+2. collects what the block changed (`morphogen.chain.traces.Tracer`: the cheapest source of
    traces the node answers) and reads those values at the block from the node, checked
    against the block's trace;
 3. applies them as ONE owner version (`OwnerTable.apply`, named by the block's hash so that a
@@ -44,22 +44,15 @@ import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from morphogen.chain.blocks import (
-    ChainMoved,
-    Header,
-    State,
-    Touched,
-    Tracer,
-    header,
-    read_state,
-)
+from morphogen.chain.blocks import ChainMoved, Header, State, Touched, header, read_state
+from morphogen.chain.progress import BlockPhases, Progress
 from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
 from morphogen.chain.tables import TABLES
+from morphogen.chain.traces import Tracer
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.overlapped import Legs, OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable
@@ -96,66 +89,6 @@ def crash_point(step: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@dataclass
-class Progress:
-    """What the follower reports, and exports as metrics."""
-
-    head: int = 0
-    served: int = 0
-    blocks: int = 0
-    records: int = 0
-    reorgs: int = 0
-    last_seconds: float = 0.0
-    phases: dict[str, float] = field(default_factory=dict)  # the last block's, in seconds
-    started: float = field(default_factory=time.monotonic)
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.head - self.served)
-
-    def rate(self) -> float:
-        return self.blocks / max(time.monotonic() - self.started, 1e-9)
-
-    def metrics(self) -> str:
-        lines = []
-        for name, kind, value, help_ in (
-                ("head_block", "gauge", self.head, "the node's head block"),
-                ("served_block", "gauge", self.served, "the block both parties serve"),
-                ("lag_blocks", "gauge", self.lag, "head minus served"),
-                ("blocks_total", "counter", self.blocks, "blocks published"),
-                ("records_total", "counter", self.records, "records changed by them"),
-                ("reorgs_total", "counter", self.reorgs, "reorgs followed"),
-                ("block_seconds", "gauge", round(self.last_seconds, 6),
-                 "seconds the last block took, read to published")):
-            lines += [f"# HELP morphogen_chain_{name} {help_}",
-                      f"# TYPE morphogen_chain_{name} {kind}",
-                      f"morphogen_chain_{name} {value}"]
-        lines += ["# HELP morphogen_chain_phase_seconds the last block's seconds by phase "
-                  "(trace: header and trace; read: values from the node; apply: the owner's "
-                  "version; wait: behind party A's leg of the block before; publish: both "
-                  "parties, B's after A's)",
-                  "# TYPE morphogen_chain_phase_seconds gauge"]
-        lines += [f'morphogen_chain_phase_seconds{{phase="{k}"}} {round(v, 6)}'
-                  for k, v in self.phases.items()]
-        return "\n".join(lines) + "\n"
-
-
-class _Phases:
-    """Laps of one block's work: trace (from `started`), read, apply, wait, publish."""
-
-    def __init__(self, started: float) -> None:
-        self.laps: dict[str, float] = {"trace": time.monotonic() - started}
-        self._at = time.monotonic()
-
-    def lap(self, name: str) -> None:
-        now = time.monotonic()
-        self.laps[name] = now - self._at
-        self._at = now
-
-    def __str__(self) -> str:
-        return " ".join(f"{k} {v:.2f}" for k, v in self.laps.items())
-
-
 def _keys_file(number: int, digest: str) -> str:
     return f"{number:012d}-{digest[2:18]}.json"
 
@@ -186,7 +119,7 @@ class Follower:
         self._overlap = OverlappedPublisher(self._publishing, parties,
                                             snapshot_dir=snapshot_dir, done=self._published)
         # version -> what its line reports once both parties have it
-        self._blocks: dict[int, tuple[Header, int, int, _Phases, float]] = {}
+        self._blocks: dict[int, tuple[Header, int, int, BlockPhases, float]] = {}
         anchor = owner.descriptor(TABLES[0]).anchor
         if anchor is None:
             raise FollowError(f"{owner.root} names no chain block: build it with `morphogen "
@@ -314,7 +247,7 @@ class Follower:
         (the common ancestor of a reorg to a branch no longer than it), already in the
         record: the version reflects it again, `touched` (the orphaned blocks' keys) read
         at it."""
-        clock = _Phases(started)
+        clock = BlockPhases(started)
         crash_point("traced")
         state = read_state(self.rpc, head, touched)
         changes, inserts = self._changes(state)
@@ -348,7 +281,7 @@ class Follower:
         self._blocks[version] = (head, len(changes), len(batch), clock, started)
         self._inflight = self._pool.submit(self._push, clock)
 
-    def _push(self, clock: _Phases) -> None:
+    def _push(self, clock: BlockPhases) -> None:
         """The publishing thread: every version party A lacks, each then queued for B."""
         clock.lap("wait")  # behind party A's leg of the block before
         self._overlap.push()
@@ -503,29 +436,3 @@ def _passing(exc: BaseException) -> bool:
 
     return isinstance(exc, (NodeUnreachable, ChainMoved, PirUnavailable, httpx.TransportError,
                             OSError))
-
-
-def serve_metrics(progress: Progress, port: int, host: str = "127.0.0.1") -> Any:
-    """Prometheus text of `progress` at http://host:port/metrics, from a daemon thread; the
-    returned server's `shutdown()` stops it."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            if self.path.split("?")[0] != "/metrics":
-                self.send_error(404)
-                return
-            body = progress.metrics().encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True, name="chain-metrics").start()
-    return server

@@ -22,12 +22,11 @@ from morphogen.chain.blocks import (
     WITHDRAWAL_REQUESTS_CONTRACT,
     Header,
     Touched,
-    _block_changes,
-    _diff,
 )
 from morphogen.chain.export import BlockRef, ExportHeader, write_export
-from morphogen.chain.follow import Progress
+from morphogen.chain.progress import Progress
 from morphogen.chain.state import word_bytes
+from morphogen.chain.traces import _block_changes, _diff
 
 TIP = "0x" + "aa" * 32
 A, B, C = "0x" + "01" * 20, "0x" + "02" * 20, "0x" + "03" * 20

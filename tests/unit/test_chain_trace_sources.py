@@ -13,18 +13,9 @@ from typing import Any
 import pytest
 from chain_node import DEV_ACCOUNTS, running_anvil
 
-from morphogen.chain.blocks import (
-    PRESTATE,
-    REPLAY,
-    REPLAY_BY_NUMBER,
-    ChainMoved,
-    Header,
-    Tracer,
-    header,
-    read_state,
-    touched_by,
-)
+from morphogen.chain.blocks import ChainMoved, Header, header, read_state
 from morphogen.chain.rpc import ChainError, EthRpc, MethodMissing, RpcError, quantity
+from morphogen.chain.traces import PRESTATE, REPLAY, REPLAY_BY_NUMBER, Tracer, touched_by
 
 # with calldata (slot, word) it stores the word; without, it self-destructs to the caller
 RUNTIME = bytes.fromhex("36600757" "33ff00" "5b" "602035" "600035" "55" "00")
