@@ -8,7 +8,8 @@ tables of one owner directory at each size. Then the same blocks of 3,000 change
 under two policies, each on an owner directory of its own:
 
 - *now*: a full copy once the diffs since the last one add up to the table
-  (`keyword.owner.FULL_EVERY = 0`), and every version published as updates, in as many
+  (`keyword.owner.FULL_EVERY = 0`), written in a thread of its own as a follower does
+  (`checkpoints_in_background`), and every version published as updates, in as many
   requests as its pages need (`ROTATE_ABOVE` of the table is the only way to a rotation);
 - *before*: a full copy every 8 versions, and a version over one request's 1,024 pages
   published as a rotation (the owner writes the version's full snapshot, every party loads it).
@@ -126,6 +127,8 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
     gc.collect()
     rss_before = psutil.Process().memory_info().rss
     owner = OwnerTable(owner_dir)
+    if policy == "now":
+        owner.checkpoints_in_background()  # as a follower does
     owner.holds()  # loaded, as a running follower holds it
     rss = psutil.Process().memory_info().rss - rss_before
     table_pages = owner.num_pages()
@@ -165,18 +168,20 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
             party_log += (2 if parts > 1 else 1) * n * (4096 + 9)
         _log(f"  {policy}: block {b + 1}/{blocks}: {n} pages, {'full' if full else 'diff'} "
              f"{written / 2**20:.1f} MiB, apply {applies[-1]:.2f} s")
+    owner.wait_checkpoints()
+    checkpoints = sum(owner.store.is_full(v) for v in range(2, blocks + 2))
     del owner
     gc.collect()
     block_pages = statistics.median(pages)
     if policy == "before":  # one full copy every OLD_FULL_EVERY versions
         share = full_copy / OLD_FULL_EVERY
-    else:  # one full copy each time the diffs add up to the table
-        share = full_copy * block_pages / table_pages
+    else:  # one full copy (through a raw file of the pages) each time the diffs add up
+        share = (full_copy + table_bytes) * block_pages / table_pages
     diffs = [w for w, f in zip(version_bytes, full_flags, strict=True) if not f]
     staged = table_bytes * forms.count("rotation") / blocks
     return {"table_pages": table_pages, "table_mib": round(table_bytes / 2**20, 1),
             "full_copy_mib": round(full_copy / 2**20, 1),
-            "full_copies_in_run": sum(full_flags),
+            "full_copies_in_run": checkpoints,
             # in steady state: a block's own version, its share of the full copies, and a
             # rotation's snapshot where the block went as one
             "owner_mib_per_block_steady": round(
@@ -230,8 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 2_000_000, 4_000_000])
-    ap.add_argument("--blocks", type=int, default=9,
-                    help="blocks a policy (9: the old policy's full copy comes once)")
+    ap.add_argument("--blocks", type=int, default=12,
+                    help="blocks a policy (12: each policy's full copy comes at least once at "
+                         "1 M records)")
     ap.add_argument("--work", type=Path, default=None)
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="morphogen-scale-"))

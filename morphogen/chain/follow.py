@@ -103,6 +103,7 @@ class Follower:
         if confirmations < 0 or keep < 1:
             raise ValueError("confirmations is 0 or more, keep 1 or more")
         self.rpc, self.owner, self.parties = rpc, owner, parties
+        owner.checkpoints_in_background()  # a full copy never holds up a block
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep
@@ -180,6 +181,7 @@ class Follower:
         self._drain()
         self._pool.shutdown(wait=True)
         self._overlap.close()
+        self.owner.wait_checkpoints()
 
     def step(self, last: int | None = None) -> bool:
         """Publish what the parties lack, then apply the next block when there is one (up to

@@ -19,8 +19,10 @@ order, each under one publication id. A lock file keeps two owner processes apar
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -43,6 +45,8 @@ from morphogen.keyword.signing import public_bytes
 from morphogen.keyword.tree import rehash, root_of
 from morphogen.keyword.versions import VersionStore
 from morphogen.storage.durable import write_atomic
+
+log = logging.getLogger(__name__)
 
 OWNER_FILE = "owner.json"
 WRITER_LOCK = "writer.lock"
@@ -142,7 +146,40 @@ class OwnerTable:
             raise ValueError(f"{path}: not a {OWNER_FORMAT} file")
         self.store = VersionStore(self.root)
         self._lock = FileLock(str(self.root / ".lock"))
+        # full copies made after the fact: inline by default (a command's process ends with
+        # it); in a thread of their own for a follower (`checkpoints_in_background`)
+        self._background = False
+        self._checkpointer: threading.Thread | None = None
         self._cache: tuple[int, np.ndarray, dict[bytes, bytes]] | None = None
+
+    def checkpoints_in_background(self) -> None:
+        """Write full copies in a thread of their own, off the path of `apply` (a follower's:
+        a full copy of a mainnet table takes minutes, a block 12 s); `wait_checkpoints`
+        before the process ends."""
+        self._background = True
+
+    def wait_checkpoints(self) -> None:
+        """Wait for a full copy being written (an unfinished one is abandoned by an exit,
+        and the diffs it stood for read as before)."""
+        if self._checkpointer is not None:
+            self._checkpointer.join()
+
+    def _checkpoint_free(self) -> bool:
+        return self._checkpointer is None or not self._checkpointer.is_alive()
+
+    def _checkpoint(self, version: int) -> None:
+        def run() -> None:
+            try:
+                self.store.checkpoint(version)
+            except Exception:  # noqa: BLE001 - the diffs still read; the next one retries
+                log.exception("full copy of version %d not written", version)
+
+        if not self._background:
+            self.store.checkpoint(version)
+            return
+        self._checkpointer = threading.Thread(target=run, name=f"checkpoint-v{version}",
+                                              daemon=True)
+        self._checkpointer.start()
 
     @property
     def current(self) -> int:
@@ -271,10 +308,13 @@ class OwnerTable:
         version = self.current + 1
         since = int(self.state.get(DIFF_PAGES, 0)) + len(batch)
         every = int(self.state.get("full_every", FULL_EVERY))
-        full = since >= len(pages) or (every > 0 and (version - 1) % every == 0)
+        full = every > 0 and (version - 1) % every == 0
+        # the diffs since the last full copy add up to the table: this version becomes one,
+        # after the fact (`_checkpoint`), so the version itself is written as a diff
+        due = not full and since >= len(pages) and self._checkpoint_free()
         self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
                          key_dels=key_dels, batch=batch)
-        self.state[DIFF_PAGES] = 0 if full else since
+        self.state[DIFF_PAGES] = 0 if full or due else since
         self.state["current"] = version
         self.state["last_changes"] = changes_id  # moves with the pointer, in one write
         if note is not None:
@@ -282,6 +322,8 @@ class OwnerTable:
         self.save()
         self._cache = (version, pages, keys)
         self._prune()
+        if due:
+            self._checkpoint(version)
         return version, batch
 
     def grow(self, table: str, signing_key: Ed25519PrivateKey, *, records: int) -> int:

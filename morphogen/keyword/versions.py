@@ -13,7 +13,8 @@ Reading version *v* opens the last full version at or before it and lays the bat
 on top, in order: each batch holds whole pages, so the result is byte for byte the full copy
 *v* would have been. A full copy once the batches since the last one add up to the table's
 pages (`morphogen.keyword.owner.FULL_EVERY`) bounds that work by one table's worth, and costs
-no more than the batches it stands for.
+no more than the batches it stands for; it is added to a diff version after the fact
+(`checkpoint`), off the path of the next versions.
 
 A version is written to a temporary directory and renamed into place before the owner's
 pointer moves to it, so a crash leaves no half version under a version's name. Pruning renames
@@ -30,8 +31,10 @@ from pathlib import Path
 import msgpack
 import numpy as np
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.descriptor import tables_of
 from morphogen.keyword.layout import TAG_SIZE
+from morphogen.snapshot.manifest import DATA_FILE
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
 from morphogen.storage.durable import fsync_dir
@@ -149,6 +152,52 @@ class VersionStore:
     def snapshot_of(self, version: int) -> Path | None:
         """The snapshot directory of a full version, None for a diff."""
         return vdir(self.root, version) / SNAPSHOT if self.is_full(version) else None
+
+    def checkpoint(self, version: int) -> bool:
+        """Make `version` a full version after it was written as a diff: its snapshot and keys
+        added to its directory, built from the last full copy before it and the batches
+        between, one batch in memory at a time (the pages go through a file, never the
+        process's memory). False when there is nothing to do (already full, or pruned).
+
+        Off the hot path: a follower runs it in a thread while it applies the next blocks
+        (`OwnerTable`). The version's directory gets the keys first and the snapshot last,
+        its manifest last of all (`write_snapshot`): a crash leaves it a diff version, which
+        reads as before. A crash's leftovers (`.ckpt-*`) are removed by the next checkpoint."""
+        for stale in self.root.glob(".ckpt-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if not self.exists(version) or self.is_full(version):
+            return False
+        base = self._base(version)
+        final = vdir(self.root, version)
+        tmp = self.root / f".ckpt-{final.name}-{secrets.token_hex(4)}"
+        tmp.mkdir()
+        try:
+            raw = tmp / "pages.raw"
+            shutil.copyfile(vdir(self.root, base) / SNAPSHOT / DATA_FILE, raw)
+            with raw.open("r+b") as f:
+                for v in range(base + 1, version + 1):
+                    for page, _kind, data in self.batch(v):
+                        f.seek(page * PAGE_SIZE)
+                        f.write(data.ljust(PAGE_SIZE, b"\0"))
+                f.flush()
+                os.fsync(f.fileno())
+            pages = np.memmap(raw, np.uint8, "r").reshape(-1, PAGE_SIZE)
+            write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
+                           source="morphogen keyword table", tables=tables_of(pages))
+            del pages
+            raw.unlink()
+            keys = self.keys(version)
+            _pack(tmp / KEYS, {"tags": b"".join(keys), "keys": list(keys.values())})
+            os.replace(tmp / KEYS, final / KEYS)
+            os.replace(tmp / SNAPSHOT, final / SNAPSHOT)
+            fsync_dir(final)
+            return True
+        except FileNotFoundError:
+            if self.exists(version):
+                raise
+            return False  # pruned meanwhile: nothing to read it from any more
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def prune(self, oldest_kept: int) -> list[int]:
         """Remove the versions that reading `oldest_kept` and every later one does not need:

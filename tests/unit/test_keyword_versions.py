@@ -18,6 +18,7 @@ from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
 from morphogen.keyword.versions import VersionGone
+from morphogen.snapshot.reader import Snapshot
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 
@@ -205,6 +206,43 @@ def test_a_full_copy_comes_once_the_diffs_since_the_last_add_up_to_the_table(
     assert owner.state["diff_pages"] == since
     for v in range(max(fulls), 16):  # a full copy and the diffs after it read back whole
         assert np.array_equal(OwnerTable(root).pages(v), copies[v]), v
+
+
+def test_a_full_copy_in_the_background_leaves_every_version_reading_as_before(
+        tmp_path: Path) -> None:
+    """A follower's full copies: written in a thread while later versions are applied, never
+    on `apply`'s path; every version reads the same bytes and keys before, during and after,
+    and a crashed copy's leftovers change nothing."""
+    recs = _records(3000, seed=31)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    root = tmp_path / "o"
+    owner = OwnerTable(root)
+    owner.checkpoints_in_background()
+    (root / ".ckpt-v000009-dead").mkdir()  # a crashed copy's leftovers
+    (root / ".ckpt-v000009-dead" / "pages.raw").write_bytes(b"x" * 100)
+    rng = random.Random(32)
+    copies, keys = {1: table.pages.copy()}, {1: dict(table.keys)}
+    for _ in range(14):
+        changes = _changes(rng, recs, 3)
+        version, _ = owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+        copies[version], keys[version] = owner.pages().copy(), owner.keys()
+    owner.wait_checkpoints()
+    fulls = [v for v in copies if owner.store.is_full(v)]
+    assert len(fulls) >= 2 and 1 in fulls, fulls  # at least one made after the fact
+    assert not list(root.glob(".ckpt-*"))
+    for v in fulls[1:]:
+        # written as a diff, made full: both the batch the parties are sent and the copy
+        assert (root / f"v{v:06d}" / "batch.msgpack").is_file()
+    reread = OwnerTable(root)
+    for v in copies:
+        assert np.array_equal(reread.pages(v), copies[v]), v
+        assert reread.keys(v) == keys[v], v
+    with Snapshot.open(root / f"v{fulls[-1]:06d}" / "snapshot", verify=True) as snap:
+        assert np.array_equal(snap.read_verified(), copies[fulls[-1]])
+    owner.mark_published(15)  # the last full copy is what retention now keeps reading from
+    assert reread.pages(15).tobytes() == copies[15].tobytes()
 
 
 def test_a_version_bigger_than_a_request_goes_as_updates_if_it_changed_a_small_share(
