@@ -45,7 +45,12 @@ def new_publication_id() -> str:
 
 def updates_request(changes: ChangeBatch) -> str:
     """What a re-sent publication id must ask again: the batch."""
-    return "updates:" + changes.digest
+    return batch_request(changes.digest)
+
+
+def batch_request(digest: str) -> str:
+    """`updates_request` of the batch with `digest` (a publication in parts names it)."""
+    return "updates:" + digest
 
 
 def rotation_request(path: str, checksum: str) -> str:

@@ -35,6 +35,7 @@ from morphogen.party.combine import ShardFailure
 from morphogen.party.failpoint import FileFailpoint, Pause
 from morphogen.party.publications import (
     ParentMismatch,
+    batch_request,
     check_parent,
     identity_of,
     new_publication_id,
@@ -275,7 +276,7 @@ class Publisher:
                             "a publication in parts needs its id (Idempotency-Key)")
         done = (await self.in_log(self.log.state)).pubs.get(pub)
         if done is not None:  # committed: its parts may be gone; nothing to stage again
-            if done.request != "updates:" + digest:
+            if done.request != batch_request(digest):
                 raise WireError(409, ErrorCode.CONFLICT,
                                 f"publication id {pub} was used for another request (epoch "
                                 f"{done.epoch_id}); use a new id")

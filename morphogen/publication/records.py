@@ -66,10 +66,9 @@ _INTS = ("seq", "epoch_id", "base_epoch", "count", "of", "lease_ms", "lease_for_
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 PUB_ID = re.compile(r"[A-Za-z0-9_.:-]{1,80}")
 BLOB_NAME = re.compile(r"(?:updates|fold)-[0-9]{12,}-[0-9a-f]{16}\.bin")
-# One part of a publication sent in several requests, staged until its last part arrives:
-# named by the whole batch's digest, so that parts of two different batches never mix.
-# No compaction sweeps them (BLOB_NAME does not match): the last part's request removes them.
-PART_NAME = re.compile(r"part-[0-9a-f]{32}-[0-9]{5}-of-[0-9]{5}\.bin")
+# One part of a publication sent in several requests is staged until its last part arrives,
+# named by the whole batch's digest (`part_name`), so that parts of two batches never mix. No
+# compaction sweeps them (BLOB_NAME does not match): the last part's request removes them.
 MAX_PARTS = 99_999
 
 

@@ -1318,3 +1318,32 @@ def test_a_record_over_the_readers_limit_is_refused_before_it_is_written(plog: E
     assert log.entries() == before and (_files(log) if log.durable else None) == files
     if log.durable:
         assert EpochLog(log.directory, create=False).entries() == before
+
+
+def test_staged_parts_of_a_publication_in_every_backend(plog: EpochLog,
+                                                        rng: np.random.Generator) -> None:
+    """A publication in parts keeps its parts in the log's store (any router replica reads
+    them there): written whole, read back by the batch's digest, missing ones named, gone
+    after `drop_parts`; a compaction leaves them alone."""
+    from morphogen.protocol.changes import joined
+
+    def part(n: int) -> ChangeBatch:
+        return ChangeBatch(rng.integers(0, 50, n).astype(np.int64), rng.random(n) < 0.5,
+                           rng.bytes(n * 4096))
+
+    parts = [part(3), part(1), part(2)]
+    digest = joined(parts).digest
+    assert plog.staged_parts(digest, 3) == ([], [1, 2])
+    plog.stage_part(digest, 2, 3, parts[1])
+    found, missing = plog.staged_parts(digest, 3)
+    assert missing == [1] and len(found) == 1
+    plog.stage_part(digest, 1, 3, parts[0])
+    plog.stage_part(digest, 1, 3, parts[0])  # a re-sent part writes the same name again
+    found, missing = plog.staged_parts(digest, 3)
+    assert missing == [] and joined([*found, parts[2]]).digest == digest
+    assert plog.staged_parts("0" * 64, 3) == ([], [1, 2])  # another batch's: none
+    plog.compact()
+    assert plog.staged_parts(digest, 3)[1] == []
+    plog.drop_parts(digest, 3)
+    assert plog.staged_parts(digest, 3) == ([], [1, 2])
+    plog.drop_parts(digest, 3)  # again: nothing to remove, no error
