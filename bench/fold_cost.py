@@ -2,7 +2,7 @@
 
 A CPU shard of N pages (64 MiB, 256 MiB, 1 GiB by default) takes one block's updates (3,000
 pages anywhere in it, as a mainnet block's data and tree pages spread over a table) as one
-commit, then folds them: in place (`host_fold.fold_in_place`: each update XORed into its page
+commit, then folds them: in place (`host_fold.write_in_place`: each update XORed into its page
 under the scan gate) and, on the same updates, the chunk-copy fold it replaced
 (`host_fold.fold_on_host`: every touched chunk of `fold_chunk_pages` copied). Medians of
 several runs per size, each on the shard as the commit left it; the answers of both folded

@@ -41,7 +41,12 @@ from morphogen.party.device_fold import (
     fold_on_device,
     stage_rotation,
 )
-from morphogen.party.host_fold import fold_in_place, fold_on_host, host_writable
+from morphogen.party.host_fold import (
+    fold_on_host,
+    host_writable,
+    plan_in_place,
+    write_in_place,
+)
 from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
@@ -367,8 +372,9 @@ class ShardState:
                 self._fold_on_device(base)
                 return len(base.pending)
             if host_writable(base):
-                self._write_under_gate(
-                    lambda: fold_in_place(base, self._chunk, self._leases.swap))
+                writes = plan_in_place(base)  # a plan that fails leaves every page as it was
+                self._write_under_gate(lambda: write_in_place(base, writes, self._chunk,
+                                                              self._leases.swap))
                 return len(base.pending)
             folded_version = fold_on_host(base, self._engine, self._chunk)
             self._leases.swap(folded_version)

@@ -1,10 +1,10 @@
 """Pending page updates folded into the host pages the CPU engines scan.
 
-In place, where it can (`fold_in_place`): a shard's pages are its own copy (`read_verified`'s,
-never the file's mapping), and the CPU engines scan those very arrays, so a fold XORs each
-pending update into its page and swaps in the same segments without the updates: 4 KiB
-written a page updated, whatever the shard's size, and no segment split. The write changes
-what every version sharing those segments reads, so, as on a GPU shard
+In place, where it can (`plan_in_place`, `write_in_place`): a shard's pages are its own copy
+(`read_verified`'s, never the file's mapping), and the CPU engines scan those very arrays, so a
+fold XORs each pending update into its page and swaps in the same segments without the updates:
+4 KiB written a page updated, whatever the shard's size, and no segment split. The write
+changes what every version sharing those segments reads, so, as on a GPU shard
 (morphogen.party.device_fold), it runs under the scan gate's write side: the scans in flight
 (on the version with the updates pending) finish first, and every later scan reads the folded
 version, whose answers are the same bytes.
@@ -46,15 +46,19 @@ def _owner(pages: np.ndarray) -> np.ndarray | None:
     return arr
 
 
-def fold_in_place(base: Version, c: int, swap: Callable[[Version], None]) -> Version:
-    """XOR `base`'s pending updates into its segments' pages and `swap` in the version without
-    them (the caller holds the scan gate's write side; `host_writable(base)`). Chunks of `c`
-    pages written are added to `folded` (what `info()` counts)."""
+Writes = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (owner, its rows, their diffs)
+
+
+def plan_in_place(base: Version) -> Writes:
+    """Where each of `base`'s pending updates goes in the arrays its segments' pages live in
+    (`host_writable(base)`): checked whole before `write_in_place` writes anything, so a plan
+    that cannot be carried out leaves every page as it was."""
     pages, diffs = base._pending_arrays
     diffs = diffs.reshape(len(pages), PAGE_SIZE)
     firsts = np.array([s.first_page for s in base.segments], np.int64)
     order = np.argsort(firsts, kind="stable")
-    where = order[np.searchsorted(firsts[order], pages, "right") - 1]
+    where = order[np.maximum(np.searchsorted(firsts[order], pages, "right") - 1, 0)]
+    out: Writes = []
     for i, seg in enumerate(base.segments):
         mine = np.flatnonzero(where == i)
         if not mine.size:
@@ -63,20 +67,31 @@ def fold_in_place(base: Version, c: int, swap: Callable[[Version], None]) -> Ver
         if rows.min() < 0 or rows.max() >= seg.pages.shape[0]:
             raise IndexError("a pending update outside every segment of the version")
         owner = _owner(seg.pages)
-        assert owner is not None  # host_writable
+        if owner is None:
+            raise ValueError("a segment's pages are not an array of this process's own")
         rows += (seg.pages.__array_interface__["data"][0]
                  - owner.__array_interface__["data"][0]) // PAGE_SIZE
+        out.append((owner, rows, diffs[mine]))
+    return out
+
+
+def write_in_place(base: Version, writes: Writes, c: int,
+                   swap: Callable[[Version], None]) -> Version:
+    """XOR `plan_in_place(base)` into the pages and `swap` in the version without the pending
+    updates (the caller holds the scan gate's write side). Chunks of `c` pages written are
+    added to `folded` (what `info()` counts)."""
+    for owner, rows, diffs in writes:
         was = owner.flags.writeable
         owner.flags.writeable = True
         try:
             if np.unique(rows).size == rows.size:
-                owner[rows] ^= diffs[mine]
+                owner[rows] ^= diffs
             else:  # a page updated twice: both diffs, in any order (XOR commutes)
-                np.bitwise_xor.at(owner, rows, diffs[mine])
+                np.bitwise_xor.at(owner, rows, diffs)
         finally:
             owner.flags.writeable = was
-    folded = replace(base, pending=(),
-                     folded=base.folded | frozenset((pages // c).tolist()))
+    pages = base._pending_arrays[0]
+    folded = replace(base, pending=(), folded=base.folded | frozenset((pages // c).tolist()))
     swap(folded)
     return folded
 
