@@ -53,7 +53,8 @@ class Parties(Protocol):
     """Both parties, as the owner publishes to them (`cluster.parties` sends over HTTP)."""
 
     def max_updates(self) -> int:
-        """The largest batch both parties take in one publication."""
+        """The largest batch both parties take in one request (a larger one goes in parts,
+        `cluster.parties.HttpParties`)."""
         ...
 
     def updates(self, publication: str, batch: Batch) -> Sequence[dict]: ...
