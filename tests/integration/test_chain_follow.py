@@ -420,6 +420,60 @@ def test_a_block_of_tens_of_thousands_of_records_is_one_publication(chain) -> No
         reader.close()
 
 
+def test_a_block_larger_than_a_request_is_published_in_parts(chain) -> None:
+    """Parties taken at 16 updates a request: a block of 300 new slots goes to each party in
+    parts of one publication, served whole after the last (no rotation: it changed a small
+    share of the table), and reads back as the node answers."""
+    import httpx
+
+    from morphogen.protocol.codec import PART_HEADER
+
+    parts_seen: list[str] = []
+
+    class Counting(httpx.HTTPTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            if PART_HEADER in request.headers:
+                parts_seen.append(request.headers[PART_HEADER])
+            return super().handle_request(request)
+
+    rpc = chain["rpc"]
+    clients = [AdminClient(u, TOKEN, transport=Counting()) for u in chain["urls"]]
+    follower = Follower(rpc, OwnerTable(chain["root"] / "owner"), HttpParties(clients, 30.0, 16),
+                        chain["key"], snapshot_dir=str(chain["root"] / "rot"))
+    reader = Reader(chain["urls"], chain["pub"])
+    try:
+        _catch_up(follower)
+        tx = _send(rpc, data="0x" + (FILL_INIT + FILL_RUNTIME).hex(), gas=quantity(500_000))
+        _mine(rpc)
+        filler = _receipt(rpc, tx)["contractAddress"]
+        _catch_up(follower)
+        parts_seen.clear()
+        _send(rpc, to=filler, gas=quantity(20_000_000),
+              data="0x" + (50_000).to_bytes(32, "big").hex() + (300).to_bytes(32, "big").hex())
+        block = _mine(rpc)
+        _catch_up(follower)
+        owner = follower.owner
+        owner.reload()
+        batch = owner.store.batch(owner.current)
+        parts = -(-len(batch) // 16)
+        assert len(batch) > 16 and parts > 1
+        # every part of the block's publication, to each party (the last one once at least)
+        assert parts_seen.count(f"{parts}/{parts}") >= 2
+        assert {f"{i}/{parts}" for i in range(1, parts + 1)} <= set(parts_seen)
+        pub = owner.publication_id(owner.current)
+        assert [c.head()[1][-1] for c in clients] == [pub, pub]
+        accounts, slots = _touched(follower)
+        address = bytes.fromhex(filler[2:])
+        assert len([s for a, s in slots if a == address]) == 300
+        reader.check(rpc, block, accounts, set(random.Random(7).sample(sorted(slots), 60)))
+        left = [p for d in ("log-cfa", "log-cfb") for p in (chain["root"] / d).iterdir()
+                if p.name.startswith("part-")]
+        assert left == []
+    finally:
+        follower.close()
+        reader.close()
+
+
 def test_a_party_restarted_mid_follow_catches_up(chain, serve_instance) -> None:
     """Party B goes away while blocks come: the block is applied but cannot be published
     (the parties' heads are read before either is sent anything, so A does not run ahead
