@@ -104,6 +104,7 @@ class Follower:
             raise ValueError("confirmations is 0 or more, keep 1 or more")
         self.rpc, self.owner, self.parties = rpc, owner, parties
         owner.checkpoints_in_background()  # a full copy never holds up a block
+        owner.map_working_pages()  # the follower holds the pages a block touches, not the table
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep

@@ -32,6 +32,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock, Timeout
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.build import (
     DEFAULT_LOAD,
     KeywordTable,
@@ -56,6 +57,7 @@ OWNER_FORMAT = "morphogen-keyword-owner/1"
 # and the versions on disk stay under two tables' worth. FULL_EVERY > 0 (an owner's choice)
 # also makes every FULL_EVERY-th version full.
 FULL_EVERY = 0
+WORKING_DIR, WORKING_FILE = "working", "working.json"  # `map_working_pages`
 DIFF_PAGES = "diff_pages"  # owner.json: pages written as diffs since the last full copy
 KEEP = 4  # published versions kept readable, besides every unpublished one
 RESIZED = "resized"  # owner.json: versions whose matrix has another page count than the last
@@ -104,6 +106,22 @@ def read_changes(path: str | os.PathLike[str]) -> list[Change]:
     return out
 
 
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:  # no such file: every start rebuilds the working pages
+        return secrets.token_hex(8)
+
+
+_BOOT = _boot_id()
+
+
+def _working(version: int, clean: bool) -> dict:
+    """The record of `working/pages.bin`: which version it holds, whether whole, in which
+    boot of the machine (`OwnerTable._working_file`)."""
+    return {"version": version, "clean": clean, "boot": _BOOT}
+
+
 def _write_json_atomic(path: Path, obj: dict) -> None:
     write_atomic(path, json.dumps(obj, indent=1).encode())
 
@@ -149,6 +167,7 @@ class OwnerTable:
         # full copies made after the fact: inline by default (a command's process ends with
         # it); in a thread of their own for a follower (`checkpoints_in_background`)
         self._background = False
+        self._mapped = False  # the current pages in memory, or mapped (`map_working_pages`)
         self._checkpointer: threading.Thread | None = None
         self._cache: tuple[int, np.ndarray, dict[bytes, bytes]] | None = None
 
@@ -157,6 +176,15 @@ class OwnerTable:
         a full copy of a mainnet table takes minutes, a block 12 s); `wait_checkpoints`
         before the process ends."""
         self._background = True
+
+    def map_working_pages(self) -> None:
+        """Keep the current version's pages in a file mapped into memory (`working/`), written
+        in place by `apply`, instead of a copy in the process: what the process holds is then
+        the pages a block touches, not the table. For the directory's one writer (a follower
+        holds the writer lock): another process reading the directory must not map a file
+        the writer is changing, and reads the versions as before."""
+        self._mapped = True
+        self._cache = None
 
     def wait_checkpoints(self) -> None:
         """Wait for a full copy being written (an unfinished one is abandoned by an exit,
@@ -234,8 +262,41 @@ class OwnerTable:
         the block). Changed in place by `apply`, which drops them when it fails midway."""
         if self._cache is None or self._cache[0] != self.current:
             v = self.current
-            self._cache = (v, self.store.pages(v), self.store.keys(v))
+            pages = self._working_file(v) if self._mapped else self.store.pages(v)
+            self._cache = (v, pages, self.store.keys(v))
         return self._cache[1], self._cache[2]
+
+    def _working_file(self, version: int) -> np.ndarray:
+        """`version`'s pages mapped from `working/pages.bin`, rebuilt from the versions when
+        its record (`working/working.json`) does not say it holds exactly them: a crash in
+        the middle of an `apply`, or before the record was written after one, leaves it
+        marked unclean. The pages an apply writes reach the file through the kernel's page
+        cache, which a killed process does not lose, so no block waits for them to reach the
+        disk; a machine that restarted may have lost them, so the record names the boot it
+        was written in, and another boot's is rebuilt."""
+        wdir = self.root / WORKING_DIR
+        wdir.mkdir(exist_ok=True)
+        data, n = wdir / "pages.bin", self.store.num_pages(version)
+        if not (self._working_record() == _working(version, True)
+                and data.is_file() and data.stat().st_size == n * PAGE_SIZE):
+            self._set_working(version, clean=False)
+            self.store.materialize(version, data)
+            self._set_working(version, clean=True)
+        # a plain array over the mapping: np.memmap's indexing costs more than the edits
+        return np.memmap(data, np.uint8, "r+", shape=(n, PAGE_SIZE)).view(np.ndarray)
+
+    def _working_record(self) -> dict | None:
+        try:
+            return json.loads((self.root / WORKING_DIR / WORKING_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _set_working(self, version: int, *, clean: bool) -> None:
+        # replaced whole, not synced: the record matters only within the boot it names
+        path = self.root / WORKING_DIR / WORKING_FILE
+        tmp = path.with_name(f".{WORKING_FILE}.{secrets.token_hex(4)}")
+        tmp.write_text(json.dumps(_working(version, clean)))
+        os.replace(tmp, path)
 
     def parts(self, version: int | None = None) -> list[Part]:
         """The keyword tables of a version's matrix (one, or several joined)."""
@@ -267,12 +328,17 @@ class OwnerTable:
             if changes_id is not None and self.state.get("last_changes") == changes_id:
                 return self.current, []
             pages, keys = self._working()  # changed in place: dropped below if this fails
+            if self._mapped:  # changed in place on disk too: rebuilt if this does not finish
+                self._set_working(self.current, clean=False)
             try:
-                return self._apply(pages, keys, changes, signing_key, rng, changes_id, anchor,
-                                   note)
+                version, batch = self._apply(pages, keys, changes, signing_key, rng, changes_id,
+                                             anchor, note)
             except BaseException:
                 self._cache = None
                 raise
+            if self._mapped and not batch:  # nothing was written: the file is as it was
+                self._set_working(version, clean=True)
+            return version, batch
 
     def _apply(self, pages: np.ndarray, keys: dict[bytes, bytes], changes: Iterable[Change],
                signing_key: Ed25519PrivateKey, rng: Callable[[int], int],
@@ -321,6 +387,8 @@ class OwnerTable:
             self.state.update(note)
         self.save()
         self._cache = (version, pages, keys)
+        if self._mapped:  # the pages are in the file (the page cache): the record says so
+            self._set_working(version, clean=True)
         self._prune()
         if due:
             self._checkpoint(version)

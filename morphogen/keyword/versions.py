@@ -153,6 +153,20 @@ class VersionStore:
         """The snapshot directory of a full version, None for a diff."""
         return vdir(self.root, version) / SNAPSHOT if self.is_full(version) else None
 
+    def materialize(self, version: int, path: Path) -> None:
+        """The pages of `version` as a raw page file at `path` (replaced): the last full copy
+        before it, the batches between written over it in order, one batch in memory at a
+        time. Durable when it returns."""
+        base = self._base(version)
+        shutil.copyfile(vdir(self.root, base) / SNAPSHOT / DATA_FILE, path)
+        with path.open("r+b") as f:
+            for v in range(base + 1, version + 1):
+                for page, _kind, data in self.batch(v):
+                    f.seek(page * PAGE_SIZE)
+                    f.write(data.ljust(PAGE_SIZE, b"\0"))
+            f.flush()
+            os.fsync(f.fileno())
+
     def checkpoint(self, version: int) -> bool:
         """Make `version` a full version after it was written as a diff: its snapshot and keys
         added to its directory, built from the last full copy before it and the batches
@@ -167,20 +181,12 @@ class VersionStore:
             shutil.rmtree(stale, ignore_errors=True)
         if not self.exists(version) or self.is_full(version):
             return False
-        base = self._base(version)
         final = vdir(self.root, version)
         tmp = self.root / f".ckpt-{final.name}-{secrets.token_hex(4)}"
         tmp.mkdir()
         try:
             raw = tmp / "pages.raw"
-            shutil.copyfile(vdir(self.root, base) / SNAPSHOT / DATA_FILE, raw)
-            with raw.open("r+b") as f:
-                for v in range(base + 1, version + 1):
-                    for page, _kind, data in self.batch(v):
-                        f.seek(page * PAGE_SIZE)
-                        f.write(data.ljust(PAGE_SIZE, b"\0"))
-                f.flush()
-                os.fsync(f.fileno())
+            self.materialize(version, raw)
             pages = np.memmap(raw, np.uint8, "r").reshape(-1, PAGE_SIZE)
             write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
                            source="morphogen keyword table", tables=tables_of(pages))
@@ -192,7 +198,7 @@ class VersionStore:
             os.replace(tmp / SNAPSHOT, final / SNAPSHOT)
             fsync_dir(final)
             return True
-        except FileNotFoundError:
+        except (FileNotFoundError, VersionGone):
             if self.exists(version):
                 raise
             return False  # pruned meanwhile: nothing to read it from any more

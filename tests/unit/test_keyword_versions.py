@@ -17,6 +17,7 @@ from morphogen.keyword import build_table
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
+from morphogen.keyword.records import RecordError
 from morphogen.keyword.versions import VersionGone
 from morphogen.snapshot.reader import Snapshot
 
@@ -243,6 +244,58 @@ def test_a_full_copy_in_the_background_leaves_every_version_reading_as_before(
         assert np.array_equal(snap.read_verified(), copies[fulls[-1]])
     owner.mark_published(15)  # the last full copy is what retention now keeps reading from
     assert reread.pages(15).tobytes() == copies[15].tobytes()
+
+
+def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart(
+        tmp_path: Path) -> None:
+    """A follower's current pages live in `working/pages.bin`, written in place: the file
+    always holds exactly the current version once an apply is done, an apply that fails
+    midway (a change after some pages were written) leaves it marked unclean and it is
+    rebuilt, and a new process reuses a clean one."""
+    from morphogen.keyword.owner import WORKING_DIR
+
+    recs = _records(2000, seed=41)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    root = tmp_path / "o"
+    owner = OwnerTable(root)
+    owner.map_working_pages()
+    rng = random.Random(42)
+    for _ in range(3):
+        changes = _changes(rng, recs, 4)
+        owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+    record = json.loads((root / WORKING_DIR / "working.json").read_text())
+    assert (record["version"], record["clean"]) == (owner.current, True)
+    assert np.array_equal(np.fromfile(root / WORKING_DIR / "pages.bin", np.uint8).reshape(
+        -1, 4096), owner.store.pages(owner.current))
+    before = owner.current
+    good = _changes(rng, recs, 3)
+    bad = Change("put", sorted(recs)[0], b"short")  # refused after the others were written
+    with pytest.raises(RecordError, match="value is 5 bytes"):
+        owner.apply([*good, bad], KEY, rng=rng.randrange)
+    assert owner.current == before
+    assert json.loads((root / WORKING_DIR / "working.json").read_text())["clean"] is False
+    assert np.array_equal(owner.pages(), owner.store.pages(before))  # rebuilt, not the mix
+    keys = sorted(recs)
+    assert _lookup(owner.pages(), keys) == [recs[k] for k in keys]
+    # a restart: the clean file is used as it is (mtime unchanged), and reads the same
+    owner.apply(good, KEY, rng=rng.randrange)
+    _follow(recs, good)
+    stamp = (root / WORKING_DIR / "pages.bin").stat().st_mtime_ns
+    again = OwnerTable(root)
+    again.map_working_pages()
+    keys = sorted(recs)
+    assert _lookup(again.pages(), keys) == [recs[k] for k in keys]
+    assert (root / WORKING_DIR / "pages.bin").stat().st_mtime_ns == stamp
+    # written in another boot of the machine: pages the kernel had not written out may be
+    # lost, so it is rebuilt
+    path = root / WORKING_DIR / "working.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "boot": "another"}))
+    rebooted = OwnerTable(root)
+    rebooted.map_working_pages()
+    assert np.array_equal(rebooted.pages(), rebooted.store.pages(rebooted.current))
+    assert (root / WORKING_DIR / "pages.bin").stat().st_mtime_ns != stamp
 
 
 def test_a_version_bigger_than_a_request_goes_as_updates_if_it_changed_a_small_share(
