@@ -283,6 +283,10 @@ def _serve_parser(sub: Any) -> None:
     net.add_argument("--address", metavar="HOST:PORT",
                      help="join this running Ray cluster (the `ray address` a serve printed) "
                           "instead of starting one")
+    net.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                     help="a web page origin (scheme://host[:port], or * for any) whose "
+                          "scripts may read /epoch and the query routes (the TypeScript "
+                          "client in a browser); repeat for several. Never the admin routes")
     net.add_argument("--num-cpus", type=inputs.positive_int, metavar="N",
                      help="CPU slots of the cluster started here (default: the machine's "
                           "cores)")

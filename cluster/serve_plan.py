@@ -91,6 +91,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         out["admin_token_file"] = _resolved(args.admin_token_file)
     if args.admin_snapshot_dir is not None:
         out["admin_snapshot_dir"] = _resolved(args.admin_snapshot_dir)
+    if getattr(args, "cors_origin", None):
+        out["cors_origins"] = tuple(args.cors_origin)
     return out
 
 

@@ -48,6 +48,7 @@ from morphogen.protocol.codec import (
     ErrorCode,
     WireError,
 )
+from morphogen.protocol.cors import CORS_ROUTES, Cors
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.publication.admin_auth import AdminAccess, WatchedAdminGuard
 from morphogen.publication.log import EpochLog
@@ -135,6 +136,7 @@ class Router:
         self._starts_task: asyncio.Task[None] | None = None
         self._starts_at = float("-inf")
         self._party = Party(cfg, [_HandleLink(h) for h in shards], epoch_log, self._metrics)
+        self._cors = Cors(cfg.cors_origins)
         # Admin: the token is read once, here; it never reaches a log line or an error.
         self._guard = WatchedAdminGuard(cfg.admin_token_file, cfg.admin_token_env)
         if self._guard.problem:
@@ -271,6 +273,8 @@ class Router:
         path = _relative_path(request)
         route = path if path in _ROUTES else "other"  # never an arbitrary path as a label
         response = await self._respond(request, path)
+        for name, value in self._cors.headers(path, request.headers.get("origin")).items():
+            response.headers[name] = value
         answered = getattr(request.state, "queries", 0) if response.status_code == 200 else 0
         self._metrics.request(route, response.status_code, time.perf_counter() - start,
                               answered)
@@ -293,6 +297,13 @@ class Router:
         method = _ROUTES.get(path)
         if method is None:
             raise WireError(404, ErrorCode.NOT_FOUND, f"no route {path}")
+        if request.method == "OPTIONS" and path in CORS_ROUTES \
+                and "access-control-request-method" in request.headers:
+            allowed = self._cors.preflight(path, request.headers)
+            if allowed is None:
+                raise WireError(403, ErrorCode.FORBIDDEN, "this party answers no web page of "
+                                "that origin (its cors_origins)")
+            return Response(status_code=204, headers=allowed)
         if request.method != method and not (method == "GET" and request.method == "HEAD"):
             return _error_response(
                 WireError(405, ErrorCode.METHOD_NOT_ALLOWED, f"{path} takes {method}"),

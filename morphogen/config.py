@@ -14,10 +14,11 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from morphogen.constants import KEYS_PER_QUERY, MAX_BATCH_QUERIES
 from morphogen.protocol.codec import MAX_ADMIN_UPDATES, admin_body_bytes, max_body_bytes
+from morphogen.protocol.cors import check_origins
 from morphogen.storage.location import check_log_location
 from morphogen.storage.settings import StoreSettings
 
@@ -165,6 +166,10 @@ class PartyConfig(BaseModel):
         2, ge=1, le=256, description="scans in flight per router replica (a bound)"
     )
     max_batch_queries: int = Field(MAX_BATCH_QUERIES, ge=1, le=1024)
+    cors_origins: tuple[str, ...] = Field(
+        (), description="web page origins (scheme://host[:port], or * for any) whose scripts "
+        "may read GET /epoch and the query routes (morphogen/protocol/cors.py); none: no "
+        "page may. The admin routes are never open to pages")
     max_body_bytes: int | None = Field(None, ge=1024, description="default: from the batch cap")
 
     # -- consistency and failure handling
@@ -229,6 +234,11 @@ class PartyConfig(BaseModel):
     block_number: int = Field(0, ge=0)
     seeds: tuple[int, int, int] = (0, 0, 0)
     rows_per_page: int = Field(1, ge=1)
+
+    @field_validator("cors_origins")
+    @classmethod
+    def _origins(cls, origins: tuple[str, ...]) -> tuple[str, ...]:
+        return check_origins(origins)
 
     @model_validator(mode="after")
     def _check(self) -> PartyConfig:

@@ -44,3 +44,23 @@ export { candidates, seededHash, siphash13, tagOf } from "./keyword/hashing.js";
 export { Geometry, leafHash, levelSizes, nodeHash } from "./keyword/table.js";
 export { check, plan, privateLevels, proveWhole, wholePagesWanted } from "./keyword/verify.js";
 export type { Proof } from "./keyword/verify.js";
+export {
+  ACCOUNT_VALUE_SIZE,
+  ADDRESS_SIZE,
+  CODE_CHUNK_SIZE,
+  EMPTY_CODE_HASH,
+  addressBytes,
+  codeChunks,
+  codeKey,
+  decodeAccount,
+  decodeStorageValue,
+  joinCode,
+  keccak256,
+  storageKey,
+  wordBytes,
+} from "./eth/records.js";
+export type { Account } from "./eth/records.js";
+export { CHAIN_TABLES, CODE_READ_CHUNKS, EthState, servedOf } from "./eth/state.js";
+export type { EthStateOptions, Served } from "./eth/state.js";
+export { CLIENT_VERSION, METHODS, PrivateProvider, ProviderRpcError } from "./eth/provider.js";
+export type { Eip1193Provider, PrivateProviderOptions, RequestArguments } from "./eth/provider.js";

@@ -1,0 +1,227 @@
+import assert from "node:assert/strict";
+import { describe, it } from "node:test";
+
+import { fromHex, toHex } from "../src/bytes.js";
+import { PAGE_SIZE } from "../src/constants.js";
+import {
+  CODE_CHUNK_SIZE,
+  EMPTY_CODE_HASH,
+  EthState,
+  KeywordIntegrityError,
+  PirClient,
+  PrivateProvider,
+  ProviderRpcError,
+  addressBytes,
+  codeKey,
+  decodeAccount,
+  joinCode,
+  keccak256,
+  storageKey,
+  wordBytes,
+  type RequestArguments,
+} from "../src/index.js";
+import { FakeParty, domainBitsFor, fakeFetch } from "./fake.js";
+import { readVectors } from "./vectors.js";
+
+interface Rpc { method: string; params: unknown[]; result: string; shape: [string, number][] }
+interface Chain {
+  public_key: string;
+  anchor: { chain_id: number; number: number; hash: string };
+  num_pages: number;
+  pages: Record<string, string>;
+  tables: { name: string; first_page: number; num_pages: number }[];
+  accounts: { address: string; nonce: string; balance: string; code_hash: string; storage: Record<string, string> }[];
+  rpc: Rpc[];
+}
+const CHAIN = readVectors<Chain>("chain_tables.json");
+
+function pagesOf(t: Chain): Uint8Array[] {
+  const pages = Array.from({ length: t.num_pages }, () => new Uint8Array(PAGE_SIZE));
+  for (const [i, h] of Object.entries(t.pages)) pages[Number(i)]!.set(fromHex(h));
+  return pages;
+}
+
+/** Two in-process parties serving the vector's joined tables as a snapshot of them does. */
+function served(pages = pagesOf(CHAIN)) {
+  const parties = [new FakeParty(pages, domainBitsFor(pages.length)), new FakeParty(pages, domainBitsFor(pages.length))] as const;
+  for (const p of parties) {
+    p.keyFormats = ["v1", "packed"]; // a packed key's scan is the cheaper one to fake
+    p.tables = Object.fromEntries(CHAIN.tables.map((t) => [t.name,
+      { first_page: t.first_page, num_pages: t.num_pages, domain_bits: domainBitsFor(t.num_pages) }]));
+  }
+  const pir = new PirClient("http://a", "http://b", { fetch: fakeFetch(...parties), sleep: async () => {}, encoding: "msgpack" });
+  const state = new EthState(pir, CHAIN.public_key);
+  return { a: parties[0], b: parties[1], pir, state, provider: new PrivateProvider(state) };
+}
+
+/** What party `p` was asked since `from`: [party table, queries], sorted. */
+function shape(p: FakeParty, from = 0): [string, number][] {
+  return p.posts.slice(from).map((q) => {
+    const body = q.body as { table: string; queries?: unknown[] };
+    return [body.table, body.queries?.length ?? 1] as [string, number];
+  }).sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] - y[1]));
+}
+
+const ask = (provider: PrivateProvider, method: string, ...params: unknown[]) => provider.request({ method, params });
+
+async function rejectsWith(p: Promise<unknown>, code: number, says?: RegExp): Promise<void> {
+  await assert.rejects(p, (e: Error) => {
+    assert.ok(e instanceof ProviderRpcError, String(e));
+    assert.equal(e.code, code, e.message);
+    if (says) assert.match(e.message, says);
+    return true;
+  });
+}
+
+describe("chain records (morphogen/chain/state.py)", () => {
+  it("encodes keys and decodes values as the Python side", () => {
+    assert.equal(toHex(EMPTY_CODE_HASH), "c5d2460186f7233c927e7db2dcc703c0e500b653ca82273b7bfad8045d85a470");
+    const addr = "0x" + "11".repeat(20);
+    assert.equal(toHex(storageKey(addr, "0x1")), "11".repeat(20) + "00".repeat(31) + "01");
+    assert.equal(toHex(codeKey(EMPTY_CODE_HASH, 258)).slice(-8), "00000102");
+    assert.deepEqual(wordBytes(2n ** 255n)[0], 0x80);
+    const value = fromHex("00".repeat(7) + "07" + "00".repeat(31) + "05" + "ab".repeat(32));
+    assert.deepEqual(decodeAccount(value), { nonce: 7n, balance: 5n, codeHash: fromHex("ab".repeat(32)) });
+    assert.throws(() => addressBytes("0x1234"), /20 bytes/);
+    assert.throws(() => addressBytes("11".repeat(20)), /0x-hex/);
+    assert.throws(() => wordBytes("0x" + "1".repeat(65)), /at most 32 bytes/);
+  });
+
+  it("joins code only when its chunks say one length, are zero past it and hash to it", () => {
+    const code = Uint8Array.from({ length: CODE_CHUNK_SIZE + 5 }, (_, i) => i & 0xff);
+    const chunk = (i: number, length = code.length) => {
+      const v = new Uint8Array(1024);
+      new DataView(v.buffer).setUint32(0, length);
+      v.set(code.subarray(i * CODE_CHUNK_SIZE, (i + 1) * CODE_CHUNK_SIZE), 4);
+      return v;
+    };
+    const hash = keccak256(code);
+    assert.deepEqual(joinCode(hash, [chunk(0), chunk(1)]), code);
+    assert.throws(() => joinCode(hash, [chunk(0)]), /2 chunks, got 1/);
+    assert.throws(() => joinCode(hash, [chunk(0), chunk(1, code.length + 1)]), /states length/);
+    const padded = chunk(1);
+    padded[1000] = 1;
+    assert.throws(() => joinCode(hash, [chunk(0), padded]), /past the code's end/);
+    assert.throws(() => joinCode(keccak256(new Uint8Array(1)), [chunk(0), chunk(1)]), /does not hash/);
+  });
+});
+
+describe("Ethereum state reads: tests/vectors/chain_tables.json", () => {
+  it(`answers the Python endpoint's ${CHAIN.rpc.length} requests alike, asking the parties the same`, async () => {
+    // as the vector was recorded: parties without identities (so that no read is answered
+    // from a version confirmed still served) and every descriptor read first
+    const { a, b, provider, state } = served();
+    a.identity = b.identity = null;
+    await state.refresh();
+    for (const r of CHAIN.rpc) {
+      const [fromA, fromB] = [a.posts.length, b.posts.length];
+      const got = await provider.request({ method: r.method, params: r.params });
+      const what = `${r.method} ${JSON.stringify(r.params).slice(0, 80)}`;
+      assert.equal(got, r.result, what);
+      assert.deepEqual(shape(a, fromA), r.shape, what);
+      assert.deepEqual(shape(b, fromB), r.shape, what);
+    }
+  });
+
+  it("reads balances, nonces, words and code as bigints and bytes, with the block", async () => {
+    const { state } = served();
+    for (const acc of CHAIN.accounts) {
+      assert.equal(await state.getBalance(acc.address), BigInt(acc.balance));
+      assert.equal(await state.getTransactionCount(fromHex(acc.address)), BigInt(acc.nonce));
+      for (const [s, w] of Object.entries(acc.storage)) {
+        assert.equal(toHex(await state.getStorageAt(acc.address, BigInt(s))), toHex(wordBytes(w)));
+      }
+      assert.equal("0x" + toHex(keccak256(await state.getCode(acc.address))), acc.code_hash);
+    }
+    const [[none], at] = await state.accounts(["0x" + "00".repeat(20)]);
+    assert.equal(none, null);
+    assert.deepEqual(at, { chainId: CHAIN.anchor.chain_id, number: CHAIN.anchor.number, hash: CHAIN.anchor.hash, version: 1, time: at.time });
+  });
+
+  it("answers a balance read at the block still served with no lookup, and looks up once the parties move", async () => {
+    const { a, b, provider } = served();
+    const who = CHAIN.accounts[0]!.address;
+    const want = "0x" + BigInt(CHAIN.accounts[0]!.balance).toString(16);
+    assert.equal(await ask(provider, "eth_getBalance", who, "latest"), want);
+    const asked = a.posts.length;
+    assert.equal(await ask(provider, "eth_getBalance", who), want);
+    assert.equal(await ask(provider, "eth_getTransactionCount", who), "0x7");
+    assert.equal(a.posts.length, asked, "no lookup for an account read at the block still served");
+    for (const p of [a, b]) p.epochId += 1;  // the same pages under a new epoch: data left
+    assert.equal(await ask(provider, "eth_getBalance", who), want);
+    assert.ok(a.posts.length > asked);
+  });
+
+  it("refuses a lying party's answers with an error, never a number", async () => {
+    const { b, provider } = served();
+    const who = CHAIN.accounts[5]!.address;
+    await ask(provider, "eth_blockNumber");
+    b.lie = true;
+    for (const [method, params] of [["eth_getBalance", [who]], ["eth_getCode", [who]],
+      ["eth_getStorageAt", [who, "0x0"]], ["eth_getTransactionCount", ["0x" + "00".repeat(20)]]] as const) {
+      await rejectsWith(ask(provider, method, ...params), -32002, /no verified answer/);
+    }
+  });
+
+  it("reads code past EIP-170 in a second request, and refuses code a party lied about", async () => {
+    const { state, b } = served();
+    const long = CHAIN.accounts[6]!;
+    const code = await state.getCode(long.address);
+    assert.equal(code.length, 25 * CODE_CHUNK_SIZE + 100);
+    assert.equal("0x" + toHex(keccak256(code)), long.code_hash);
+    b.lie = true;
+    await assert.rejects(state.getCode(CHAIN.accounts[5]!.address), KeywordIntegrityError);
+  });
+});
+
+describe("EIP-1193 provider", () => {
+  it("answers chain id, net version and the block served, in a node's formats", async () => {
+    const { provider } = served();
+    assert.equal(await ask(provider, "eth_chainId"), "0x7a69");
+    assert.equal(await ask(provider, "net_version"), "31337");
+    assert.equal(await ask(provider, "eth_blockNumber"), "0x4d2");
+    assert.match(String(await ask(provider, "web3_clientVersion")), /^morphogen-js\//);
+  });
+
+  it("serves the block served by tag, number, hash or EIP-1898 object, and no other block", async () => {
+    const { provider } = served();
+    const who = CHAIN.accounts[0]!.address;
+    for (const block of ["latest", "pending", "0x4d2", CHAIN.anchor.hash, { blockNumber: "0x4d2" }, { blockHash: CHAIN.anchor.hash }]) {
+      assert.equal(await ask(provider, "eth_getTransactionCount", who, block), "0x7", JSON.stringify(block));
+    }
+    for (const block of ["0x4d1", "earliest", "safe", "0x" + "ee".repeat(32)]) {
+      await rejectsWith(ask(provider, "eth_getBalance", who, block), -32001, /not (the block )?served/);
+    }
+  });
+
+  it("refuses params that do not fit, naming the method", async () => {
+    const { provider } = served();
+    const who = CHAIN.accounts[0]!.address;
+    for (const [method, params, says] of [
+      ["eth_getBalance", [], /takes 1 to 2 params/],
+      ["eth_getBalance", ["0x1234"], /20 bytes/],
+      ["eth_getBalance", [who, "0x01"], /no leading zeros/],
+      ["eth_getStorageAt", [who, "0x" + "1".repeat(65)], /at most 32 bytes/],
+      ["eth_getCode", [who, { blockHash: "0x12" }], /64 hex digits/],
+      ["eth_chainId", [1], /takes 0 params/],
+    ] as const) {
+      await rejectsWith(ask(provider, method, ...params), -32602, new RegExp(`^${method}: .*${says.source}`));
+    }
+    await rejectsWith(provider.request({ method: "eth_getBalance", params: { address: who } }), -32602, /positional/);
+  });
+
+  it("hands other methods and other blocks to the fallback as they came, and only those", async () => {
+    const seen: RequestArguments[] = [];
+    const fallback = { request: async (r: RequestArguments) => { seen.push(r); return "from the fallback"; } };
+    const { state } = served();
+    const provider = new PrivateProvider(state, { fallback });
+    const who = CHAIN.accounts[0]!.address;
+    assert.equal(await ask(provider, "eth_sendRawTransaction", "0x12"), "from the fallback");
+    assert.equal(await ask(provider, "eth_call", { to: who }, "latest"), "from the fallback");
+    assert.equal(await ask(provider, "eth_getBalance", who, "0x1"), "from the fallback");
+    assert.equal(await ask(provider, "eth_getBalance", who), "0x" + BigInt(CHAIN.accounts[0]!.balance).toString(16));
+    assert.deepEqual(seen.map((r) => r.method), ["eth_sendRawTransaction", "eth_call", "eth_getBalance"]);
+    assert.deepEqual(seen[2]!.params, [who, "0x1"]);
+    await rejectsWith(ask(new PrivateProvider(state), "eth_sendRawTransaction", "0x12"), 4200, /no fallback/);
+  });
+});
