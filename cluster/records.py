@@ -175,7 +175,7 @@ def cmd_records(args: argparse.Namespace) -> int:
 
 def _apply(owner, args: argparse.Namespace) -> None:
     from morphogen.keyword import RecordError, TableFullError
-    from morphogen.keyword.owner import read_changes
+    from morphogen.keyword.editor import read_changes
     from morphogen.keyword.signing import load_signing_key
 
     try:

@@ -1,4 +1,5 @@
-"""Inserts, changes and deletes on a keyword table's pages in memory: the cuckoo placement an
+"""Changes to a keyword table (`Change`, and `read_changes` of a changes file) and the edits
+that make them on its pages in memory: the cuckoo placement an
 owner's version is made of (`OwnerTable.apply`). Each change finds its key's slot among its
 three candidate buckets; an insert with no free slot evicts along a chain of at most
 MAX_KICKS moves. Every page written is recorded as dirty, so the version's batch (with the tree
@@ -7,8 +8,11 @@ paths above them and the descriptor) holds the whole chain: no reader sees it ha
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -17,7 +21,7 @@ from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates, candidates_many, pack_keys
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
-from morphogen.keyword.records import RecordError
+from morphogen.keyword.records import RecordError, decode_field
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,30 @@ class Change:
     value: bytes = b""
     where: str = ""
     table: str = ""
+
+
+def read_changes(path: str | os.PathLike[str]) -> list[Change]:
+    """JSON lines: ``{"op": "put", "key": .., "value": ..}`` or ``{"op": "delete", "key": ..}``
+    (keys and values as in records files: 0x-hex or text)."""
+    out = []
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path.name}:{n}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{where}: not JSON ({exc.msg})") from None
+            op = obj.get("op") if isinstance(obj, dict) else None
+            if op not in ("put", "delete") or "key" not in obj or (op == "put"
+                                                                   and "value" not in obj):
+                raise RecordError(f'{where}: expected {{"op": "put", "key": .., "value": ..}} '
+                                  f'or {{"op": "delete", "key": ..}}')
+            out.append(Change(op, decode_field(obj["key"], where, "key"),
+                              decode_field(obj.get("value", ""), where, "value"), where))
+    return out
 
 
 class Editor:

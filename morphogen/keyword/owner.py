@@ -32,7 +32,7 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock, Timeout
 
-from morphogen.constants import PAGE_SIZE
+from morphogen.keyword import working
 from morphogen.keyword.build import (
     DEFAULT_LOAD,
     KeywordTable,
@@ -40,8 +40,8 @@ from morphogen.keyword.build import (
 )
 from morphogen.keyword.descriptor import Anchor, Descriptor, Part, parts_of
 from morphogen.keyword.editor import Change, Editor
-from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
-from morphogen.keyword.records import RecordError, decode_field
+from morphogen.keyword.pages import records_in
+from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import public_bytes
 from morphogen.keyword.tree import rehash, root_of
 from morphogen.keyword.versions import VersionStore
@@ -57,7 +57,6 @@ OWNER_FORMAT = "morphogen-keyword-owner/1"
 # and the versions on disk stay under two tables' worth. FULL_EVERY > 0 (an owner's choice)
 # also makes every FULL_EVERY-th version full.
 FULL_EVERY = 0
-WORKING_DIR, WORKING_FILE = "working", "working.json"  # `map_working_pages`
 DIFF_PAGES = "diff_pages"  # owner.json: pages written as diffs since the last full copy
 KEEP = 4  # published versions kept readable, besides every unpublished one
 RESIZED = "resized"  # owner.json: versions whose matrix has another page count than the last
@@ -80,46 +79,6 @@ def writer_lock(root: str | os.PathLike[str]) -> FileLock:
                          "`morphogen records apply/publish`): one writer per owner directory; "
                          "stop the other first") from None
     return lock
-
-
-def read_changes(path: str | os.PathLike[str]) -> list[Change]:
-    """JSON lines: ``{"op": "put", "key": .., "value": ..}`` or ``{"op": "delete", "key": ..}``
-    (keys and values as in records files: 0x-hex or text)."""
-    out = []
-    path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path.name}:{n}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{where}: not JSON ({exc.msg})") from None
-            op = obj.get("op") if isinstance(obj, dict) else None
-            if op not in ("put", "delete") or "key" not in obj or (op == "put"
-                                                                   and "value" not in obj):
-                raise RecordError(f'{where}: expected {{"op": "put", "key": .., "value": ..}} '
-                                  f'or {{"op": "delete", "key": ..}}')
-            out.append(Change(op, decode_field(obj["key"], where, "key"),
-                              decode_field(obj.get("value", ""), where, "value"), where))
-    return out
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:  # no such file: every start rebuilds the working pages
-        return secrets.token_hex(8)
-
-
-_BOOT = _boot_id()
-
-
-def _working(version: int, clean: bool) -> dict:
-    """The record of `working/pages.bin`: which version it holds, whether whole, in which
-    boot of the machine (`OwnerTable._working_file`)."""
-    return {"version": version, "clean": clean, "boot": _BOOT}
 
 
 def _write_json_atomic(path: Path, obj: dict) -> None:
@@ -262,41 +221,10 @@ class OwnerTable:
         the block). Changed in place by `apply`, which drops them when it fails midway."""
         if self._cache is None or self._cache[0] != self.current:
             v = self.current
-            pages = self._working_file(v) if self._mapped else self.store.pages(v)
+            pages = working.mapped(self.root, self.store, v) if self._mapped \
+                else self.store.pages(v)
             self._cache = (v, pages, self.store.keys(v))
         return self._cache[1], self._cache[2]
-
-    def _working_file(self, version: int) -> np.ndarray:
-        """`version`'s pages mapped from `working/pages.bin`, rebuilt from the versions when
-        its record (`working/working.json`) does not say it holds exactly them: a crash in
-        the middle of an `apply`, or before the record was written after one, leaves it
-        marked unclean. The pages an apply writes reach the file through the kernel's page
-        cache, which a killed process does not lose, so no block waits for them to reach the
-        disk; a machine that restarted may have lost them, so the record names the boot it
-        was written in, and another boot's is rebuilt."""
-        wdir = self.root / WORKING_DIR
-        wdir.mkdir(exist_ok=True)
-        data, n = wdir / "pages.bin", self.store.num_pages(version)
-        if not (self._working_record() == _working(version, True)
-                and data.is_file() and data.stat().st_size == n * PAGE_SIZE):
-            self._set_working(version, clean=False)
-            self.store.materialize(version, data)
-            self._set_working(version, clean=True)
-        # a plain array over the mapping: np.memmap's indexing costs more than the edits
-        return np.memmap(data, np.uint8, "r+", shape=(n, PAGE_SIZE)).view(np.ndarray)
-
-    def _working_record(self) -> dict | None:
-        try:
-            return json.loads((self.root / WORKING_DIR / WORKING_FILE).read_text())
-        except (FileNotFoundError, ValueError):
-            return None
-
-    def _set_working(self, version: int, *, clean: bool) -> None:
-        # replaced whole, not synced: the record matters only within the boot it names
-        path = self.root / WORKING_DIR / WORKING_FILE
-        tmp = path.with_name(f".{WORKING_FILE}.{secrets.token_hex(4)}")
-        tmp.write_text(json.dumps(_working(version, clean)))
-        os.replace(tmp, path)
 
     def parts(self, version: int | None = None) -> list[Part]:
         """The keyword tables of a version's matrix (one, or several joined)."""
@@ -329,7 +257,7 @@ class OwnerTable:
                 return self.current, []
             pages, keys = self._working()  # changed in place: dropped below if this fails
             if self._mapped:  # changed in place on disk too: rebuilt if this does not finish
-                self._set_working(self.current, clean=False)
+                working.mark(self.root, self.current, clean=False)
             try:
                 version, batch = self._apply(pages, keys, changes, signing_key, rng, changes_id,
                                              anchor, note)
@@ -337,7 +265,7 @@ class OwnerTable:
                 self._cache = None
                 raise
             if self._mapped and not batch:  # nothing was written: the file is as it was
-                self._set_working(version, clean=True)
+                working.mark(self.root, version, clean=True)
             return version, batch
 
     def _apply(self, pages: np.ndarray, keys: dict[bytes, bytes], changes: Iterable[Change],
@@ -388,7 +316,7 @@ class OwnerTable:
         self.save()
         self._cache = (version, pages, keys)
         if self._mapped:  # the pages are in the file (the page cache): the record says so
-            self._set_working(version, clean=True)
+            working.mark(self.root, version, clean=True)
         self._prune()
         if due:
             self._checkpoint(version)
@@ -411,7 +339,7 @@ class OwnerTable:
                 * g.rows_per_page)
             sub = pages[grown.first:grown.first + grown.span]
             rebuilt = build_table(
-                _records_of(sub, d, keys), value_size=g.value_size, signing_key=signing_key,
+                records_in(sub, d.geometry, keys), value_size=g.value_size, signing_key=signing_key,
                 layout=g.layout, row_size=g.row_size, num_buckets=buckets, dataset=d.dataset,
                 version=d.version + 1, anchor=d.anchor, name=d.name)
             now, blocks = int(time.time()), []
@@ -492,23 +420,9 @@ class OwnerTable:
             parts = [_part(parts, table, "records")]
         out = []
         for part in parts:
-            out += _records_of(pages[part.first:part.first + part.span], part.descriptor, keys)
+            out += records_in(pages[part.first:part.first + part.span], part.descriptor.geometry,
+                              keys)
         return sorted(out)
-
-
-def _records_of(pages: np.ndarray, desc: Descriptor, keys: dict[bytes, bytes]
-                ) -> list[tuple[bytes, bytes]]:
-    """(key, value) of every record in one keyword table's pages."""
-    g = desc.geometry
-    out = []
-    for b in range(g.num_buckets):
-        page = pages[g.bucket_page(b)]
-        for s in range(g.bucket_capacity(b)):
-            off = g.slot_offset(b, s)
-            tag = page[off:off + TAG_SIZE].tobytes()
-            if tag != EMPTY_TAG:
-                out.append((keys[tag], page[off + TAG_SIZE:off + g.slot_size].tobytes()))
-    return out
 
 
 def _part(parts: list[Part], name: str, where: str) -> Part:

@@ -1,4 +1,4 @@
-"""Slots in a page: tags, reading a record out, finding a free slot."""
+"""Slots in a page: tags, reading a record out, finding a free slot, every record of a table."""
 
 from __future__ import annotations
 
@@ -73,3 +73,18 @@ def slot_of(geometry: Geometry, page: np.ndarray, bucket: int, tag: bytes) -> in
 def free_slot(geometry: Geometry, page: np.ndarray, bucket: int) -> int | None:
     """The first empty slot of `bucket` in `page`, or None."""
     return _aligned(geometry, page, bucket, EMPTY_TAG)
+
+
+def records_in(pages: np.ndarray, geometry: Geometry, keys: dict[bytes, bytes]
+               ) -> list[tuple[bytes, bytes]]:
+    """(key, value) of every record in one keyword table's pages."""
+    g = geometry
+    out = []
+    for b in range(g.num_buckets):
+        page = pages[g.bucket_page(b)]
+        for s in range(g.bucket_capacity(b)):
+            off = g.slot_offset(b, s)
+            tag = page[off:off + TAG_SIZE].tobytes()
+            if tag != EMPTY_TAG:
+                out.append((keys[tag], page[off + TAG_SIZE:off + g.slot_size].tobytes()))
+    return out

@@ -23,9 +23,10 @@ from morphogen.keyword import (
     read_records,
 )
 from morphogen.keyword.descriptor import Descriptor
+from morphogen.keyword.editor import read_changes
 from morphogen.keyword.hashing import candidates_many, pack_keys, seeded_hash
 from morphogen.keyword.layout import EMPTY_TAG, Geometry
-from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir, read_changes
+from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
 from morphogen.keyword.tree import FANOUT, leaf_hash, node_hash
 from morphogen.keyword.verify import ANSWER_FAILED, check, plan

@@ -252,7 +252,7 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
     always holds exactly the current version once an apply is done, an apply that fails
     midway (a change after some pages were written) leaves it marked unclean and it is
     rebuilt, and a new process reuses a clean one."""
-    from morphogen.keyword.owner import WORKING_DIR
+    from morphogen.keyword.working import WORKING_DIR
 
     recs = _records(2000, seed=41)
     table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
