@@ -394,6 +394,13 @@ class CallWorkers:
             except Exception as exc:  # noqa: BLE001 - no process could be started
                 job.error = exc
             job.done.set()
+            # a process stopped under a run is replaced once that run is answered (a start
+            # takes seconds), before this driver takes another
+            if self._procs[i] is None and not self._closed:
+                try:
+                    self._procs[i] = self._start()
+                except Exception as exc:  # noqa: BLE001 - tried again at the next run
+                    log.warning("an EVM process did not start: %s", exc)
 
     def _give(self, i: int, job: _Job) -> None:
         proc = self._procs[i]
@@ -410,13 +417,13 @@ class CallWorkers:
                 job.seconds = time.monotonic() - started
                 return
         except (EOFError, OSError):  # the process died under the run
-            self._replace(i, "an EVM process died: starting a new one")
+            self._stop(i, "an EVM process died: starting a new one")
             job.tries += 1
             if job.tries > 1:
                 raise WorkerDied("the EVM process died twice under one run") from None
             self._give(i, job)
             return
-        self._replace(i, None)  # the run goes on past its limit: stopped with its process
+        self._stop(i, None)  # the run goes on past its limit: stopped with its process
         job.seconds = time.monotonic() - started
         with self._cond:
             self.stopped += 1
@@ -425,14 +432,14 @@ class CallWorkers:
             raise Cancelled(f"the request's deadline passed {limit:.1f} s into a run")
         raise RunTimedOut(f"the EVM ran past {job.limit_s:.1f} s")
 
-    def _replace(self, i: int, why: str | None) -> None:
+    def _stop(self, i: int, why: str | None) -> None:
+        """Process `i` killed; the next run, or the driver once the run is answered,
+        starts another."""
         if why:
             log.warning(why)
         proc, self._procs[i] = self._procs[i], None
         if proc is not None:
             proc.kill()
-        if not self._closed:
-            self._procs[i] = self._start()
 
     def close(self) -> None:
         with self._cond:
