@@ -419,10 +419,11 @@ LOOP_INIT = b"\x61" + len(LOOP).to_bytes(2, "big") + bytes.fromhex("80" "600c" "
 
 
 def test_a_client_gone_mid_batch_leaves_its_runs_unrun_and_the_next_client_is_served(wallet):
-    """A batch of 100 calls of about 20 M gas each (two runs or more a call, one EVM
-    process), its connection closed once runs are queued: the runs not started are dropped,
-    far fewer than the batch needed ever start, and the next client's call is answered, as
-    the node answers it."""
+    """A batch of 100 calls of about 20 M gas each (a run at least each, one EVM process),
+    its connection closed once runs are queued: the runs not started are dropped, fewer
+    than the batch needed ever start, and the next client's call is answered, as the node
+    answers it. (Without the watch on the connection the whole batch ran: 133 runs, none
+    dropped.)"""
     import socket
 
     rpc = wallet["rpc"]
