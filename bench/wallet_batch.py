@@ -3,8 +3,8 @@
 A real chain (anvil) followed into two real parties (local Ray Serve) by a follower that
 publishes a block of about 2,000 new storage records every `--block-time` seconds (a contract
 writing that many new slots: the storage table grows as it fills, a rotation of the whole
-matrix each time), with reorgs on the way: `anvil_reorg` replacing the last two blocks, and
-`evm_revert` back to a block two blocks down (a shorter branch). The endpoint is the command
+matrix each time), with a reorg every sixth of the way, by turns `anvil_reorg` replacing the
+last two blocks and `evm_revert` back two blocks (a shorter branch). The endpoint is the command
 itself (`morphogen rpc`, a process of its own, its defaults). One client sends batches back to
 back, each of 100 state reads of 34 holders of an ERC-20: balance, nonce and the token's
 balance word (`eth_getStorageAt`) of each, "latest". Every answer is checked: the holders
@@ -203,25 +203,29 @@ def run(blocks: int, block_time: float, records: int) -> dict:
             chain_events: list[tuple[float, str]] = []
 
             def drive() -> None:
-                """A block of `records` new slots every block_time; a 2-deep anvil_reorg
-                at a third of the way, evm_revert two blocks down at two thirds."""
+                """A block of `records` new slots every block_time; every sixth of the
+                way a reorg instead, by turns a 2-deep anvil_reorg (one new block of
+                `records` slots) and evm_revert back two blocks."""
                 start, salt, snapshot = 1, 0, None
+                period = max(3, blocks // 6)
                 try:
                     for n in range(blocks):
+                        k, r = divmod(n, period)
                         t0 = time.monotonic()
                         salt += 1
                         fill = {"from": sender, "to": filler, "gas": quantity(60_000_000),
                                 "data": "0x" + b"".join(x.to_bytes(32, "big") for x in (
                                     start, records, salt)).hex()}
                         start += records
-                        if n == blocks // 3:
+                        if r == 0 and k % 2 == 1:
                             rpc.call("anvil_reorg", 2, [[fill, 0]])
                             chain_events.append((time.monotonic(), "anvil_reorg 2"))
-                        elif n == 2 * blocks // 3 and snapshot is not None:
+                        elif r == 0 and snapshot is not None:
                             rpc.call("evm_revert", snapshot)
-                            chain_events.append((time.monotonic(), "evm_revert"))
+                            snapshot = None
+                            chain_events.append((time.monotonic(), "evm_revert 2"))
                         else:
-                            if n == 2 * blocks // 3 - 2:
+                            if r == period - 2 and k % 2 == 1:  # a revert comes next
                                 snapshot = rpc.call("evm_snapshot")
                             rpc.call("eth_sendTransaction", fill)
                             rpc.call("evm_mine")
