@@ -213,15 +213,18 @@ class Follower:
         return True
 
     def _header(self, number: int) -> Header:
-        """The node's block `number`, which its head reached a moment ago: where its chain
-        no longer reaches it, the chain moved meanwhile (a dev node's `anvil_reorg` drops
-        the blocks it replaces before it mines the new ones), and the step is tried again
-        (ChainMoved), not given up."""
+        """The node's block `number`, which its head reached a moment ago: where its head
+        is now below it, the chain moved meanwhile (a dev node's `anvil_reorg` drops the
+        blocks it replaces before it mines the new ones), and the step is tried again
+        (ChainMoved); a node whose head still claims it but that has no such block is an
+        error, not a wait."""
         found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
-        if not isinstance(found, dict):
+        if isinstance(found, dict):
+            return Header.of(found)
+        if self.rpc.block_number() < number:
             raise ChainMoved(f"the node's chain no longer reaches block {number}: it moved "
                              "while this step read it")
-        return Header.of(found)
+        return Header.of(self.rpc.block(number))  # its "has no block" error, if still none
 
     def _hash_at(self, number: int) -> str | None:
         """The hash of the node's block `number`, None where its chain does not reach it (a

@@ -190,8 +190,19 @@ def test_a_block_gone_from_under_a_step_is_the_chain_moving_not_an_error() -> No
 
     from morphogen.chain.blocks import ChainMoved
     from morphogen.chain.follow import Follower, _passing
+    from morphogen.chain.rpc import ChainError
 
-    node = SimpleNamespace(call=lambda method, *params: None)
-    with pytest.raises(ChainMoved) as raised:
-        Follower._header(SimpleNamespace(rpc=node), 11)  # type: ignore[arg-type]
+    def node(head: int) -> SimpleNamespace:
+        def block(number: int) -> dict:
+            raise ChainError(f"the node has no block {number} (yet)")
+
+        return SimpleNamespace(call=lambda method, *params: None, block_number=lambda: head,
+                               block=block)
+
+    with pytest.raises(ChainMoved) as raised:  # its head is now below the block
+        Follower._header(SimpleNamespace(rpc=node(9)), 11)  # type: ignore[arg-type]
     assert _passing(raised.value) and "block 11" in str(raised.value)
+    # a head that still claims the block: the node is wrong, an error to report, not a wait
+    with pytest.raises(ChainError, match="has no block 11") as raised:
+        Follower._header(SimpleNamespace(rpc=node(12)), 11)  # type: ignore[arg-type]
+    assert not _passing(raised.value)
