@@ -210,15 +210,20 @@ class Follower:
         return True
 
     def _header(self, number: int) -> Header:
-        """The node's block `number`, which its head reached a moment ago: where its chain
-        no longer reaches it, the chain moved meanwhile (a dev node's `anvil_reorg` drops
-        the blocks it replaces before it mines the new ones), and the step is tried again
-        (ChainMoved), not given up."""
-        found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
-        if not isinstance(found, dict):
-            raise ChainMoved(f"the node's chain no longer reaches block {number}: it moved "
-                             "while this step read it")
-        return Header.of(found)
+        """The node's block `number`, which its head reached a moment ago. Where the node no
+        longer has it and its head is now below it, the chain moved meanwhile (`anvil_reorg`
+        drops the blocks it replaces before it mines the new ones): the step is tried again
+        (ChainMoved). Where its head still passes it, the block is asked once more (the new
+        one may have come meanwhile; the caller checks how it links): a node that still
+        lacks it is broken, an error that stops the follower."""
+        for _ in range(2):
+            found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
+            if isinstance(found, dict):
+                return Header.of(found)
+            if self.rpc.block_number() < number:
+                raise ChainMoved(f"the node's chain no longer reaches block {number}: it "
+                                 "moved while this step read it")
+        raise ChainError(f"{self.rpc.shown} has no block {number} (yet)")
 
     def _hash_at(self, number: int) -> str | None:
         """The hash of the node's block `number`, None where its chain does not reach it (a
