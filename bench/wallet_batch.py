@@ -238,6 +238,7 @@ def run(blocks: int, block_time: float, records: int) -> dict:
             driver.start()
             batches: list[tuple[float, float]] = []
             errors = wrong = 0
+            kinds: dict[str, int] = {}  # errors by code and the message's start
             while not driving.is_set() or len(batches) < 5:
                 t0 = time.monotonic()
                 answers = http.post("/", json=body).json()
@@ -245,12 +246,16 @@ def run(blocks: int, block_time: float, records: int) -> dict:
                 batches.append((t0, t1))
                 if not isinstance(answers, list):  # the whole batch refused
                     errors += len(wants)
+                    kinds["the batch refused"] = kinds.get("the batch refused", 0) + 1
                     continue
                 by_id = {a.get("id"): a for a in answers}
                 for i, want in enumerate(wants):
                     got = by_id.get(i, {})
                     if "result" not in got:
                         errors += 1
+                        e = got.get("error") or {}
+                        kind = f"{e.get('code')} {str(e.get('message'))[:48]}"
+                        kinds[kind] = kinds.get(kind, 0) + 1
                     elif int(got["result"], 16) != int(want, 16):
                         wrong += 1
             out["load_average_at_end"] = [round(x, 1) for x in os.getloadavg()]
@@ -295,9 +300,11 @@ def run(blocks: int, block_time: float, records: int) -> dict:
     out["batches"] = {k: _summary(v) for k, v in ms.items()}
     out["target_p99_ms"] = TARGET_P99_MS
     out["met"] = bool(ms["all"]) and percentile(ms["all"], 99) <= TARGET_P99_MS
-    out["errors"], out["wrong"] = errors, wrong
+    out["errors"], out["wrong"], out["error_kinds"] = errors, wrong, kinds
     out["follower"] = {"blocks": follower.progress.blocks, "records": follower.progress.records,
-                       "reorgs": follower.progress.reorgs, "growths": len(growth)}
+                       "reorgs": follower.progress.reorgs, "growths": len(growth),
+                       # behind the node at the end where these differ (the run stops then)
+                       "served_at_end": follower.progress.served, "head_at_end": head}
     out["chain_events"] = [e for _, e in chain_events]
     out["follower_lines"] = [line for _, line in events.lines
                              if line.startswith(("table", "reorg"))]

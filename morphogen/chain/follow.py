@@ -103,8 +103,6 @@ class Follower:
         if confirmations < 0 or keep < 1:
             raise ValueError("confirmations is 0 or more, keep 1 or more")
         self.rpc, self.owner, self.parties = rpc, owner, parties
-        owner.checkpoints_in_background()  # a full copy never holds up a block
-        owner.map_working_pages()  # the follower holds the pages a block touches, not the table
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep
@@ -182,7 +180,6 @@ class Follower:
         self._drain()
         self._pool.shutdown(wait=True)
         self._overlap.close()
-        self.owner.wait_checkpoints()
 
     def step(self, last: int | None = None) -> bool:
         """Publish what the parties lack, then apply the next block when there is one (up to
@@ -213,18 +210,20 @@ class Follower:
         return True
 
     def _header(self, number: int) -> Header:
-        """The node's block `number`, which its head reached a moment ago: where its head
-        is now below it, the chain moved meanwhile (a dev node's `anvil_reorg` drops the
-        blocks it replaces before it mines the new ones), and the step is tried again
-        (ChainMoved); a node whose head still claims it but that has no such block is an
-        error, not a wait."""
-        found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
-        if isinstance(found, dict):
-            return Header.of(found)
-        if self.rpc.block_number() < number:
-            raise ChainMoved(f"the node's chain no longer reaches block {number}: it moved "
-                             "while this step read it")
-        return Header.of(self.rpc.block(number))  # its "has no block" error, if still none
+        """The node's block `number`, which its head reached a moment ago. Where the node no
+        longer has it and its head is now below it, the chain moved meanwhile (`anvil_reorg`
+        drops the blocks it replaces before it mines the new ones): the step is tried again
+        (ChainMoved). Where its head still passes it, the block is asked once more (the new
+        one may have come meanwhile; the caller checks how it links): a node that still
+        lacks it is broken, an error that stops the follower."""
+        for _ in range(2):
+            found = self.rpc.call("eth_getBlockByNumber", hex(number), False)
+            if isinstance(found, dict):
+                return Header.of(found)
+            if self.rpc.block_number() < number:
+                raise ChainMoved(f"the node's chain no longer reaches block {number}: it "
+                                 "moved while this step read it")
+        raise ChainError(f"{self.rpc.shown} has no block {number} (yet)")
 
     def _hash_at(self, number: int) -> str | None:
         """The hash of the node's block `number`, None where its chain does not reach it (a
