@@ -30,10 +30,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # start clusters of their own on another, the unit tier spread over all three.
 SUITE_WORKERS = 3
 # Integration modules whose tests start clusters of their own, as `morphogen` processes, and
-# never use the session's Ray instance. The first times its stops and refusals against the
-# bounds `serve` promises, so it runs after the multi-node scenario, not beside it.
-TIMED_CLUSTER_MODULES = ("test_cli_operator.py",)
-OWN_CLUSTER_MODULES = (*TIMED_CLUSTER_MODULES, "test_cli_serve.py", "test_cli_store.py")
+# never use the session's Ray instance.
+OWN_CLUSTER_MODULES = ("test_cli_operator.py", "test_cli_serve.py", "test_cli_store.py")
 
 
 def _spread_the_whole_suite(config: pytest.Config) -> None:
@@ -64,10 +62,10 @@ _GROUPED = pytest.StashKey[bool]()
 
 def _work_group(nodeid: str) -> str:
     """The unit a worker takes whole: every test on the session's Ray instance (one instance
-    for the suite, not one a worker); the multi-node scenario, then the integration tests that
-    time a `serve` against its bounds (each is several Ray processes: the two at once beside
-    the session's instance starve the timed steps on CI's two cores); the other tests that
-    start clusters of their own; any other test alone.
+    for the suite, not one a worker); the multi-node scenario and the integration tests that
+    start clusters of their own, one after another (each is several Ray processes: two at once
+    beside the session's instance starve each other's timed steps on CI's two cores); any
+    other test alone.
 
     From the test's id, because that is all the scheduler sees (xdist's own grouping by
     mark reads a node id that pytest 9.2 no longer lets it change)."""
@@ -75,10 +73,8 @@ def _work_group(nodeid: str) -> str:
     if "multinode/" in path:
         return "own-clusters"
     if "integration/" in path:
-        module = path.rsplit("/", 1)[-1]
-        if module in TIMED_CLUSTER_MODULES:
-            return "own-clusters"
-        return "cluster-processes" if module in OWN_CLUSTER_MODULES else "serve-instance"
+        own = path.rsplit("/", 1)[-1] in OWN_CLUSTER_MODULES
+        return "own-clusters" if own else "serve-instance"
     return nodeid
 
 
