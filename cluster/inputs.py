@@ -30,30 +30,26 @@ def table_spec(text: str) -> dict[str, Any]:
             f"{text!r} is not NAME=FIRST:COUNT (e.g. users=0:1000)") from None
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse reports the bad value and exits 2)."""
+def _int_at_least(text: str, low: int) -> int:
     import argparse
 
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} is not >= {low}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse reports the bad value and exits 2)."""
+    return _int_at_least(text, 1)
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not >= 0")
-    return value
+    return _int_at_least(text, 0)
 
 
 def cpu_slots(text: str) -> float:

@@ -8,7 +8,6 @@ paths above them and the descriptor) holds the whole chain: no reader sees it ha
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates, candidates_many, pack_keys
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
-from morphogen.keyword.records import RecordError, decode_field
+from morphogen.keyword.records import RecordError, decode_field, json_lines
 
 
 @dataclass(frozen=True)
@@ -42,23 +41,14 @@ def read_changes(path: str | os.PathLike[str]) -> list[Change]:
     """JSON lines: ``{"op": "put", "key": .., "value": ..}`` or ``{"op": "delete", "key": ..}``
     (keys and values as in records files: 0x-hex or text)."""
     out = []
-    path = Path(path)
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path.name}:{n}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{where}: not JSON ({exc.msg})") from None
-            op = obj.get("op") if isinstance(obj, dict) else None
-            if op not in ("put", "delete") or "key" not in obj or (op == "put"
-                                                                   and "value" not in obj):
-                raise RecordError(f'{where}: expected {{"op": "put", "key": .., "value": ..}} '
-                                  f'or {{"op": "delete", "key": ..}}')
-            out.append(Change(op, decode_field(obj["key"], where, "key"),
-                              decode_field(obj.get("value", ""), where, "value"), where))
+    for where, obj in json_lines(Path(path)):
+        op = obj.get("op") if isinstance(obj, dict) else None
+        if op not in ("put", "delete") or "key" not in obj or (op == "put"
+                                                               and "value" not in obj):
+            raise RecordError(f'{where}: expected {{"op": "put", "key": .., "value": ..}} '
+                              f'or {{"op": "delete", "key": ..}}')
+        out.append(Change(op, decode_field(obj["key"], where, "key"),
+                          decode_field(obj.get("value", ""), where, "value"), where))
     return out
 
 

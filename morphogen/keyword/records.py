@@ -49,20 +49,26 @@ def from_pairs(pairs: Iterable[tuple[bytes | str, bytes | str]]) -> Iterator[Rec
         yield Record(decode_field(key, where, "key"), decode_field(value, where, "value"), where)
 
 
-def _jsonl(path: Path) -> Iterator[Record]:
+def json_lines(path: Path) -> Iterator[tuple[str, object]]:
+    """(where, object) of each non-blank line of a JSON-lines file; `where` is `name:line`,
+    and a line that is not JSON is a RecordError naming it."""
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path.name}:{n}"
             try:
-                obj = json.loads(line)
+                yield where, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RecordError(f"{where}: not JSON ({exc.msg})") from None
-            if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
-                raise RecordError(f'{where}: expected {{"key": ..., "value": ...}}')
-            yield Record(decode_field(obj["key"], where, "key"),
-                         decode_field(obj["value"], where, "value"), where)
+
+
+def _jsonl(path: Path) -> Iterator[Record]:
+    for where, obj in json_lines(path):
+        if not isinstance(obj, dict) or "key" not in obj or "value" not in obj:
+            raise RecordError(f'{where}: expected {{"key": ..., "value": ...}}')
+        yield Record(decode_field(obj["key"], where, "key"),
+                     decode_field(obj["value"], where, "value"), where)
 
 
 def _csv(path: Path) -> Iterator[Record]:
