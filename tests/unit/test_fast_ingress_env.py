@@ -41,3 +41,12 @@ def test_haproxy_connections_fit_the_descriptor_limit(monkeypatch):
 def test_an_operators_connection_cap_is_kept(monkeypatch):
     monkeypatch.setenv("RAY_SERVE_HAPROXY_MAXCONN", "1000")
     assert fast_ingress_env()["RAY_SERVE_HAPROXY_MAXCONN"] == "1000"
+
+
+def test_a_slow_proxy_start_is_waited_for(monkeypatch):
+    """Serve's controller kills a proxy that is not ready in 5 s: on a loaded node HAProxy's
+    start took longer and `serve.start` failed with the proxy killed."""
+    monkeypatch.delenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", raising=False)
+    assert float(fast_ingress_env()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"]) >= 30
+    monkeypatch.setenv("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "7")
+    assert fast_ingress_env()["RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"] == "7"
