@@ -26,7 +26,7 @@ class _Proc:
 def _node(codes: list[int | None]) -> SimpleNamespace:
     table: dict[str, list] = {}
     names = [f"p{i}" for i in range(len(codes))]
-    for i, (name, code) in enumerate(zip(names, codes)):
+    for i, (name, code) in enumerate(zip(names, codes, strict=True)):
         later = names[i + 1] if i + 1 < len(names) else None
         table[name] = [SimpleNamespace(process=_Proc(table, later, code))]
     return SimpleNamespace(head=True, all_processes=table)
