@@ -213,7 +213,8 @@ def _version_bytes(root: Path, version: int) -> int:
     return _dir_bytes(vdir(root, version))
 
 
-def run(sizes: list[int], blocks: int, work: Path) -> dict:
+def run(sizes: list[int], blocks: int, work: Path,
+        policies: tuple[str, ...] = ("now", "before")) -> dict:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     from morphogen.chain.tables import build_chain_tables
@@ -233,7 +234,7 @@ def run(sizes: list[int], blocks: int, work: Path) -> dict:
         gc.collect()
         root = work / f"n{size}"
         row = {"build_s": round(built_s, 1)}
-        for policy in ("now", "before"):
+        for policy in policies:
             row[policy] = run_policy(policy, root, table, addrs, slots, blocks, key)
             shutil.rmtree(root / policy, ignore_errors=True)
         del table
@@ -251,10 +252,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="blocks a policy (12: each policy's full copy comes at least once at "
                          "1 M records)")
     ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--policies", nargs="+", choices=("now", "before"), default=["now", "before"])
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="morphogen-scale-"))
     try:
-        result = run(args.sizes, args.blocks, work)
+        result = run(args.sizes, args.blocks, work, tuple(args.policies))
     finally:
         if args.work is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                            "party_received_mib_per_block", "party_log_mib_per_block",
                            "block_pages_median", "owner_resident_mib",
                            "owner_resident_mib_after_blocks")}
-        for policy in ("now", "before")}
+        for policy in args.policies}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "chain_scale.json").write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["ratios_largest_to_smallest"], indent=1))

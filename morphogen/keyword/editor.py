@@ -9,7 +9,7 @@ paths above them and the descriptor) holds the whole chain: no reader sees it ha
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,7 +55,7 @@ def read_changes(path: str | os.PathLike[str]) -> list[Change]:
 class Editor:
     """Inserts, changes and deletes on the owner's in-memory pages, recording dirty pages."""
 
-    def __init__(self, desc: Descriptor, pages: np.ndarray, keys: dict[bytes, bytes],
+    def __init__(self, desc: Descriptor, pages: np.ndarray, keys: MutableMapping[bytes, bytes],
                  rng: Callable[[int], int]) -> None:
         self.desc, self.pages, self.keys, self.rng = desc, pages, keys, rng
         self.g = desc.geometry

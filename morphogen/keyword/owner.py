@@ -6,7 +6,7 @@ pointer to the current one::
 
     owner.json        {"current": 3, "published": 2, ...}   replaced atomically
     v000001/snapshot  the table as the parties serve it (manifest.json + pages.bin)
-    v000001/keys.msgpack  tag -> key (eviction needs the keys; they never leave the owner)
+    v000001/keys/     tag -> key in files (eviction needs the keys; they never leave the owner)
     v000002/batch.msgpack  the page updates that turn version 1 into version 2 (+ key changes)
 
 An update never touches a version in place: it builds the next version in a temporary
@@ -24,7 +24,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from pathlib import Path
 from types import MappingProxyType
 
@@ -40,6 +40,7 @@ from morphogen.keyword.build import (
 )
 from morphogen.keyword.descriptor import Anchor, Descriptor, Part, parts_of
 from morphogen.keyword.editor import Change, Editor
+from morphogen.keyword.key_index import KeyIndex
 from morphogen.keyword.pages import records_in
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import public_bytes
@@ -128,7 +129,7 @@ class OwnerTable:
         self._background = False
         self._mapped = False  # the current pages in memory, or mapped (`map_working_pages`)
         self._checkpointer: threading.Thread | None = None
-        self._cache: tuple[int, np.ndarray, dict[bytes, bytes]] | None = None
+        self._cache: tuple[int, np.ndarray, MutableMapping[bytes, bytes]] | None = None
 
     def checkpoints_in_background(self) -> None:
         """Write full copies in a thread of their own, off the path of `apply` (a follower's:
@@ -143,7 +144,7 @@ class OwnerTable:
         holds the writer lock): another process reading the directory must not map a file
         the writer is changing, and reads the versions as before."""
         self._mapped = True
-        self._cache = None
+        self._drop_cache()
 
     def wait_checkpoints(self) -> None:
         """Wait for a full copy being written (an unfinished one is abandoned by an exit,
@@ -215,16 +216,23 @@ class OwnerTable:
         holds a key is `tag_of(its dataset, key) in owner.holds()`."""
         return MappingProxyType(self._working()[1])
 
-    def _working(self) -> tuple[np.ndarray, dict[bytes, bytes]]:
+    def _working(self) -> tuple[np.ndarray, MutableMapping[bytes, bytes]]:
         """The current version's pages and keys, kept in memory between calls (a follower
         changes the table every block: reading it from disk each time would cost more than
         the block). Changed in place by `apply`, which drops them when it fails midway."""
         if self._cache is None or self._cache[0] != self.current:
+            self._drop_cache()
             v = self.current
-            pages = working.mapped(self.root, self.store, v) if self._mapped \
-                else self.store.pages(v)
-            self._cache = (v, pages, self.store.keys(v))
+            if self._mapped:
+                self._cache = (v, *working.load(self.root, self.store, v))
+            else:
+                self._cache = (v, self.store.pages(v), self.store.keys(v))
         return self._cache[1], self._cache[2]
+
+    def _drop_cache(self) -> None:
+        if self._cache is not None and isinstance(self._cache[2], KeyIndex):
+            self._cache[2].close()
+        self._cache = None
 
     def parts(self, version: int | None = None) -> list[Part]:
         """The keyword tables of a version's matrix (one, or several joined)."""
@@ -262,13 +270,15 @@ class OwnerTable:
                 version, batch = self._apply(pages, keys, changes, signing_key, rng, changes_id,
                                              anchor, note)
             except BaseException:
-                self._cache = None
+                self._drop_cache()
                 raise
             if self._mapped and not batch:  # nothing was written: the file is as it was
+                _sync(keys)
                 working.mark(self.root, version, clean=True)
             return version, batch
 
-    def _apply(self, pages: np.ndarray, keys: dict[bytes, bytes], changes: Iterable[Change],
+    def _apply(self, pages: np.ndarray, keys: MutableMapping[bytes, bytes],
+               changes: Iterable[Change],
                signing_key: Ed25519PrivateKey, rng: Callable[[int], int],
                changes_id: str | None, anchor: Anchor | None, note: dict | None,
                ) -> tuple[int, list[tuple[int, str, bytes]]]:
@@ -316,6 +326,7 @@ class OwnerTable:
         self.save()
         self._cache = (version, pages, keys)
         if self._mapped:  # the pages are in the file (the page cache): the record says so
+            _sync(keys)
             working.mark(self.root, version, clean=True)
         self._prune()
         if due:
@@ -423,6 +434,11 @@ class OwnerTable:
             out += records_in(pages[part.first:part.first + part.span], part.descriptor.geometry,
                               keys)
         return sorted(out)
+
+
+def _sync(keys: Mapping[bytes, bytes]) -> None:
+    if isinstance(keys, KeyIndex):
+        keys.sync()
 
 
 def _part(parts: list[Part], name: str, where: str) -> Part:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import blake3
 import numpy as np
@@ -75,7 +75,7 @@ def free_slot(geometry: Geometry, page: np.ndarray, bucket: int) -> int | None:
     return _aligned(geometry, page, bucket, EMPTY_TAG)
 
 
-def records_in(pages: np.ndarray, geometry: Geometry, keys: dict[bytes, bytes]
+def records_in(pages: np.ndarray, geometry: Geometry, keys: Mapping[bytes, bytes]
                ) -> list[tuple[bytes, bytes]]:
     """(key, value) of every record in one keyword table's pages."""
     g = geometry

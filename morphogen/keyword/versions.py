@@ -2,8 +2,9 @@
 
 Layout of a version directory (``v000007/``):
 
-- a *full* version holds ``snapshot/`` (the table as the parties serve it) and
-  ``keys.msgpack`` (tag -> key, which eviction needs and which never leaves the owner);
+- a *full* version holds ``snapshot/`` (the table as the parties serve it) and ``keys/``
+  (tag -> key, which eviction needs and which never leaves the owner: a `KeyIndex`, read and
+  copied as files; directories written before it hold ``keys.msgpack`` instead, still read);
 - a *diff* version holds only what changed from the version before: ``batch.msgpack`` (the
   re-signed pages, the batch the parties are sent) and ``keys-diff.msgpack`` (keys added and
   removed).
@@ -26,13 +27,15 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgpack
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.keyword.descriptor import tables_of
+from morphogen.keyword.descriptor import parts_of, tables_of
+from morphogen.keyword.key_index import KeyIndex, slots_for
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.snapshot.manifest import DATA_FILE
 from morphogen.snapshot.reader import Snapshot
@@ -42,7 +45,8 @@ from morphogen.storage.durable import fsync_dir
 Batch = list[tuple[int, str, bytes]]
 
 SNAPSHOT = "snapshot"
-KEYS = "keys.msgpack"
+KEYS = "keys.msgpack"  # the keys of a full version written before `KEYS_DIR`
+KEYS_DIR = "keys"
 KEYS_DIFF = "keys-diff.msgpack"
 BATCH = "batch.msgpack"
 
@@ -78,17 +82,19 @@ class VersionStore:
     def exists(self, version: int) -> bool:
         return vdir(self.root, version).is_dir()
 
-    def write(self, version: int, pages: np.ndarray, *, full: bool, keys: dict[bytes, bytes],
-              key_puts: dict[bytes, bytes], key_dels: set[bytes], batch: Batch | None) -> Path:
+    def write(self, version: int, pages: np.ndarray, *, full: bool,
+              keys: Mapping[bytes, bytes], key_puts: dict[bytes, bytes], key_dels: set[bytes],
+              batch: Batch | None) -> Path:
         """Write `version` (full: the pages and every key; else the batch and the key
-        changes) and rename it into place; returns its directory."""
+        changes) and rename it into place; returns its directory. A `KeyIndex` as `keys` is
+        copied as files (synced first); any other mapping is indexed afresh."""
         final = vdir(self.root, version)
         tmp = self.root / f".{final.name}.tmp-{secrets.token_hex(4)}"
         tmp.mkdir()
         if full:
             write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
                            source="morphogen keyword table", tables=tables_of(pages))
-            _pack(tmp / KEYS, {"tags": b"".join(keys), "keys": list(keys.values())})
+            _write_keys(tmp / KEYS_DIR, pages, keys)
         else:
             _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
                                     "del": sorted(key_dels)})
@@ -135,19 +141,54 @@ class VersionStore:
         return pages
 
     def keys(self, version: int) -> dict[bytes, bytes]:
-        """tag -> key of `version`."""
+        """tag -> key of `version`, in memory (for a table's records, or a test: a follower
+        keeps its keys in files, `key_index`)."""
         base = self._base(version)
-        raw = _unpack(vdir(self.root, base) / KEYS)
-        tags = raw["tags"]  # type: ignore[index]
-        keys = {tags[i * TAG_SIZE:(i + 1) * TAG_SIZE]: k
-                for i, k in enumerate(raw["keys"])}  # type: ignore[index]
+        folder = vdir(self.root, base) / KEYS_DIR
+        if folder.is_dir():
+            with KeyIndex(folder, writable=False) as index:
+                keys = dict(index.items())
+        else:
+            keys = _legacy_keys(vdir(self.root, base) / KEYS)
         for v in range(base + 1, version + 1):
-            diff = _unpack(vdir(self.root, v) / KEYS_DIFF)
-            for tag in diff["del"]:  # type: ignore[index]
+            dels, puts = self._key_diff(v)
+            for tag in dels:
                 keys.pop(tag, None)
-            for tag, key in diff["put"]:  # type: ignore[index]
-                keys[tag] = key
+            keys.update(puts)
         return keys
+
+    def key_index(self, version: int, folder: Path) -> KeyIndex:
+        """tag -> key of `version` as a new index at `folder` (open, writable, its record
+        written but not yet durable): the last full version's copied as files, the key
+        changes between laid over it in order. Its work is one copy of the index and the
+        changes, never the keys in memory."""
+        base = self._base(version)
+        src = vdir(self.root, base) / KEYS_DIR
+        if src.is_dir():
+            KeyIndex.copy(src, folder)
+            index = KeyIndex(folder)
+        else:
+            legacy = _legacy_keys(vdir(self.root, base) / KEYS)
+            # room to grow as a table built at its usual load does (doubled if ever short)
+            index = KeyIndex.build(folder, legacy.items(), slots_for(2 * len(legacy)))
+            del legacy
+        try:
+            for v in range(base + 1, version + 1):
+                dels, puts = self._key_diff(v)
+                for tag in dels:
+                    index.pop(tag, None)
+                for tag, key in puts:
+                    index[tag] = key
+            index.sync()  # its record names what it holds from here on
+        except BaseException:
+            index.close()
+            raise
+        return index
+
+    def _key_diff(self, version: int) -> tuple[list[bytes], list[tuple[bytes, bytes]]]:
+        diff = _unpack(vdir(self.root, version) / KEYS_DIFF)
+        return ([bytes(t) for t in diff["del"]],  # type: ignore[index]
+                [(bytes(t), bytes(k)) for t, k in diff["put"]])  # type: ignore[index]
 
     def snapshot_of(self, version: int) -> Path | None:
         """The snapshot directory of a full version, None for a diff."""
@@ -192,9 +233,9 @@ class VersionStore:
                            source="morphogen keyword table", tables=tables_of(pages))
             del pages
             raw.unlink()
-            keys = self.keys(version)
-            _pack(tmp / KEYS, {"tags": b"".join(keys), "keys": list(keys.values())})
-            os.replace(tmp / KEYS, final / KEYS)
+            with self.key_index(version, tmp / KEYS_DIR) as index:
+                index.sync(durable=True)
+            os.replace(tmp / KEYS_DIR, final / KEYS_DIR)
             os.replace(tmp / SNAPSHOT, final / SNAPSHOT)
             fsync_dir(final)
             return True
@@ -232,3 +273,26 @@ class VersionStore:
             fsync_dir(self.root)
             path = away
         shutil.rmtree(path, ignore_errors=True)
+
+
+def _capacity(pages: np.ndarray) -> int:
+    return sum(p.descriptor.geometry.capacity for p in parts_of(pages))
+
+
+def _write_keys(folder: Path, pages: np.ndarray, keys: Mapping[bytes, bytes]) -> None:
+    if isinstance(keys, KeyIndex):
+        keys.sync()
+        KeyIndex.copy(keys.folder, folder)
+        with KeyIndex(folder) as copy:
+            copy.sync(durable=True)
+        return
+    with KeyIndex.build(folder, keys.items(),
+                        slots_for(max(_capacity(pages), len(keys)))) as index:
+        index.sync(durable=True)
+
+
+def _legacy_keys(path: Path) -> dict[bytes, bytes]:
+    raw = _unpack(path)
+    tags = raw["tags"]  # type: ignore[index]
+    return {tags[i * TAG_SIZE:(i + 1) * TAG_SIZE]: k
+            for i, k in enumerate(raw["keys"])}  # type: ignore[index]

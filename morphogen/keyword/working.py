@@ -1,9 +1,11 @@
-"""Where an owner keeps the current version's pages: a file mapped into memory, written in
-place by `OwnerTable.apply`, for the directory's one writer (`OwnerTable.map_working_pages`),
-so that the process holds the pages a block touches, not the table.
+"""Where an owner keeps the current version's pages and keys: files mapped into memory,
+written in place by `OwnerTable.apply`, for the directory's one writer
+(`OwnerTable.map_working_pages`), so that the process holds what a block touches, not the
+table.
 
-`working/pages.bin` holds the pages; `working/working.json` says which version they are,
-whether whole, and in which boot of the machine. An apply marks it unclean before it writes
+`working/pages.bin` holds the pages, `working/keys/` the tag -> key index (`KeyIndex`);
+`working/working.json` says which version they are, whether whole, and in which boot of the
+machine. An apply marks it unclean before it writes
 and clean after the version's pointer moved; a crash in between, or a failed apply, leaves it
 unclean, and it is rebuilt from the versions (`VersionStore.materialize`). The pages an apply
 writes reach the file through the kernel's page cache, which a killed process does not lose,
@@ -16,14 +18,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 from pathlib import Path
 
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.keyword.key_index import META, KeyIndex
 from morphogen.keyword.versions import VersionStore
 
-WORKING_DIR, WORKING_FILE, DATA = "working", "working.json", "pages.bin"
+WORKING_DIR, WORKING_FILE, DATA, KEYS = "working", "working.json", "pages.bin", "keys"
 
 
 def _boot_id() -> str:
@@ -40,19 +44,23 @@ def _record(version: int, clean: bool) -> dict:
     return {"version": version, "clean": clean, "boot": _BOOT}
 
 
-def mapped(root: Path, store: VersionStore, version: int) -> np.ndarray:
-    """`version`'s pages, mapped from the working file; rebuilt first unless its record says
-    it holds exactly them, whole, in this boot."""
+def load(root: Path, store: VersionStore, version: int) -> tuple[np.ndarray, KeyIndex]:
+    """`version`'s pages, mapped from the working file, and its keys, from the working index;
+    both rebuilt first unless the record says they hold exactly them, whole, in this boot."""
     wdir = root / WORKING_DIR
     wdir.mkdir(exist_ok=True)
-    data, n = wdir / DATA, store.num_pages(version)
+    data, keys, n = wdir / DATA, wdir / KEYS, store.num_pages(version)
     if not (_read(root) == _record(version, True)
-            and data.is_file() and data.stat().st_size == n * PAGE_SIZE):
+            and data.is_file() and data.stat().st_size == n * PAGE_SIZE
+            and (keys / META).is_file()):
         mark(root, version, clean=False)
         store.materialize(version, data)
+        shutil.rmtree(keys, ignore_errors=True)
+        store.key_index(version, keys).close()
         mark(root, version, clean=True)
     # a plain array over the mapping: np.memmap's indexing costs more than the edits
-    return np.memmap(data, np.uint8, "r+", shape=(n, PAGE_SIZE)).view(np.ndarray)
+    pages = np.memmap(data, np.uint8, "r+", shape=(n, PAGE_SIZE)).view(np.ndarray)
+    return pages, KeyIndex(keys)
 
 
 def _read(root: Path) -> dict | None:

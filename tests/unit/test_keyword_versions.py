@@ -252,6 +252,7 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
     always holds exactly the current version once an apply is done, an apply that fails
     midway (a change after some pages were written) leaves it marked unclean and it is
     rebuilt, and a new process reuses a clean one."""
+    from morphogen.keyword.key_index import KeyIndex
     from morphogen.keyword.working import WORKING_DIR
 
     recs = _records(2000, seed=41)
@@ -269,6 +270,10 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
     assert (record["version"], record["clean"]) == (owner.current, True)
     assert np.array_equal(np.fromfile(root / WORKING_DIR / "pages.bin", np.uint8).reshape(
         -1, 4096), owner.store.pages(owner.current))
+    # the keys too live in files, changed in place: the index holds the version's keys
+    with KeyIndex(root / WORKING_DIR / "keys", writable=False) as index:
+        assert dict(index.items()) == owner.store.keys(owner.current)
+        assert len(index) == len(recs)
     before = owner.current
     good = _changes(rng, recs, 3)
     bad = Change("put", sorted(recs)[0], b"short")  # refused after the others were written
@@ -277,6 +282,7 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
     assert owner.current == before
     assert json.loads((root / WORKING_DIR / "working.json").read_text())["clean"] is False
     assert np.array_equal(owner.pages(), owner.store.pages(before))  # rebuilt, not the mix
+    assert owner.keys() == owner.store.keys(before)  # the keys too
     keys = sorted(recs)
     assert _lookup(owner.pages(), keys) == [recs[k] for k in keys]
     # a restart: the clean file is used as it is (mtime unchanged), and reads the same
@@ -287,6 +293,7 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
     again.map_working_pages()
     keys = sorted(recs)
     assert _lookup(again.pages(), keys) == [recs[k] for k in keys]
+    assert again.keys() == OwnerTable(root).keys() and len(again.keys()) == len(recs)
     assert (root / WORKING_DIR / "pages.bin").stat().st_mtime_ns == stamp
     # written in another boot of the machine: pages the kernel had not written out may be
     # lost, so it is rebuilt
@@ -409,3 +416,31 @@ def test_a_big_version_rotates_from_an_object_store_prefix(tmp_path: Path, s3_bu
     assert (parties.a.applied, parties.b.applied) == (1, 1)
     assert np.array_equal(parties.b.pages, owner.pages())
     assert OwnerTable(tmp_path / "o").published == 2
+
+
+def test_a_directory_written_before_the_key_index_is_read_and_followed(tmp_path: Path) -> None:
+    """Full versions once held their keys as one msgpack file: such a directory reads the same,
+    takes updates, and a follower's working index is built from it."""
+    import shutil
+
+    import msgpack
+
+    recs = _records(800, seed=51)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    root = tmp_path / "o"
+    v1 = root / "v000001"
+    shutil.rmtree(v1 / "keys")
+    (v1 / "keys.msgpack").write_bytes(msgpack.packb(
+        {"tags": b"".join(table.keys), "keys": list(table.keys.values())}, use_bin_type=True))
+    assert OwnerTable(root).keys() == table.keys
+    owner = OwnerTable(root)
+    owner.map_working_pages()
+    rng = random.Random(52)
+    changes = _changes(rng, recs, 5)
+    owner.apply(changes, KEY, rng=rng.randrange)
+    _follow(recs, changes)
+    keys = sorted(recs)
+    assert _lookup(owner.pages(), keys) == [recs[k] for k in keys]
+    assert OwnerTable(root).keys() == owner.keys()
+    assert len(owner.keys()) == len(recs)

@@ -1,0 +1,305 @@
+"""The owner's tag -> key index as files, not objects: what eviction needs (a displaced record's
+key, to find its other buckets) and what a follower asks (whether a table holds a key), held
+in the kernel's page cache instead of the process.
+
+A dict of bytes costs some 150 bytes a record in the process: at mainnet's two billion records
+the index alone would outgrow the machine, and it grew with the table while everything else a
+block costs stayed flat. Here a record costs one 24-byte slot and its key's bytes, on disk.
+
+Layout of an index folder:
+
+- ``slots.bin``: an open-addressing hash table of 24-byte slots, linear probing from the tag's
+  first eight bytes (tags are uniform hashes); a slot is the 16-byte tag, then a little-endian
+  u64 ``(heap offset + 1) << 16 | key length``; zero is an empty slot. Deletion shifts the
+  probe run back, so there are no tombstones and probes stay short at a steady load.
+- ``heap.bin``: the keys' bytes, appended. A key rewritten with the same bytes (every block's
+  storage writes) appends nothing; a deleted key's bytes stay until the index is rebuilt.
+- ``index.json``: the slot count, the record count and the heap's length, written last.
+
+An index is sized once for its tables' capacity (`slots_for`), at most `MAX_LOAD` full; it
+doubles if ever asked for more. Its files are either a version's (written whole in a
+temporary folder and renamed into place with it) or the follower's working copy (changed in
+place and rebuilt whenever its record is not clean; `morphogen.keyword.working`).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+from collections.abc import Iterable, Iterator, MutableMapping
+from pathlib import Path
+
+import numpy as np
+
+from morphogen.keyword.layout import TAG_SIZE
+
+SLOTS, HEAP, META = "slots.bin", "heap.bin", "index.json"
+SLOT = TAG_SIZE + 8
+MAX_KEY = 0xFFFF
+LOAD = 0.7       # the slot count asked for a capacity: probes stay a handful long
+MAX_LOAD = 0.9   # past this an insert doubles the slots
+_MIN_SLOTS = 64
+_SLOT_DTYPE = np.dtype([("tag", f"V{TAG_SIZE}"), ("ref", "<u8")])
+
+
+def slots_for(records: int) -> int:
+    """Slots for an index that will hold at most `records` records."""
+    return max(_MIN_SLOTS, int(records / LOAD) + 1)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class KeyIndex(MutableMapping[bytes, bytes]):
+    """tag -> key over the files of one index folder. One writer; not for concurrent use."""
+
+    def __init__(self, folder: str | os.PathLike[str], *, writable: bool = True) -> None:
+        self.folder = Path(folder)
+        meta = json.loads((self.folder / META).read_text())
+        self._n, self._count, self._heap_end = int(meta["slots"]), int(meta["count"]), \
+            int(meta["heap"])
+        self._writable = writable
+        mode = os.O_RDWR if writable else os.O_RDONLY
+        self._slots_fd = os.open(self.folder / SLOTS, mode)
+        self._heap_fd = os.open(self.folder / HEAP, mode)
+        if os.fstat(self._slots_fd).st_size != self._n * SLOT:
+            self.close()
+            raise ValueError(f"{self.folder / SLOTS} does not hold {self._n} slots")
+        self._mm = mmap.mmap(self._slots_fd, self._n * SLOT,
+                             access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+
+    # -- made and copied ------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, folder: str | os.PathLike[str], slots: int) -> KeyIndex:
+        """An empty index of `slots` slots in `folder` (made; replaced if it holds one)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / SLOTS).open("wb") as f:
+            f.truncate(slots * SLOT)  # sparse: empty slots cost no disk until written
+        (folder / HEAP).write_bytes(b"")
+        _write_meta(folder, slots, 0, 0)
+        return cls(folder)
+
+    @classmethod
+    def build(cls, folder: str | os.PathLike[str], items: Iterable[tuple[bytes, bytes]],
+              slots: int) -> KeyIndex:
+        """A new index of `items` at `folder` (made; replaced if it holds one), at least
+        `slots` slots. Placed in one pass over arrays, not key by key: the records in order
+        of home slot (then tag) take what linear probing gives that order, so the files are a
+        function of the records alone, whatever order they come in."""
+        pairs = list(items)
+        m = len(pairs)
+        while m > MAX_LOAD * slots:
+            slots *= 2
+        raw = b"".join(t for t, _ in pairs)
+        if len(raw) != m * TAG_SIZE:
+            raise ValueError(f"a tag is {TAG_SIZE} bytes")
+        words = np.frombuffer(raw, "<u8").reshape(m, 2)
+        homes = words[:, 0] % np.uint64(slots)
+        order = np.lexsort((words[:, 1], words[:, 0], homes))
+        # in that order linear probing puts record i at max(home_i, position_{i-1} + 1): a
+        # running maximum of home_i - i, plus i
+        sequence = np.arange(m, dtype=np.int64)
+        at = np.maximum.accumulate(homes[order].astype(np.int64) - sequence) + sequence \
+            if m else sequence
+        table = np.zeros(slots, _SLOT_DTYPE)
+        keys = [pairs[i][1] for i in order.tolist()]
+        lengths = np.fromiter(map(len, keys), np.int64, m)
+        if m and int(lengths.max()) > MAX_KEY:
+            raise ValueError(f"a key is bytes of at most {MAX_KEY}")
+        offsets = np.cumsum(lengths) - lengths
+        refs = ((offsets + 1) << 16 | lengths).astype(np.uint64)
+        tags = words.view(f"V{TAG_SIZE}").ravel()[order]
+        inside = at < slots
+        table["tag"][at[inside]] = tags[inside]
+        table["ref"][at[inside]] = refs[inside]
+        free = 0
+        for tag, ref in zip(tags[~inside], refs[~inside], strict=True):
+            # past the last slot: on from the first, to the first empty slot
+            while table["ref"][free]:
+                free += 1
+            table[free] = (tag, ref)
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        table.tofile(folder / SLOTS)
+        del table
+        (folder / HEAP).write_bytes(b"".join(keys))
+        _write_meta(folder, slots, m, int(lengths.sum()))
+        return cls(folder)
+
+    @staticmethod
+    def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+        """The closed (synced) index at `src` copied to a new folder `dst`; streamed, never
+        in memory whole. The heap's bytes past its recorded end (a crash's) are left out."""
+        src, dst = Path(src), Path(dst)
+        dst.mkdir(parents=True)
+        meta = json.loads((src / META).read_text())
+        shutil.copyfile(src / SLOTS, dst / SLOTS)
+        shutil.copyfile(src / HEAP, dst / HEAP)
+        os.truncate(dst / HEAP, int(meta["heap"]))
+        (dst / META).write_text(json.dumps(meta))
+
+    def sync(self, *, durable: bool = False) -> None:
+        """Record the count and the heap's end; `durable`: on disk when it returns (a
+        version's copy), else in the page cache (the working copy, whose record says whether
+        a crash left it whole)."""
+        if durable:
+            self._mm.flush()
+            os.fsync(self._heap_fd)
+        _write_meta(self.folder, self._n, self._count, self._heap_end, durable=durable)
+
+    def close(self) -> None:
+        if getattr(self, "_mm", None) is not None:
+            self._mm.close()
+            self._mm = None  # type: ignore[assignment]
+        for name in ("_slots_fd", "_heap_fd"):
+            fd = getattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
+                setattr(self, name, None)
+
+    def __enter__(self) -> KeyIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the mapping ----------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, tag: object) -> bool:
+        return isinstance(tag, bytes) and len(tag) == TAG_SIZE and self._find(tag)[1]
+
+    def __getitem__(self, tag: bytes) -> bytes:
+        i, found = self._find(_tag(tag))
+        if not found:
+            raise KeyError(tag)
+        return self._key(self._ref(i))
+
+    def __setitem__(self, tag: bytes, key: bytes) -> None:
+        tag = _tag(tag)
+        if not isinstance(key, bytes | bytearray) or len(key) > MAX_KEY:
+            raise ValueError(f"a key is bytes of at most {MAX_KEY}")
+        i, found = self._find(tag)
+        if found:
+            if self._key(self._ref(i)) == key:
+                return
+        elif self._count + 1 > MAX_LOAD * self._n:
+            self._resize(2 * self._n)
+            i, _ = self._find(tag)
+        ref = self._append(bytes(key))
+        at = i * SLOT
+        if not found:
+            self._mm[at:at + TAG_SIZE] = tag
+            self._count += 1
+        self._mm[at + TAG_SIZE:at + SLOT] = ref.to_bytes(8, "little")
+
+    def __delitem__(self, tag: bytes) -> None:
+        i, found = self._find(_tag(tag))
+        if not found:
+            raise KeyError(tag)
+        n, mm = self._n, self._mm
+        j = i
+        while True:  # shift the rest of the probe run back over the hole
+            j = (j + 1) % n
+            if self._ref(j) == 0:
+                break
+            home = self._home(mm[j * SLOT:j * SLOT + TAG_SIZE])
+            # the record at j may move to the hole at i unless its home lies in (i, j]
+            if (i < home <= j) if i <= j else (home > i or home <= j):
+                continue
+            mm[i * SLOT:(i + 1) * SLOT] = mm[j * SLOT:(j + 1) * SLOT]
+            i = j
+        mm[i * SLOT:(i + 1) * SLOT] = bytes(SLOT)
+        self._count -= 1
+
+    def __iter__(self) -> Iterator[bytes]:
+        for tags, _refs in self._live():
+            yield from (bytes(t) for t in tags)
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:  # type: ignore[override]
+        for tags, refs in self._live():
+            for t, r in zip(tags, refs.tolist(), strict=True):
+                yield bytes(t), self._key(r)
+
+    # -- inside ---------------------------------------------------------------------------
+
+    def _home(self, tag: bytes) -> int:
+        return int.from_bytes(tag[:8], "little") % self._n
+
+    def _ref(self, i: int) -> int:
+        at = i * SLOT + TAG_SIZE
+        return int.from_bytes(self._mm[at:at + 8], "little")
+
+    def _find(self, tag: bytes) -> tuple[int, bool]:
+        """(slot, whether it holds `tag`): its slot, or the empty one that ends its run."""
+        mm, n = self._mm, self._n
+        i = self._home(tag)
+        while True:
+            at = i * SLOT
+            if mm[at + TAG_SIZE:at + SLOT] == b"\0" * 8:
+                return i, False
+            if mm[at:at + TAG_SIZE] == tag:
+                return i, True
+            i = (i + 1) % n
+
+    def _key(self, ref: int) -> bytes:
+        length, offset = ref & MAX_KEY, (ref >> 16) - 1
+        return os.pread(self._heap_fd, length, offset) if length else b""
+
+    def _append(self, key: bytes) -> int:
+        if not self._writable:
+            raise PermissionError(f"{self.folder} is open read-only")
+        offset = self._heap_end
+        if key:
+            os.pwrite(self._heap_fd, key, offset)
+        self._heap_end += len(key)
+        return (offset + 1) << 16 | len(key)
+
+    def _live(self, chunk: int = 1 << 20) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(tags, refs) of the occupied slots, a chunk of slots at a time."""
+        slots = np.frombuffer(self._mm, _SLOT_DTYPE, count=self._n)
+        for start in range(0, self._n, chunk):
+            part = slots[start:start + chunk]
+            live = part["ref"] != 0
+            yield part["tag"][live], part["ref"][live]
+
+    def _resize(self, slots: int) -> None:
+        """Every record moved to a table of `slots` slots (the heap stays as it is)."""
+        moved = [(bytes(t), int(r)) for tags, refs in self._live()
+                 for t, r in zip(tags, refs.tolist(), strict=True)]
+        self._mm.close()
+        os.ftruncate(self._slots_fd, 0)
+        os.ftruncate(self._slots_fd, slots * SLOT)
+        self._n = slots
+        self._mm = mmap.mmap(self._slots_fd, slots * SLOT, access=mmap.ACCESS_WRITE)
+        for tag, ref in moved:
+            i, _ = self._find(tag)
+            self._mm[i * SLOT:(i + 1) * SLOT] = tag + ref.to_bytes(8, "little")
+
+
+def _tag(tag: bytes) -> bytes:
+    if not isinstance(tag, bytes | bytearray) or len(tag) != TAG_SIZE:
+        raise KeyError(tag)
+    return bytes(tag)
+
+
+def _write_meta(folder: Path, slots: int, count: int, heap: int, *, durable: bool = False) -> None:
+    path = folder / META
+    tmp = folder / f".{META}.tmp"
+    tmp.write_text(json.dumps({"slots": slots, "count": count, "heap": heap}))
+    if durable:
+        _fsync(tmp)
+    os.replace(tmp, path)
+    if durable:
+        _fsync(folder)

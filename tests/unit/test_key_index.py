@@ -1,0 +1,139 @@
+"""`KeyIndex`, the owner's tag -> key index in files: the same answers as a dict through any
+mix of puts, rewrites and deletes (probe runs that wrap around the end and cross each other's
+homes included), after a reopen, a copy and a resize; a copy leaves out a crash's bytes."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from morphogen.keyword.key_index import HEAP, SLOT, SLOTS, KeyIndex, slots_for
+
+
+def _tag(rng: random.Random, home: int | None = None, slots: int = 0) -> bytes:
+    if home is None:
+        return rng.randbytes(16)
+    # a tag whose first eight bytes put it at `home`: runs collide and wrap on purpose
+    prefix = home + slots * rng.randrange(1 << 20)
+    return prefix.to_bytes(8, "little") + rng.randbytes(8)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_it_answers_as_a_dict_through_puts_rewrites_and_deletes(tmp_path: Path, seed: int):
+    rng = random.Random(seed)
+    slots = 97
+    index = KeyIndex.create(tmp_path / "i", slots)
+    model: dict[bytes, bytes] = {}
+    # crowded homes near the end: runs wrap past the last slot to the first
+    homes = [rng.choice([0, 1, 2, 90, 94, 95, 96]) for _ in range(40)]
+    pool = [_tag(rng, h, slots) for h in homes] + [_tag(rng) for _ in range(40)]
+    for _ in range(3000):
+        tag = rng.choice(pool)
+        op = rng.random()
+        if op < 0.5 and len(model) < 0.85 * slots:
+            key = rng.randbytes(rng.choice([0, 20, 32, 52]))
+            index[tag] = key
+            model[tag] = key
+        elif op < 0.6 and tag in model:
+            index[tag] = model[tag]  # a rewrite with the same bytes appends nothing
+        elif tag in model:
+            del index[tag]
+            del model[tag]
+        else:
+            with pytest.raises(KeyError):
+                del index[tag]
+        assert len(index) == len(model)
+    assert dict(index.items()) == model
+    assert set(index) == set(model)
+    for tag in pool:
+        assert (tag in index) == (tag in model)
+        assert index.get(tag) == model.get(tag)
+    index.sync()
+    index.close()
+    with KeyIndex(tmp_path / "i", writable=False) as again:
+        assert dict(again.items()) == model
+        with pytest.raises(PermissionError):
+            again[_tag(rng)] = b"x"
+
+
+def test_a_rewrite_with_the_same_key_appends_nothing(tmp_path: Path):
+    rng = random.Random(1)
+    with KeyIndex.create(tmp_path / "i", slots_for(100)) as index:
+        tags = [_tag(rng) for _ in range(50)]
+        for t in tags:
+            index[t] = t + b"k" * 20
+        index.sync()
+        size = (tmp_path / "i" / HEAP).stat().st_size
+        for t in tags:
+            index[t] = t + b"k" * 20
+        index.sync()
+        assert (tmp_path / "i" / HEAP).stat().st_size == size == 50 * 36
+
+
+def test_more_records_than_asked_for_double_the_slots(tmp_path: Path):
+    rng = random.Random(2)
+    model = {_tag(rng): rng.randbytes(20) for _ in range(500)}
+    with KeyIndex.build(tmp_path / "i", model.items(), 64) as index:
+        index.sync()
+        assert dict(index.items()) == model
+    assert (tmp_path / "i" / SLOTS).stat().st_size >= 500 / 0.9 * SLOT
+    with KeyIndex(tmp_path / "i") as index:
+        assert all(index[t] == k for t, k in model.items())
+
+
+def test_a_copy_is_the_synced_index_without_a_crashs_bytes(tmp_path: Path):
+    rng = random.Random(3)
+    model = {_tag(rng): rng.randbytes(52) for _ in range(200)}
+    with KeyIndex.build(tmp_path / "i", model.items(), slots_for(300)) as index:
+        index.sync()
+    with (tmp_path / "i" / HEAP).open("ab") as f:
+        f.write(b"appended by a run that never synced")  # bytes the record does not count
+    KeyIndex.copy(tmp_path / "i", tmp_path / "c")
+    assert (tmp_path / "c" / HEAP).stat().st_size == 200 * 52
+    with KeyIndex(tmp_path / "c") as copy:
+        assert dict(copy.items()) == model
+
+
+def test_bad_tags_and_keys_are_refused(tmp_path: Path):
+    with KeyIndex.create(tmp_path / "i", 64) as index:
+        with pytest.raises(KeyError):
+            index[b"short"]
+        assert b"short" not in index
+        with pytest.raises(ValueError):
+            index[bytes(16)] = b"x" * 70000
+    (tmp_path / "i" / SLOTS).write_bytes(b"\0" * 10)
+    with pytest.raises(ValueError, match="does not hold 64 slots"):
+        KeyIndex(tmp_path / "i")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_built_index_is_what_inserting_gives_and_the_same_in_any_order(tmp_path: Path,
+                                                                          seed: int):
+    """`build` places every record in one pass; it answers as inserting them one by one does
+    (crowded homes at the end wrap to the first slots), then takes changes as any index, and
+    two builds of the same records in different orders write the same bytes."""
+    rng = random.Random(seed)
+    slots = 61
+    homes = [rng.choice([0, 1, 30, 58, 59, 60]) for _ in range(30)] + [None] * 20
+    model = {_tag(rng, h, slots): rng.randbytes(rng.choice([0, 20, 52])) for h in homes}
+    items = list(model.items())
+    a = KeyIndex.build(tmp_path / "a", items, slots)
+    rng.shuffle(items)
+    b = KeyIndex.build(tmp_path / "b", items, slots)
+    for index in (a, b):
+        assert dict(index.items()) == model and len(index) == len(model)
+        for tag, key in model.items():
+            assert index[tag] == key
+        index.close()
+    for name in (SLOTS, HEAP):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    with KeyIndex(tmp_path / "a") as index:
+        for tag in list(model)[::3]:
+            del index[tag]
+            del model[tag]
+        new = _tag(rng, 60, slots)
+        index[new] = model[new] = b"late"
+        assert dict(index.items()) == model
+        assert all(index[t] == k for t, k in model.items())
