@@ -103,6 +103,9 @@ class Follower:
         if confirmations < 0 or keep < 1:
             raise ValueError("confirmations is 0 or more, keep 1 or more")
         self.rpc, self.owner, self.parties = rpc, owner, parties
+        owner.checkpoints_in_background()  # a full copy never holds up a block
+        # the process holds the pages and keys a block touches, not the table's
+        owner.map_working_pages()
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cluster.cli import main
@@ -33,7 +34,7 @@ from morphogen.keyword import KeywordClient
 from morphogen.keyword.owner import OwnerTable, WriterBusy, writer_lock
 from morphogen.keyword.signing import load_signing_key
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
-from tests.integration.conftest import delete_apps, deploy
+from tests.integration.conftest import delete_apps, deploy, wait_until
 
 pytestmark = [pytest.mark.ray]
 
@@ -144,8 +145,11 @@ def _follower(chain, **kw) -> Follower:
 
 
 def _catch_up(follower: Follower) -> None:
+    """Step until nothing is left, then wait for party B's lane: the last block reaches B
+    after `step` returned (a party taken away before that would miss it)."""
     for _ in range(50):
         if not follower.step():
+            follower.wait_published()
             return
     raise AssertionError("the follower did not catch up")
 
@@ -487,6 +491,9 @@ def test_a_party_restarted_mid_follow_catches_up(chain, serve_instance) -> None:
     try:
         _catch_up(follower)
         serve.delete("cfb")
+        # gone from the ingress too: until its route is dropped a request may still reach
+        # the draining replica
+        assert wait_until(lambda: httpx.get(f"{chain['urls'][1]}/epoch").status_code == 404, 30)
         target = bytes([0x70]) * 20
         _send(rpc, to="0x" + target.hex(), value="0x4242")
         block = _mine(rpc)
