@@ -5,6 +5,7 @@ follower SIGKILLed between its steps and restarted; a second writer refused."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -174,6 +175,10 @@ def test_every_key_a_block_changes_reads_back_as_the_node_answers(chain) -> None
         accounts, slots = _touched(follower)
         assert fresh[0] in accounts and bytes.fromhex(DEV_ACCOUNTS[3][2:]) in accounts
         reader.check(rpc, block, accounts | set(fresh), slots)
+        # the follower holds its table in mapped files (pages and keys), whole at its version
+        working = json.loads((follower.owner.root / "working" / "working.json").read_text())
+        assert (working["version"], working["clean"]) == (follower.owner.current, True)
+        assert (follower.owner.root / "working" / "keys" / "slots.bin").is_file()
 
         # a deployment (code over one chunk, a constructor's store) and one that
         # self-destructs in its creating transaction, with value
