@@ -12,8 +12,10 @@ pages and keys in mapped files, full copies in a thread of its own.
 Per size: the lag of each block (from `evm_mine` returning to the block published on both
 parties) p50 / p99 / max; the follower's time a block by phase (trace and read: the node;
 apply: its own work; publish: the parties); its own resident memory (not the file pages it
-maps) once started and after the blocks; each shard's resident memory; and, at the end, private
-reads of rewritten slots through both parties checked against the node.
+maps) once started and after the blocks; each shard's resident memory; the rate of catching
+up (`--catch-up` blocks mined back to back while no follower runs, then followed to the head:
+records/s from its first block published to its last); and, at the end, private reads of
+rewritten slots through both parties checked against the node.
 
     python bench/chain_lag_scale.py                            # 1 M, 4 M and 16 M records
     python bench/chain_lag_scale.py --sizes 1000000 --blocks 4
@@ -68,15 +70,68 @@ def _shard_mib() -> dict[str, float]:
     return out
 
 
-def run_size(size: int, blocks: int, spacing: float, txs: int, per_tx: int,
-             work: Path) -> dict:
+class FollowerProcess:
+    """`morphogen chain follow` in a process of its own, its block lines timed as they come."""
+
+    def __init__(self, cmd: list[str]) -> None:
+        self.published: dict[int, float] = {}
+        self.phases: dict[int, dict] = {}
+        self.records: dict[int, int] = {}
+        self.lines: list[str] = []
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            now = time.monotonic()
+            self.lines.append(line.rstrip())
+            m = BLOCK_LINE.match(line)
+            if m:
+                n = int(m["number"])
+                parts = m["phases"].split()
+                self.phases[n] = {k: float(v) for k, v in zip(parts[::2], parts[1::2],
+                                                              strict=True)}
+                self.records[n] = int(m["records"])
+                self.published[n] = now
+
+    def wait_started(self, timeout_s: float = 600) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not any(x.startswith("following chain") for x in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the follower did not start:\n" + "\n".join(self.lines))
+            time.sleep(0.05)
+
+    def wait_block(self, number: int, timeout_s: float = 300) -> float:
+        deadline = time.monotonic() + timeout_s
+        while number not in self.published:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError(f"block {number} was not published:\n"
+                                   + "\n".join(self.lines[-20:]))
+            time.sleep(0.002)
+        return self.published[number]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(timeout=10)
+
+
+def run_size(cluster, size: int, blocks: int, spacing: float, txs: int, per_tx: int,
+             catch_up: int, work: Path) -> dict:
     import psutil
     from _common import percentile, serve_two_parties
     from chain_follow import FILL_INIT, FILL_RUNTIME, TOKEN
     from chain_scale import ROOM, make_state
     from ray import serve
 
-    from cluster import local
     from morphogen.chain.export import StateRecords, state_records
     from morphogen.chain.node_export import export_from_node
     from morphogen.chain.rpc import EthRpc, quantity
@@ -92,8 +147,7 @@ def run_size(size: int, blocks: int, spacing: float, txs: int, per_tx: int,
     key = load_signing_key(key_path)
     row: dict = {"records": size, "blocks": blocks, "spacing_s": spacing,
                  "transactions_a_block": txs}
-    with running_anvil() as url, EthRpc(url) as rpc, \
-            local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
+    with running_anvil() as url, EthRpc(url) as rpc:
         rpc.call("evm_setAutomine", False)
         rpc.call("evm_setBlockGasLimit", quantity(2_000_000_000))
         tx = rpc.call("eth_sendTransaction", {"from": DEV_ACCOUNTS[0], "gas": quantity(500_000),
@@ -119,97 +173,89 @@ def run_size(size: int, blocks: int, spacing: float, txs: int, per_tx: int,
         (work / "token").write_text(TOKEN)
         (work / "snaps").mkdir()
         urls = serve_two_parties(cluster, snapshot, work)
-        published: dict[int, float] = {}
-        phases: dict[int, dict] = {}
         cmd = [sys.executable, "-m", "cluster.cli", "chain", "follow", "--rpc", url,
                "--owner", str(work / "owner"), "--signing-key", str(key_path),
                "--server-a", urls[0], "--server-b", urls[1],
                "--token-file", str(work / "token"), "--snapshot-dir", str(work / "snaps"),
                "--poll", str(POLL_S)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env=env)
-        lines: list[str] = []
+        new = round(txs * per_tx * NEW_SHARE)
+        written = 0
 
-        def reading() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                now = time.monotonic()
-                lines.append(line.rstrip())
-                m = BLOCK_LINE.match(line)
-                if m:
-                    phases[int(m["number"])] = {
-                        k: float(v) for k, v in zip(*[iter(m["phases"].split())] * 2,
-                                                    strict=True)}
-                    published[int(m["number"])] = now
+        def send_block(b: int) -> None:
+            nonlocal written
+            first = 1 + b * new
+            for j in range(txs):
+                rpc.call("eth_sendTransaction", {
+                    "from": DEV_ACCOUNTS[0], "to": "0x" + filler.hex(),
+                    "gas": quantity(30_000 + 25_000 * per_tx),
+                    "data": "0x" + b"".join(x.to_bytes(32, "big")
+                                            for x in (first + j * per_tx, per_tx, b + 1)).hex()})
+            written = max(written, first + txs * per_tx - 1)
 
-        reader = threading.Thread(target=reading, daemon=True)
-        reader.start()
+        follower = FollowerProcess(cmd)
         try:
-            follower = psutil.Process(proc.pid)
-            deadline = time.monotonic() + 600
-            while not any(x.startswith("following chain") for x in lines):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the follower did not start:\n" + "\n".join(lines))
-                time.sleep(0.05)
-            row["follower_own_mib_loaded"] = _anon_mib(follower)
-            new = round(txs * per_tx * NEW_SHARE)
-            lags, written = [], 0
+            follower.wait_started()
+            me = psutil.Process(follower.proc.pid)
+            row["follower_own_mib_loaded"] = _anon_mib(me)
+            lags = []
             for b in range(blocks):
-                first = 1 + b * new
-                for j in range(txs):
-                    start = first + j * per_tx
-                    rpc.call("eth_sendTransaction", {
-                        "from": DEV_ACCOUNTS[0], "to": "0x" + filler.hex(),
-                        "gas": quantity(30_000 + 25_000 * per_tx),
-                        "data": "0x" + b"".join(x.to_bytes(32, "big")
-                                                for x in (start, per_tx, b + 1)).hex()})
-                written = first + txs * per_tx - 1
+                send_block(b)
                 rpc.call("evm_mine")
                 at = time.monotonic()
                 number = rpc.block_number()
-                while number not in published:
-                    if time.monotonic() > at + 300 or proc.poll() is not None:
-                        raise RuntimeError(f"block {number} was not published:\n"
-                                           + "\n".join(lines[-20:]))
-                    time.sleep(0.002)
-                lags.append(published[number] - at)
+                lags.append(follower.wait_block(number) - at)
                 _log(f"  {size:,}: block {b + 1}/{blocks}: lag {lags[-1]:.2f} s "
-                     f"{phases[number]}")
+                     f"{follower.phases[number]}")
                 time.sleep(max(0.0, at + spacing - time.monotonic()))
-            row["follower_own_mib_after"] = _anon_mib(follower)
-            row["follower_rss_mib_after"] = round(follower.memory_info().rss / 2**20, 1)
+            row["follower_own_mib_after"] = _anon_mib(me)
+            row["follower_rss_mib_after"] = round(me.memory_info().rss / 2**20, 1)
             row["shard_rss_mib"] = _shard_mib()
-            mine = [phases[n] for n in sorted(phases)[-blocks:]]
-            counts = [int(m["records"]) for x in lines[-blocks:]
-                      if (m := BLOCK_LINE.match(x))]
+            mine = [follower.phases[n] for n in sorted(follower.phases)[-blocks:]]
             row.update({
                 "lag_p50_s": round(percentile(lags, 50), 3),
                 "lag_p99_s": round(percentile(lags, 99), 3),
                 "lag_max_s": round(max(lags), 3),
-                "records_a_block_median": int(statistics.median(counts)) if counts else None,
+                "records_a_block_median": int(statistics.median(
+                    follower.records[n] for n in sorted(follower.records)[-blocks:])),
                 "phase_s_median": {k: round(statistics.median(p[k] for p in mine if k in p), 3)
                                    for k in mine[0]},
                 "phase_s_max": {k: round(max(p[k] for p in mine if k in p), 3)
                                 for k in mine[0]}})
-            # what a wallet reads now: rewritten slots through both parties, against the node
-            rng, wrong = random.Random(size), 0
-            with PirClient(*urls, encoding="msgpack") as pir:
-                kc = KeywordClient(pir, pub_path, table="storage")
-                for slot in rng.sample(range(1, written + 1), 12):
-                    got = kc.get(filler + slot.to_bytes(32, "big"))
-                    want = bytes.fromhex(rpc.call("eth_getStorageAt", "0x" + filler.hex(),
-                                                  hex(slot), "latest")[2:])
-                    wrong += (got or bytes(32)) != want
-            row["reads_checked"], row["reads_wrong"] = 12, wrong
         finally:
-            proc.send_signal(signal.SIGINT)
+            follower.stop()
+        # catching up: blocks mined back to back while no follower runs, then followed to
+        # the head; the rate from its first block published to its last
+        if catch_up:
+            for b in range(blocks, blocks + catch_up):
+                send_block(b)
+                rpc.call("evm_mine")
+            head = rpc.block_number()
+            behind = FollowerProcess(cmd + ["--until-block", str(head)])
             try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-            for name in ("a", "b"):
-                serve.delete(name)
+                behind.wait_block(head, timeout_s=900)
+            finally:
+                behind.stop()
+            done = sorted(behind.published)
+            seconds = behind.published[done[-1]] - behind.published[done[0]]
+            records = sum(behind.records[n] for n in done[1:])
+            row["catch_up"] = {"blocks": len(done), "seconds": round(seconds, 2),
+                               "records_per_s": round(records / seconds),
+                               "phase_s_median": {k: round(statistics.median(
+                                   behind.phases[n][k] for n in done), 3)
+                                   for k in behind.phases[done[0]]}}
+            _log(f"  {size:,}: catch-up {row['catch_up']}")
+        # what a wallet reads now: rewritten slots through both parties, against the node
+        rng, wrong = random.Random(size), 0
+        with PirClient(*urls, encoding="msgpack") as pir:
+            kc = KeywordClient(pir, pub_path, table="storage")
+            for slot in rng.sample(range(1, written + 1), 12):
+                got = kc.get(filler + slot.to_bytes(32, "big"))
+                want = bytes.fromhex(rpc.call("eth_getStorageAt", "0x" + filler.hex(),
+                                              hex(slot), "latest")[2:])
+                wrong += (got or bytes(32)) != want
+        row["reads_checked"], row["reads_wrong"] = 12, wrong
+        for name in ("a", "b"):
+            serve.delete(name)
     return row
 
 
@@ -221,17 +267,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spacing", type=float, default=12.0, help="seconds between blocks")
     ap.add_argument("--txs", type=int, default=200, help="transactions a block")
     ap.add_argument("--per-tx", type=int, default=15, help="slots each transaction rewrites")
+    ap.add_argument("--catch-up", type=int, default=20,
+                    help="blocks mined while no follower runs, then followed (0: none)")
     args = ap.parse_args(argv)
+    from cluster import local
+
     out: dict = {"machine_cpus": os.cpu_count(), "sizes": {}}
-    for size in args.sizes:
-        work = Path(tempfile.mkdtemp(prefix="morphogen-lagscale-"))
-        try:
-            _log(f"{size:,} records")
-            out["sizes"][str(size)] = run_size(size, args.blocks, args.spacing, args.txs,
-                                               args.per_tx, work)
-            _log(json.dumps(out["sizes"][str(size)]))
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    # one cluster for every size: each size's parties are deleted before the next
+    with local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
+        for size in args.sizes:
+            work = Path(tempfile.mkdtemp(prefix="morphogen-lagscale-"))
+            try:
+                _log(f"{size:,} records")
+                out["sizes"][str(size)] = run_size(cluster, size, args.blocks, args.spacing,
+                                                   args.txs, args.per_tx, args.catch_up, work)
+                _log(json.dumps(out["sizes"][str(size)]))
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
     sizes = [str(s) for s in args.sizes]
     small, large = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
     out["ratios_largest_to_smallest"] = {
