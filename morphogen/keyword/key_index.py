@@ -153,6 +153,7 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         a crash left it whole)."""
         if durable:
             self._mm.flush()
+            os.fsync(self._slots_fd)  # pages written by a copy, not through the mapping
             os.fsync(self._heap_fd)
         _write_meta(self.folder, self._n, self._count, self._heap_end, durable=durable)
 

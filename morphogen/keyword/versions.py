@@ -235,6 +235,9 @@ class VersionStore:
             raw.unlink()
             with self.key_index(version, tmp / KEYS_DIR) as index:
                 index.sync(durable=True)
+            # a crash between these two renames left the keys of a version still a diff
+            # (no manifest): they are replaced, as a directory is not renamed over another
+            shutil.rmtree(final / KEYS_DIR, ignore_errors=True)
             os.replace(tmp / KEYS_DIR, final / KEYS_DIR)
             os.replace(tmp / SNAPSHOT, final / SNAPSHOT)
             fsync_dir(final)

@@ -444,3 +444,28 @@ def test_a_directory_written_before_the_key_index_is_read_and_followed(tmp_path:
     assert _lookup(owner.pages(), keys) == [recs[k] for k in keys]
     assert OwnerTable(root).keys() == owner.keys()
     assert len(owner.keys()) == len(recs)
+
+
+def test_a_checkpoint_killed_between_its_renames_is_made_again(tmp_path: Path) -> None:
+    """A full copy is added to a diff version's directory keys first, snapshot last: a crash
+    between the two leaves the keys in a version that is still a diff. The next checkpoint of
+    it replaces them and makes the version full."""
+    from morphogen.keyword.key_index import KeyIndex
+
+    recs = _records(1500, seed=61)
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o")
+    root = tmp_path / "o"
+    owner = OwnerTable(root)
+    rng = random.Random(62)
+    version, _ = owner.apply(_changes(rng, recs, 4), KEY, rng=rng.randrange)
+    assert not owner.store.is_full(version)
+    # what the crash left: an index of other keys where the version's keys go
+    with KeyIndex.build(root / f"v{version:06d}" / "keys", [(bytes(16), b"stale")], 64) as i:
+        i.sync()
+    assert not owner.store.is_full(version)
+    assert owner.store.checkpoint(version)
+    assert owner.store.is_full(version)
+    assert OwnerTable(root).keys(version) == owner.store.keys(version)
+    assert bytes(16) not in owner.store.keys(version)
+    assert len(owner.store.keys(version)) == len(owner.keys())
