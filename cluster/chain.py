@@ -86,7 +86,7 @@ def _import(args: argparse.Namespace) -> int:
     import tempfile
 
     from cluster.chain_import import import_dump, resolve_anchor
-    from morphogen.chain import dumps
+    from morphogen.chain import anvil_dump, dumps
     from morphogen.keyword.signing import load_signing_key, public_bytes
 
     out = Path(args.out)
@@ -108,7 +108,7 @@ def _import(args: argparse.Namespace) -> int:
         try:
             dump = Path(args.dump)
             if args.format == "anvil":
-                info = dumps.anvil_lines(dump, Path(tmp) / (dump.name + ".jsonl"))
+                info = anvil_dump.anvil_lines(dump, Path(tmp) / (dump.name + ".jsonl"))
                 dump = Path(tmp) / (dump.name + ".jsonl")
             else:
                 info = dumps.info(dump)

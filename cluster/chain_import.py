@@ -168,7 +168,7 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
                 created: int | None = None, work: str | os.PathLike[str] | None = None,
                 range_bytes: int = RANGE_BYTES, body: int | None = None,
                 report: Callable[[str], None] = print, timings: dict | None = None) -> Path:
-    """The dump (JSON lines: geth's, or anvil's rewritten by `dumps.anvil_lines`) as version 1
+    """The dump (JSON lines: geth's, or anvil's rewritten by `anvil_dump.anvil_lines`) as version 1
     of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
     `timings` gets the seconds of each step (encode, load, place, write)."""
     timings = {} if timings is None else timings

@@ -9,10 +9,8 @@ geth's `geth dump --iterative` and `geth snapshot dump` write JSON lines (go-eth
 
 in the order of the hashed addresses. An account whose address preimage the node lacks
 carries only its hashed ``"key"``: it cannot be keyed by address, so it is refused (run geth
-with ``--cache.preimages``). anvil's ``--dump-state`` file (and `anvil_dumpState`'s answer, gzip'd)
-is one JSON object whose ``"accounts"`` maps address to nonce, 0x-hex balance, code and storage
-(0x-hex words), with ``"best_block_number"`` the block it is at; `anvil_lines` rewrites it as
-lines of the geth shape, so that one reader serves both.
+with ``--cache.preimages``). anvil's state dump is one JSON object; `anvil_dump.anvil_lines`
+rewrites it as lines of the geth shape, so that one reader serves both.
 
 `line_ranges` cuts a dump into byte ranges that start at line starts, which builders read
 independently (`morphogen.chain.bulk`); a line that is not an account is refused with its line
@@ -21,7 +19,6 @@ number (`DumpError`).
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -240,49 +237,3 @@ def _storage(storage: dict) -> tuple[str, str]:
         if slots[i] == slots[i - 1]:
             raise LineError(f"storage slot 0x{slots[i]} twice")
     return "".join(slots), "".join(words)
-
-
-# -- anvil -------------------------------------------------------------------------------------
-
-def _anvil_state(path: Path) -> dict:
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    elif raw[:3] == b'"0x':  # anvil_dumpState's answer saved as it came: gzip'd, in hex
-        raw = gzip.decompress(bytes.fromhex(json.loads(raw)[2:]))
-    try:
-        state = json.loads(raw)
-    except ValueError as exc:
-        raise DumpError(f"{path.name}: not JSON ({exc})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("accounts"), dict):
-        raise DumpError(f'{path.name}: not an anvil state dump (no "accounts" object)')
-    return state
-
-
-def anvil_lines(path: str | os.PathLike[str], out: str | os.PathLike[str]) -> DumpInfo:
-    """Rewrite anvil's state dump as a dump of JSON lines at `out` (its first line names the
-    block), each account checked on the way (`DumpError` names it). anvil's dump is one JSON
-    document, read whole: it holds a development node's state, not a chain's."""
-    path = Path(path)
-    state = _anvil_state(path)
-    try:
-        number = _quantity(state.get("best_block_number", 0), "best_block_number", 64)
-    except LineError as exc:
-        raise DumpError(f"{path.name}: {exc}") from None
-    tmp = Path(out).with_name(Path(out).name + ".tmp")
-    try:
-        with tmp.open("w") as f:
-            f.write(json.dumps({"root": None, "number": number}) + "\n")
-            for address, account in state["accounts"].items():
-                if not isinstance(account, dict):
-                    raise DumpError(f"{path.name}: account {str(address)[:44]} is not an object")
-                try:
-                    parse_account({**account, "address": address})
-                except LineError as exc:
-                    raise DumpError(f"{path.name}: account {str(address)[:44]}: {exc}") from None
-                f.write(json.dumps({**account, "address": address}, separators=(",", ":"))
-                        + "\n")
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return info(out)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from morphogen.chain import bulk, dumps
+from morphogen.chain import anvil_dump, bulk, dumps
 from morphogen.chain.export import AccountState, BlockRef, ExportHeader, state_records, write_export
 from morphogen.chain.tables import build_chain_tables
 from morphogen.keyword.descriptor import Anchor
@@ -145,7 +145,7 @@ def test_anvil_state_is_rewritten_as_lines(tmp_path):
         address: {"nonce": 2, "balance": "0x10", "code": "0x6001",
                   "storage": {"0x" + "00" * 31 + "01": "0x" + "00" * 31 + "05"}}}}
     (tmp_path / "a.json").write_text(json.dumps(state))
-    info = dumps.anvil_lines(tmp_path / "a.json", tmp_path / "a.jsonl")
+    info = anvil_dump.anvil_lines(tmp_path / "a.json", tmp_path / "a.jsonl")
     assert info.number == 9 and info.root is None
     [(_, line)] = list(dumps.read_range(tmp_path / "a.jsonl", info.body, info.size))
     account = dumps.parse_account(line)
@@ -154,5 +154,58 @@ def test_anvil_state_is_rewritten_as_lines(tmp_path):
     state["accounts"][address]["balance"] = "lots"
     (tmp_path / "a.json").write_text(json.dumps(state))
     with pytest.raises(dumps.DumpError, match="balance"):
-        dumps.anvil_lines(tmp_path / "a.json", tmp_path / "b.jsonl")
+        anvil_dump.anvil_lines(tmp_path / "a.json", tmp_path / "b.jsonl")
     assert not (tmp_path / "b.jsonl").exists()
+
+
+def _anvil_state(n: int) -> dict:
+    rng = random.Random(n)
+    accounts = {}
+    for i in range(n):
+        storage = {"0x" + rng.randbytes(32).hex(): "0x" + rng.randbytes(32).hex()
+                   for _ in range(rng.randrange(0, 4))}
+        accounts["0x" + rng.randbytes(20).hex()] = {
+            "nonce": i, "balance": hex(rng.randrange(1, 10**24)),
+            "code": "0x" + rng.randbytes(rng.randrange(0, 40)).hex(), "storage": storage}
+    return accounts
+
+
+@pytest.mark.parametrize("form", ["plain", "gzip", "hex"])
+@pytest.mark.parametrize("chunk", [7, 1 << 20])
+def test_anvil_dumps_are_read_as_a_stream_in_every_form(tmp_path, form, chunk):
+    """The accounts are taken one at a time through a window of `chunk` bytes (7: every
+    value and name is cut across reads), whatever members come before or after them, from a
+    plain, a gzip'd and a hex-in-a-string gzip'd dump; the lines are those of the whole read."""
+    import gzip
+
+    accounts = _anvil_state(40)
+    state = {"block": {"number": "0x2a", "timestamp": "0x1"}, "accounts": accounts,
+             "blocks": [{"header": {"number": "0x2a"}, "transactions": []}] * 3,
+             "best_block_number": "0x2a", "historical_states": None}
+    text = json.dumps(state, indent=1).encode()
+    path = tmp_path / "a.json"
+    if form == "gzip":
+        path.write_bytes(gzip.compress(text))
+    elif form == "hex":
+        path.write_bytes(json.dumps("0x" + gzip.compress(text).hex()).encode())
+    else:
+        path.write_bytes(text)
+    info = anvil_dump.anvil_lines(path, tmp_path / "a.jsonl", chunk=chunk)
+    assert info.number == 42
+    lines = [json.loads(line) for _, line in
+             dumps.read_range(tmp_path / "a.jsonl", info.body, info.size)]
+    assert lines == [{**account, "address": address} for address, account in accounts.items()]
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    (b'{"accounts": {"0x' + b"ab" * 20 + b'": {"nonce": 1, "balance": "0x1"', "not JSON"),
+    (b'{"accounts": {}} {"more": 1}', "more after"),                      # two documents
+    (b'{"best_block_number": "0x1"}', 'no "accounts" object'),
+    (b'[1, 2]', 'no "accounts" object'),
+    (b'{"accounts": {"0x' + b"ab" * 20 + b'": 5}}', "is not an object"),
+])
+def test_a_bad_anvil_dump_is_named_and_writes_nothing(tmp_path, text, match):
+    (tmp_path / "a.json").write_bytes(text)
+    with pytest.raises(dumps.DumpError, match=match):
+        anvil_dump.anvil_lines(tmp_path / "a.json", tmp_path / "a.jsonl", chunk=5)
+    assert list(tmp_path.iterdir()) == [tmp_path / "a.json"]
