@@ -104,14 +104,17 @@ class KeyIndex(MutableMapping[bytes, bytes]):
             raise ValueError(f"a tag is {TAG_SIZE} bytes")
         words = np.frombuffer(raw, "<u8").reshape(m, 2)
         homes = words[:, 0] % np.uint64(slots)
-        order = np.lexsort((words[:, 1], words[:, 0], homes))
+        order = _by_home_then_tag(words, homes, slots)
         # in that order linear probing puts record i at max(home_i, position_{i-1} + 1): a
         # running maximum of home_i - i, plus i
         sequence = np.arange(m, dtype=np.int64)
         at = np.maximum.accumulate(homes[order].astype(np.int64) - sequence) + sequence \
             if m else sequence
         table = np.zeros(slots, _SLOT_DTYPE)
-        keys = [pairs[i][1] for i in order.tolist()]
+        values = np.empty(m, object)
+        values[:] = [k for _, k in pairs]
+        keys = values[order].tolist()
+        del values
         lengths = np.fromiter(map(len, keys), np.int64, m)
         if m and int(lengths.max()) > MAX_KEY:
             raise ValueError(f"a key is bytes of at most {MAX_KEY}")
@@ -287,6 +290,20 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         for tag, ref in moved:
             i, _ = self._find(tag)
             self._mm[i * SLOT:(i + 1) * SLOT] = tag + ref.to_bytes(8, "little")
+
+
+def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int) -> np.ndarray:
+    """The order of the records by home slot, then by tag. One sort of a 64-bit key (the
+    home in the high bits, the tag's first bits below it); where two keys tie (tags alike
+    in those bits: rare), the sort by all three."""
+    bits = max(1, int(slots - 1).bit_length())
+    shift = np.uint64(64 - bits)
+    packed = (homes << shift) | (words[:, 0] >> np.uint64(bits))
+    order = np.argsort(packed, kind="stable")
+    ranked = packed[order]
+    if len(ranked) > 1 and bool((ranked[1:] == ranked[:-1]).any()):
+        return np.lexsort((words[:, 1], words[:, 0], homes))
+    return order
 
 
 def _tag(tag: bytes) -> bytes:

@@ -137,3 +137,22 @@ def test_a_built_index_is_what_inserting_gives_and_the_same_in_any_order(tmp_pat
         index[new] = model[new] = b"late"
         assert dict(index.items()) == model
         assert all(index[t] == k for t, k in model.items())
+
+
+def test_the_build_order_is_home_then_tag_ties_included():
+    """`build`'s one-key sort gives the order by (home, tag), also where tags agree in the
+    bits it packs (the sort by all three then decides)."""
+    import numpy as np
+
+    from morphogen.keyword.key_index import _by_home_then_tag
+
+    rng = np.random.default_rng(5)
+    slots = 1000
+    for words in (rng.integers(0, 2**63, (5000, 2), dtype=np.uint64),
+                  # first words alike in all but their low bits: the packed keys tie
+                  np.stack([np.uint64(2**40) + rng.integers(0, 4, 300).astype(np.uint64)
+                            * np.uint64(slots), rng.integers(0, 2**63, 300, dtype=np.uint64)],
+                           axis=1)):
+        homes = words[:, 0] % np.uint64(slots)
+        want = np.lexsort((words[:, 1], words[:, 0], homes))
+        assert np.array_equal(_by_home_then_tag(words, homes, slots), want)
