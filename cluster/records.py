@@ -182,6 +182,9 @@ def _apply(owner, args: argparse.Namespace) -> None:
         key = load_signing_key(args.signing_key)
         changes = read_changes(args.changes)
         digest = hashlib.blake2b(Path(args.changes).read_bytes(), digest_size=16).hexdigest()
+        # under the writer lock: the current pages and keys mapped from working/ (kept for the
+        # next apply), not read into memory, as a follower holds them
+        owner.map_working_pages()
         version, batch = owner.apply(changes, key, changes_id=digest,
                                      anchor=_anchor(args.anchor))
     except (RecordError, TableFullError) as exc:

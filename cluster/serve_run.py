@@ -164,6 +164,9 @@ def _wait_port_free(plan: serve_plan.ServePlan, stopper: Stopper) -> bool:
     return True
 
 
+LATE_QUIET_S = 0.5  # no new process for this long: the stop has ended every one
+
+
 def _stop(stopper: Stopper, plan: serve_plan.ServePlan, owns: bool,
           deployed: list[str]) -> bool:
     """Delete what this process deployed; with a cluster of its own, stop Ray and end every
@@ -191,14 +194,17 @@ def _stop(stopper: Stopper, plan: serve_plan.ServePlan, owns: bool,
         # a cluster stopped cleanly leaves little to end, gently; one abandoned, its workers
         grace = 2.0 if clean else 0.5
         left = processes.end(stopper.tracked, grace_s=min(grace, stopper.remaining()))
-        # a raylet stopped while it was starting workers (shards still waiting to be placed)
-        # leaves some that appear after the scan: scan again until none is new
-        for _ in range(5):
+        # a raylet stopped while it was starting workers (shards still waiting to be placed),
+        # or a step abandoned while Ray was stopping, leaves some that appear (or are adopted
+        # by this process) after the scan: scan until none is new for half a second
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < LATE_QUIET_S and stopper.remaining() > 0.5:
             late = processes.descendants() - stopper.tracked
-            if not late:
-                break
-            stopper.tracked |= late
-            left |= processes.end(late, grace_s=min(0.5, stopper.remaining()))
+            if late:
+                stopper.tracked |= late
+                left |= processes.end(late, grace_s=min(0.5, stopper.remaining()))
+                quiet_since = time.monotonic()
+            time.sleep(0.05)
         if left:
             eprint(f"[serve] {len(left)} process(es) would not end: "
                    f"{sorted(p for p, _ in left)}")

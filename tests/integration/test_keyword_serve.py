@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 
 import httpx
 import msgpack
@@ -210,6 +211,10 @@ def test_the_commands_build_apply_publish_and_look_up(table, tmp_path, capsys) -
                  "--server", urls[1], "--token-file", str(tmp_path / "token")]) == 0
     out = capsys.readouterr().out
     assert "2 change(s)" in out and "published" in out
+    # the command held the table as a follower does: mapped files, whole at the new version
+    working = json.loads((Path(table["owner"]) / "working" / "working.json").read_text())
+    assert working["clean"] and working["version"] == json.loads(
+        (Path(table["owner"]) / "owner.json").read_text())["current"]
     accounts.pop(target)
     accounts[new] = b"\x07" * 32
     present = sorted(accounts)[30]
