@@ -188,7 +188,9 @@ def start(
         serve.start(logging_config=logging_config)
         http = running.get("http_options") or {}
         return LocalCluster(http.get("host") or "127.0.0.1", int(http.get("port") or 8000), owns)
-    port = free_port(host if host != "0.0.0.0" else "127.0.0.1") if port in (None, 0) else port
+    # drawn below the ephemeral range: the proxy binds it later, and a port the kernel handed
+    # out meanwhile to one of Ray's connections would refuse it ("Address already in use")
+    port = listener_port() if port in (None, 0) else port
     serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
     return LocalCluster(host, port, owns)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
@@ -59,9 +58,11 @@ def need_anvil() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for anvil to bind: below the ephemeral range, so that no connection of this
+    machine is handed it before anvil binds it."""
+    from cluster.local import listener_port
+
+    return listener_port()
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.local import PROXY_READY_S, fast_ingress_env, free_port, listener_port  # noqa: E402 - no Ray import behind it
+from cluster.local import PROXY_READY_S, fast_ingress_env, listener_port  # noqa: E402 - no Ray import behind it
 from morphogen.snapshot.synthetic import build_synthetic
 
 from .churn import wait_until  # noqa: F401 - the tests' one polling helper
@@ -100,7 +100,7 @@ def serve_instance(s3_server) -> Iterator[ServeInstance]:
         log_to_driver=False,
         configure_logging=True,
     )
-    port = free_port()
+    port = listener_port()  # bound later by the proxy: not from the ephemeral range
     serve.start(
         http_options={"host": "127.0.0.1", "port": port},
         logging_config={"enable_access_log": False, "log_level": "WARNING"},

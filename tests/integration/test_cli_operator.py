@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.local import free_port, port_in_use
+from cluster.local import listener_port, port_in_use
 from cluster.shutdown import STOP_BOUND_S
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages
 
@@ -77,7 +77,7 @@ def test_two_parties_on_one_machine_and_a_third_joining(tmp_path: Path) -> None:
     token.write_text(secrets.token_hex(32))
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, auth=None, RAY_AUTH_TOKEN_PATH=str(token), RAY_TMPDIR=ray_tmp)
-    port = free_port()
+    port = listener_port()
     base = f"http://127.0.0.1:{port}"
     srv = CliProcess(["serve", "--parties", "a,b", "--matrix", snap, "--port", str(port),
                       "--num-cpus", "2", "--config", SERVE_TEST_CONFIG], env, tmp_path / "ab.log")
@@ -107,7 +107,7 @@ def test_two_parties_on_one_machine_and_a_third_joining(tmp_path: Path) -> None:
                               "--config", SERVE_TEST_CONFIG], env)
         assert rc == 2 and "application 'a' already runs" in _one_error_line(err)
         rc, _, err = run_cli(["serve", "--address", address, "--name", "c", "--matrix", snap,
-                              "--port", str(free_port()), "--config", SERVE_TEST_CONFIG], env)
+                              "--port", str(listener_port()), "--config", SERVE_TEST_CONFIG], env)
         assert rc == 2 and f"already listens on 127.0.0.1:{port}" in _one_error_line(err)
         assert _status(f"{url_a}/health") == 200
 
@@ -162,7 +162,7 @@ def test_sigterm_to_the_group_frees_the_port_for_the_next_serve(tmp_path: Path) 
     snap = _snapshot(tmp_path)
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp)
-    port = free_port()
+    port = listener_port()
     args = ["serve", "--matrix", snap, "--shards", "1", "--port", str(port), "--num-cpus", "2",
             "--config", SERVE_TEST_CONFIG]
     first = CliProcess(args, env, tmp_path / "first.log")
@@ -198,7 +198,7 @@ def test_a_stuck_serve_stops_and_a_second_signal_forces(tmp_path: Path) -> None:
     snap = _snapshot(tmp_path)
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp)
-    port = free_port()
+    port = listener_port()
     args = ["serve", "--matrix", snap, "--shards", "4", "--shard-cpus", "1", "--num-cpus", "2",
             "--skip-resource-check", "--port", str(port), "--config", SERVE_TEST_CONFIG]
     procs: list[CliProcess] = []
@@ -238,7 +238,7 @@ def test_shards_that_cannot_fit_fail_fast(tmp_path: Path) -> None:
     snap = _snapshot(tmp_path)
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp)
-    port = free_port()
+    port = listener_port()
     proc = CliProcess(["serve", "--matrix", snap, "--shards", "4", "--num-cpus", "2",
                        "--port", str(port)], env, tmp_path / "fit.log")
     try:

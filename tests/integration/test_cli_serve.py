@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.local import free_port
+from cluster.local import listener_port
 
 from . import spec_client
 from .cli_process import SERVE_TEST_CONFIG, cli_env, remove, short_tmp
@@ -37,7 +37,7 @@ def test_serve_raw_matrix_for_a_spec_only_client(tmp_path: Path) -> None:
     padded = data + bytes(4096 - 123)
     page = [padded[i * 4096 : (i + 1) * 4096] for i in range(71)]
 
-    port = free_port()
+    port = listener_port()
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp)
     # a raw file ending inside a page is served only when asked (--pad-last-page)

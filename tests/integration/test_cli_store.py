@@ -11,7 +11,7 @@ from pathlib import Path
 import obstore
 import pytest
 
-from cluster.local import free_port
+from cluster.local import listener_port
 from morphogen.snapshot.synthetic import build_synthetic
 from morphogen.storage import open_location
 
@@ -46,7 +46,7 @@ def test_a_corrupted_object_fails_serve_naming_shard_chunk_uri_and_node(
     _upload(tmp_path / "snap", uri, flip_page=20)  # chunk 1: shard 0's
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp, **s3_env.env())
-    port = free_port()
+    port = listener_port()
     proc = CliProcess(["serve", "--matrix", uri, "--shards", "2", "--num-cpus", "2",
                        "--port", str(port), "--config", SERVE_TEST_CONFIG], env,
                       tmp_path / "serve.log")
@@ -70,11 +70,11 @@ def test_a_corrupted_object_fails_serve_naming_shard_chunk_uri_and_node(
 def test_an_unreachable_store_is_one_line_with_the_hint_that_fits(tmp_path: Path,
                                                                  s3_env) -> None:
     env = cli_env(tmp_path, **{**s3_env.env(), "AWS_ENDPOINT_URL": f"http://127.0.0.1:"
-                                                                     f"{free_port()}",
+                                                                     f"{listener_port()}",
                                "MORPHOGEN_STORE_RETRY_S": "1",
                                "MORPHOGEN_STORE_OUTAGE_S": "2"})
     rc, _, err = run_cli(["serve", "--matrix", "s3://nowhere/snapshots/epoch-1",
-                          "--port", str(free_port())], env, timeout=120)
+                          "--port", str(listener_port())], env, timeout=120)
     line = _error_line(err)
     assert rc == 2
     assert "s3://nowhere/snapshots/epoch-1/manifest.json" in line
@@ -97,7 +97,7 @@ def test_a_first_deploy_rides_out_a_store_outage(tmp_path: Path, s3_env) -> None
         env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp,
                       **{**s3_env.env(), "AWS_ENDPOINT_URL": gate.endpoint,
                          "MORPHOGEN_STORE_RETRY_S": "2"})
-        port = free_port()
+        port = listener_port()
         proc = CliProcess(["serve", "--matrix", uri, "--shards", "2", "--num-cpus", "2",
                            "--port", str(port), "--config", SERVE_TEST_CONFIG], env,
                           tmp_path / "serve.log")

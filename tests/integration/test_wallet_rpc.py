@@ -546,8 +546,8 @@ def test_the_command_serves_and_stops(wallet, tmp_path) -> None:
 
 
 def _free_port() -> int:
-    import socket
+    """A port for the endpoint to bind, below the ephemeral range (no connection takes it
+    first)."""
+    from cluster.local import listener_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return listener_port()
