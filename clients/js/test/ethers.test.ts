@@ -8,32 +8,12 @@ import { describe, it } from "node:test";
 import { BrowserProvider } from "ethers";
 
 import { fromHex, toHex } from "../src/bytes.js";
-import { PAGE_SIZE } from "../src/constants.js";
-import { EthState, PirClient, PrivateProvider, keccak256, wordBytes } from "../src/index.js";
-import { FakeParty, domainBitsFor, fakeFetch } from "./fake.js";
-import { readVectors } from "./vectors.js";
-
-interface Chain {
-  public_key: string;
-  num_pages: number;
-  pages: Record<string, string>;
-  tables: { name: string; first_page: number; num_pages: number }[];
-  accounts: { address: string; nonce: string; balance: string; code_hash: string; storage: Record<string, string> }[];
-}
-const CHAIN = readVectors<Chain>("chain_tables.json");
+import { keccak256, wordBytes } from "../src/index.js";
+import { CHAIN, chainProvider } from "./chain.js";
 
 function provider() {
-  const pages = Array.from({ length: CHAIN.num_pages }, () => new Uint8Array(PAGE_SIZE));
-  for (const [i, h] of Object.entries(CHAIN.pages)) pages[Number(i)]!.set(fromHex(h));
-  const parties = [new FakeParty(pages, domainBitsFor(pages.length)), new FakeParty(pages, domainBitsFor(pages.length))] as const;
-  for (const p of parties) {
-    p.keyFormats = ["v1", "packed"];
-    p.tables = Object.fromEntries(CHAIN.tables.map((t) => [t.name,
-      { first_page: t.first_page, num_pages: t.num_pages, domain_bits: domainBitsFor(t.num_pages) }]));
-  }
-  const pir = new PirClient("http://a", "http://b", { fetch: fakeFetch(...parties), encoding: "json" });
-  const ethers = new BrowserProvider(new PrivateProvider(new EthState(pir, CHAIN.public_key)));
-  return { ethers, liar: parties[1] };
+  const { provider, liar } = chainProvider("json");
+  return { ethers: new BrowserProvider(provider), liar };
 }
 
 describe("ethers over the provider: new BrowserProvider(provider)", () => {

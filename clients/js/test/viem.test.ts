@@ -5,35 +5,15 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { createPublicClient, custom, type Address, type Hex } from "viem";
+import { createPublicClient, custom, type Hex } from "viem";
 
 import { fromHex, toHex } from "../src/bytes.js";
-import { PAGE_SIZE } from "../src/constants.js";
-import { EthState, PirClient, PrivateProvider, keccak256, wordBytes } from "../src/index.js";
-import { FakeParty, domainBitsFor, fakeFetch } from "./fake.js";
-import { readVectors } from "./vectors.js";
-
-interface Chain {
-  public_key: string;
-  num_pages: number;
-  pages: Record<string, string>;
-  tables: { name: string; first_page: number; num_pages: number }[];
-  accounts: { address: Address; nonce: string; balance: string; code_hash: string; storage: Record<string, string> }[];
-}
-const CHAIN = readVectors<Chain>("chain_tables.json");
+import { keccak256, wordBytes } from "../src/index.js";
+import { CHAIN, chainProvider } from "./chain.js";
 
 function client() {
-  const pages = Array.from({ length: CHAIN.num_pages }, () => new Uint8Array(PAGE_SIZE));
-  for (const [i, h] of Object.entries(CHAIN.pages)) pages[Number(i)]!.set(fromHex(h));
-  const parties = [new FakeParty(pages, domainBitsFor(pages.length)), new FakeParty(pages, domainBitsFor(pages.length))] as const;
-  for (const p of parties) {
-    p.keyFormats = ["v1", "packed"];
-    p.tables = Object.fromEntries(CHAIN.tables.map((t) => [t.name,
-      { first_page: t.first_page, num_pages: t.num_pages, domain_bits: domainBitsFor(t.num_pages) }]));
-  }
-  const pir = new PirClient("http://a", "http://b", { fetch: fakeFetch(...parties), encoding: "msgpack" });
-  const provider = new PrivateProvider(new EthState(pir, CHAIN.public_key));
-  return { viem: createPublicClient({ transport: custom(provider) }), liar: parties[1] };
+  const { provider, liar } = chainProvider("msgpack");
+  return { viem: createPublicClient({ transport: custom(provider) }), liar };
 }
 
 describe("viem over the provider: createPublicClient({ transport: custom(provider) })", () => {
