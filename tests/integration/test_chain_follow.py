@@ -155,6 +155,17 @@ def _catch_up(follower: Follower) -> None:
     raise AssertionError("the follower did not catch up")
 
 
+def _deploy_filler(rpc: EthRpc, follower: Follower) -> str:
+    """The slot-filling contract deployed in a block of its own, the follower caught up on
+    both sides of it; returns its address."""
+    _catch_up(follower)
+    tx = _send(rpc, data="0x" + (FILL_INIT + FILL_RUNTIME).hex(), gas=quantity(500_000))
+    _mine(rpc)
+    filler = _receipt(rpc, tx)["contractAddress"]
+    _catch_up(follower)
+    return filler
+
+
 def _touched(follower: Follower) -> tuple[set[bytes], set[tuple[bytes, bytes]]]:
     t = follower._touched_of(follower._journal()[-1])
     assert t is not None
@@ -400,11 +411,7 @@ def test_a_block_of_tens_of_thousands_of_records_is_one_publication(chain) -> No
     follower = _follower(chain)
     reader = Reader(chain["urls"], chain["pub"])
     try:
-        _catch_up(follower)
-        tx = _send(rpc, data="0x" + (FILL_INIT + FILL_RUNTIME).hex(), gas=quantity(500_000))
-        _mine(rpc)
-        filler = _receipt(rpc, tx)["contractAddress"]
-        _catch_up(follower)
+        filler = _deploy_filler(rpc, follower)
         rpc.call("evm_setBlockGasLimit", quantity(2_000_000_000))
         n = 10_000
         for start in (1_000, 1_000 + n):
@@ -451,11 +458,7 @@ def test_a_block_larger_than_a_request_is_published_in_parts(chain) -> None:
                         chain["key"], snapshot_dir=str(chain["root"] / "rot"))
     reader = Reader(chain["urls"], chain["pub"])
     try:
-        _catch_up(follower)
-        tx = _send(rpc, data="0x" + (FILL_INIT + FILL_RUNTIME).hex(), gas=quantity(500_000))
-        _mine(rpc)
-        filler = _receipt(rpc, tx)["contractAddress"]
-        _catch_up(follower)
+        filler = _deploy_filler(rpc, follower)
         parts_seen.clear()
         _send(rpc, to=filler, gas=quantity(20_000_000),
               data="0x" + (50_000).to_bytes(32, "big").hex() + (300).to_bytes(32, "big").hex())
