@@ -13,7 +13,7 @@ import pytest
 from _kw import lookup
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from morphogen.keyword import build_table
+from morphogen.keyword import KeywordTable, build_table
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
@@ -27,6 +27,15 @@ KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 def _records(n: int, seed: int) -> dict[bytes, bytes]:
     rng = random.Random(seed)
     return {rng.randbytes(20): rng.randbytes(32) for _ in range(n)}
+
+
+def _owner_dir(tmp_path: Path, recs: dict[bytes, bytes], **options: int
+               ) -> tuple[KeywordTable, Path]:
+    """The records built into a table and written as version 1 of the owner directory
+    `tmp_path/o`; returns the table and the directory."""
+    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
+    create_owner_dir(table, tmp_path / "o", **options)
+    return table, tmp_path / "o"
 
 
 def _lookup(pages: np.ndarray, keys: list[bytes]) -> list[bytes | None]:
@@ -51,8 +60,7 @@ def _follow(recs: dict[bytes, bytes], changes: list[Change]) -> None:
 
 def test_every_retained_version_reads_as_its_full_copy(tmp_path: Path) -> None:
     recs = _records(6000, seed=1)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o", full_every=3, keep=2)
+    table, root = _owner_dir(tmp_path, recs, full_every=3, keep=2)
     owner = OwnerTable(tmp_path / "o")
     rng = random.Random(2)
     full = {1: table.pages.copy()}
@@ -184,10 +192,9 @@ def test_a_full_copy_comes_once_the_diffs_since_the_last_add_up_to_the_table(
     """By default the owner writes a full copy only when the batches since the last one hold
     as many pages as the table: what it writes a block is the block's pages, amortized."""
     recs = _records(3000, seed=21)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(tmp_path / "o")
-    root, total = tmp_path / "o", len(table.pages)
+    total = len(table.pages)
     rng = random.Random(22)
     sizes, copies = {}, {}
     for _ in range(14):
@@ -215,9 +222,7 @@ def test_a_full_copy_in_the_background_leaves_every_version_reading_as_before(
     on `apply`'s path; every version reads the same bytes and keys before, during and after,
     and a crashed copy's leftovers change nothing."""
     recs = _records(3000, seed=31)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
-    root = tmp_path / "o"
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(root)
     owner.checkpoints_in_background()
     (root / ".ckpt-v000009-dead").mkdir()  # a crashed copy's leftovers
@@ -256,9 +261,7 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
     from morphogen.keyword.working import WORKING_DIR
 
     recs = _records(2000, seed=41)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
-    root = tmp_path / "o"
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(root)
     owner.map_working_pages()
     rng = random.Random(42)
@@ -308,8 +311,7 @@ def test_the_working_pages_in_a_mapped_file_survive_a_failed_apply_and_a_restart
 def test_a_version_bigger_than_a_request_goes_as_updates_if_it_changed_a_small_share(
         tmp_path: Path) -> None:
     recs = _records(3000, seed=17)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(tmp_path / "o")
     parties = FakeParties(table.pages, cap=4)
     rng = random.Random(18)
@@ -327,8 +329,7 @@ def test_a_version_bigger_than_a_request_goes_as_updates_if_it_changed_a_small_s
 
 def test_a_version_changing_most_of_the_table_goes_whole_as_a_rotation(tmp_path: Path) -> None:
     recs = _records(1200, seed=7)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o", full_every=4)
+    table, root = _owner_dir(tmp_path, recs, full_every=4)
     owner = OwnerTable(tmp_path / "o")
     parties = FakeParties(table.pages, cap=8)
     rng = random.Random(8)
@@ -358,8 +359,7 @@ def test_a_version_changing_most_of_the_table_goes_whole_as_a_rotation(tmp_path:
 
 def test_a_rotation_snapshot_is_never_replaced_by_other_bytes(tmp_path: Path) -> None:
     recs = _records(400, seed=9)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(tmp_path / "o")
     rng = random.Random(10)
     owner.apply([Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:60]], KEY,
@@ -398,8 +398,7 @@ def test_apply_of_the_same_changes_file_again_applies_nothing(tmp_path: Path, ca
 
 def test_a_big_version_rotates_from_an_object_store_prefix(tmp_path: Path, s3_bucket) -> None:
     recs = _records(500, seed=12)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(tmp_path / "o")
     rng = random.Random(13)
     changes = [Change("put", k, rng.randbytes(32)) for k in sorted(recs)[:80]]
@@ -426,9 +425,7 @@ def test_a_directory_written_before_the_key_index_is_read_and_followed(tmp_path:
     import msgpack
 
     recs = _records(800, seed=51)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
-    root = tmp_path / "o"
+    table, root = _owner_dir(tmp_path, recs)
     v1 = root / "v000001"
     shutil.rmtree(v1 / "keys")
     (v1 / "keys.msgpack").write_bytes(msgpack.packb(
@@ -453,9 +450,7 @@ def test_a_checkpoint_killed_between_its_renames_is_made_again(tmp_path: Path) -
     from morphogen.keyword.key_index import KeyIndex
 
     recs = _records(1500, seed=61)
-    table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
-    create_owner_dir(table, tmp_path / "o")
-    root = tmp_path / "o"
+    table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(root)
     rng = random.Random(62)
     version, _ = owner.apply(_changes(rng, recs, 4), KEY, rng=rng.randrange)

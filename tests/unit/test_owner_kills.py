@@ -62,7 +62,7 @@ owner.apply(changes, Ed25519PrivateKey.from_private_bytes(bytes(range(32))),
 """
 
 
-def _setup(tmp_path: Path) -> tuple[Path, list[Change], dict[bytes, bytes]]:
+def _setup(tmp_path: Path) -> tuple[Path, list[Change]]:
     rng = random.Random(7)
     recs = {rng.randbytes(20): rng.randbytes(32) for _ in range(2500)}
     table = build_table(recs.items(), value_size=32, signing_key=KEY, load=0.7)
@@ -77,13 +77,13 @@ def _setup(tmp_path: Path) -> tuple[Path, list[Change], dict[bytes, bytes]]:
     changes = [Change("put", rng.randbytes(20), rng.randbytes(32)) for _ in range(40)]
     changes += [Change("put", k, rng.randbytes(32)) for k in rng.sample(sorted(recs), 40)]
     changes += [Change("delete", k) for k in rng.sample(sorted(recs), 10)]
-    return root, changes, recs
+    return root, changes
 
 
 @pytest.mark.parametrize("point", ["mid-edits", "before-version", "before-clean-mark"])
 def test_an_owner_killed_mid_apply_reads_and_applies_as_one_never_killed(tmp_path: Path,
                                                                          point: str) -> None:
-    root, changes, _ = _setup(tmp_path)
+    root, changes = _setup(tmp_path)
     reference = tmp_path / "reference"
     subprocess.run(["cp", "-a", str(root), str(reference)], check=True)
     before = OwnerTable(root).current
