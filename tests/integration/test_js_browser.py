@@ -16,15 +16,16 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
+
+from tests.web.server import serving_with
 
 from .chromium import chromium, need_chromium
 from .conftest import delete_apps, deploy
@@ -78,14 +79,8 @@ def site() -> Iterator[str]:
             self.end_headers()
             self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving_with(Handler) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -56,10 +56,15 @@ def _handler(root: Path) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-@contextmanager
-def serving(root: Path) -> Iterator[str]:
+def serving(root: Path) -> AbstractContextManager[str]:
     """Serve `root` on 127.0.0.1; yields the base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(root.resolve()))
+    return serving_with(_handler(root.resolve()))
+
+
+@contextmanager
+def serving_with(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """Serve with `handler` on a loopback port of its own; yields the base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
