@@ -30,10 +30,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from morphogen.chain.dumps import LineError, parse_account, read_range
 from morphogen.chain.state import EMPTY_CODE_HASH, code_chunks, keccak256
 from morphogen.chain.tables import TABLES, VALUE_SIZES, buckets_for, table_draws
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.build import KeywordTable, join_tables, place_table
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.hashing import seeded_hashes
-from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE
+from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
 from morphogen.keyword.pages import tags_of
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import DATASET_SIZE
@@ -208,11 +209,14 @@ def _refuse_repeats(keys: np.ndarray, tags: np.ndarray, what: str) -> None:
     if len(tags) > 1:
         # sort on 64 bits of each tag, then compare the whole tags of the few equal neighbours
         head = np.ascontiguousarray(tags[:, :8]).view(np.uint64).reshape(-1)
-        order = np.argsort(head, kind="stable")
-        near = np.nonzero(head[order[1:]] == head[order[:-1]])[0]
-        for i in near:
-            a, b = order[i], order[i + 1]
-            if (tags[a] == tags[b]).all():
+        ranked = np.sort(head)
+        alike = np.unique(ranked[1:][ranked[1:] == ranked[:-1]])
+        for value in alike:  # rare: find the few records of each such value
+            same = np.nonzero(head == value)[0]
+            pairs = [(a, b) for i, a in enumerate(same) for b in same[i + 1:]
+                     if (tags[a] == tags[b]).all()]
+            if pairs:
+                a, b = pairs[0]
                 raise RecordError(f"{what}: keys 0x{keys[a].tobytes().hex()} and "
                                   f"0x{keys[b].tobytes().hex()} have the same 128-bit tag")
     if len(tags) and (tags == np.frombuffer(EMPTY_TAG, np.uint8)).all(axis=1).any():
@@ -261,17 +265,15 @@ def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, 
 
 def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.ndarray,
                    hashes: np.ndarray, *, seed: int, signing_key: Ed25519PrivateKey,
-                   anchor: Anchor, room: float, min_records: int, created: int | None
-                   ) -> KeywordTable:
-    """One table placed exactly as `build_chain_tables` places it (step 2)."""
+                   anchor: Anchor, room: float, min_records: int, created: int | None,
+                   out: np.ndarray | None = None) -> KeywordTable:
+    """One table placed exactly as `build_chain_tables` places it (step 2), into `out` where
+    given (`table_pages` zeros)."""
     _refuse_repeats(keys, tags, {"accounts": "address", "storage": "storage key",
                                  "code": "code chunk"}[name])
     draws = table_draws(seed, name)
     dataset = draws.token(DATASET_SIZE)
     planned = plan(seed)[name][1]
-    flat = keys.tobytes()
-    w = keys.shape[1]
-    key_list = [flat[i:i + w] for i in range(0, len(flat), w)]
 
     def candidates(seeds: tuple[int, int, int], buckets: int) -> np.ndarray:
         # the ranges hashed with the first seeds; a placement that fails draws others (rare)
@@ -280,9 +282,9 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
 
     size = VALUE_SIZES[name]
     return place_table(
-        key_list, tags, values, candidates, dataset=dataset, value_size=size,
+        keys, tags, values, candidates, dataset=dataset, value_size=size,
         signing_key=signing_key, draws=draws, numbering=(1, anchor, name), created=created,
-        num_buckets=buckets_for(len(key_list), size, room=room, min_records=min_records))
+        num_buckets=buckets_for(len(keys), size, room=room, min_records=min_records), out=out)
 
 
 def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey,
@@ -293,6 +295,14 @@ def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey
     if room < 1 or min_records < 0:
         raise ValueError("room is at least 1 and min_records at least 0")
     tables = canonical(parts)
+    # the joined matrix allocated once, each table placed into its part: joining tables built
+    # apart would copy every page once more
+    spans = [Geometry("page", VALUE_SIZES[name], buckets_for(
+        len(tables[name][0]), VALUE_SIZES[name], room=room, min_records=min_records)).num_pages
+        for name in TABLES]
+    pages = np.zeros((sum(spans), PAGE_SIZE), np.uint8)
+    ends = np.cumsum([0, *spans]).tolist()
     return join_tables([assemble_table(name, *tables[name], seed=seed, signing_key=signing_key,
                                        anchor=anchor, room=room, min_records=min_records,
-                                       created=created) for name in TABLES])
+                                       created=created, out=pages[ends[i]:ends[i + 1]])
+                        for i, name in enumerate(TABLES)])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 import secrets
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numba
@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.descriptor import Anchor, Descriptor
 from morphogen.keyword.hashing import candidates_many, pack_keys
+from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry, Layout
 from morphogen.keyword.pages import tags_of
 from morphogen.keyword.records import Record, RecordError, from_pairs
@@ -74,7 +75,7 @@ class KeywordTable:
 
     descriptor: Descriptor
     pages: np.ndarray
-    keys: dict[bytes, bytes]
+    keys: Mapping[bytes, bytes]
     stats: BuildStats | None = None
 
 
@@ -140,10 +141,8 @@ def _write_slots(pages, occ, fill, bucket_page, slot_off, tags, values):
         for s in range(fill[b]):
             r = occ[b, s]
             off = slot_off[b] + s * slot_size
-            for i in range(tags.shape[1]):
-                pages[p, off + i] = tags[r, i]
-            for i in range(values.shape[1]):
-                pages[p, off + tags.shape[1] + i] = values[r, i]
+            pages[p, off:off + tags.shape[1]] = tags[r]
+            pages[p, off + tags.shape[1]:off + slot_size] = values[r]
 
 
 def _collect(records: Iterable[Record] | Iterable[tuple], value_size: int
@@ -234,17 +233,21 @@ def build_table(
         numbering=(version, anchor, name), created=created, wheres=wheres, t0=t0)
 
 
-def place_table(keys: list[bytes], tags: np.ndarray, values: np.ndarray,
+def place_table(keys: Sequence[bytes] | np.ndarray, tags: np.ndarray, values: np.ndarray,
                 candidates: Callable[[tuple[int, int, int], int], np.ndarray], *,
                 dataset: bytes, value_size: int, signing_key: Ed25519PrivateKey,
                 layout: Layout = "page", row_size: int = 0, num_buckets: int | None = None,
                 load: float | None = None, seeds: tuple[int, int, int] | None = None,
                 draws: Draws, numbering: tuple, created: int | None = None,
-                wheres: Sequence[str] | None = None, t0: float | None = None) -> KeywordTable:
+                wheres: Sequence[str] | None = None, t0: float | None = None,
+                out: np.ndarray | None = None) -> KeywordTable:
     """Place records already checked (distinct keys and tags, values of `value_size`), in the
     order given, and finish the table: the placement half of `build_table`, which a builder
     that encoded and hashed the records elsewhere calls with the same draws to get the same
-    table. `candidates(seeds, num_buckets)` gives every record's three buckets."""
+    table. `keys` are bytes, or keys of one width as the rows of a 2-D byte array;
+    `candidates(seeds, num_buckets)` gives every record's three buckets. `out` (zeros, the
+    table's pages: its size fixed by `num_buckets`) receives the pages, so that tables
+    joined later are built in place (`join_tables`) rather than copied."""
     t0 = time.perf_counter() if t0 is None else t0
     n = len(keys)
     fixed = num_buckets is not None
@@ -267,7 +270,7 @@ def place_table(keys: list[bytes], tags: np.ndarray, values: np.ndarray,
                 attempts.append({"num_buckets": buckets, "placed": bool(left < 0)})
                 if left < 0:
                     return _finish(geometry, draw, dataset, keys, tags, values, occ, fill,
-                                   signing_key, attempts, t0, numbering, created)
+                                   signing_key, attempts, t0, numbering, created, out)
                 failed_at = wheres[int(left)] if wheres is not None else f"record {left}"
         if fixed:
             raise TableFullError(
@@ -284,8 +287,10 @@ def _capacities(geometry: Geometry) -> np.ndarray:
 
 
 def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key, attempts, t0,
-            numbering, created=None):
-    pages = np.zeros((geometry.num_pages, PAGE_SIZE), np.uint8)
+            numbering, created=None, out=None):
+    pages = np.zeros((geometry.num_pages, PAGE_SIZE), np.uint8) if out is None else out
+    if pages.shape != (geometry.num_pages, PAGE_SIZE):
+        raise ValueError(f"the table takes {geometry.num_pages} pages, not {len(pages)}")
     bucket_ids = np.arange(geometry.num_buckets, dtype=np.int64)
     bucket_page = bucket_ids // geometry.rows_per_page
     if geometry.layout == "page":
@@ -304,10 +309,7 @@ def _finish(geometry, seeds, dataset, keys, tags, values, occ, fill, signing_key
     pages[geometry.descriptor_page] = np.frombuffer(desc.to_page(signing_key), np.uint8)
     stats = BuildStats(len(keys), geometry.capacity, len(keys) / geometry.capacity,
                        len(attempts), time.perf_counter() - t0, attempts)
-    flat = tags.tobytes()
-    index = dict(zip([flat[i:i + TAG_SIZE] for i in range(0, len(flat), TAG_SIZE)], keys,
-                     strict=True))
-    return KeywordTable(desc, pages, index, stats)
+    return KeywordTable(desc, pages, KeyColumns.of(tags, keys), stats)
 
 
 def join_tables(tables: Sequence[KeywordTable]) -> KeywordTable:
@@ -322,9 +324,26 @@ def join_tables(tables: Sequence[KeywordTable]) -> KeywordTable:
         raise ValueError("joined tables each need a name of their own (build_table(name=..))")
     if len({(t.descriptor.public_key, t.descriptor.version) for t in tables}) != 1:
         raise ValueError("joined tables share one owner key and one version")
-    keys: dict[bytes, bytes] = {}
-    for t in tables:
-        keys.update(t.keys)
-    if len(keys) != sum(len(t.keys) for t in tables):
+    if len({t.descriptor.dataset for t in tables}) != len(tables):
         raise ValueError("two joined tables share a dataset id")  # tags would collide
-    return KeywordTable(tables[0].descriptor, np.concatenate([t.pages for t in tables]), keys)
+    keys = KeyColumns.concat([t.keys if isinstance(t.keys, KeyColumns) else
+                              KeyColumns.of(np.frombuffer(b"".join(t.keys), np.uint8),
+                                            list(t.keys.values())) for t in tables])
+    pages = _back_to_back([t.pages for t in tables])
+    return KeywordTable(tables[0].descriptor,
+                        np.concatenate([t.pages for t in tables]) if pages is None else pages,
+                        keys)
+
+
+def _back_to_back(arrays: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The array that `arrays` are consecutive slices of, whole and in order (tables built in
+    place with `place_table(out=...)`), else None."""
+    base = arrays[0].base
+    if base is None or base.ndim != 2 or any(a.base is not base for a in arrays):
+        return None
+    start = at = base.__array_interface__["data"][0]
+    for a in arrays:
+        if a.__array_interface__["data"][0] != at or not a.flags.c_contiguous:
+            return None
+        at += a.nbytes
+    return base if at == start + base.nbytes and base.flags.c_contiguous else None

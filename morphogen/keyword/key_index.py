@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import TAG_SIZE
 
 SLOTS, HEAP, META = "slots.bin", "heap.bin", "index.json"
@@ -89,20 +90,25 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         return cls(folder)
 
     @classmethod
-    def build(cls, folder: str | os.PathLike[str], items: Iterable[tuple[bytes, bytes]],
-              slots: int) -> KeyIndex:
+    def build(cls, folder: str | os.PathLike[str],
+              items: KeyColumns | Iterable[tuple[bytes, bytes]], slots: int) -> KeyIndex:
         """A new index of `items` at `folder` (made; replaced if it holds one), at least
         `slots` slots. Placed in one pass over arrays, not key by key: the records in order
-        of home slot (then tag) take what linear probing gives that order, so the files are a
-        function of the records alone, whatever order they come in."""
-        pairs = list(items)
-        m = len(pairs)
+        of home slot (then tag) take what linear probing gives that order, so where a record
+        sits is a function of the records alone. The heap holds the keys in the order given
+        (gathering them in slot order would cost a random read a record, the largest part of
+        a chain import's one-process step), so the files are a function of the records and
+        that order: a build gives them in its table's order."""
+        if not isinstance(items, KeyColumns):
+            pairs = list(items)
+            if any(len(t) != TAG_SIZE for t, _ in pairs):
+                raise ValueError(f"a tag is {TAG_SIZE} bytes")
+            items = KeyColumns.of(np.frombuffer(b"".join(t for t, _ in pairs), np.uint8),
+                                  [k for _, k in pairs])
+        m = len(items)
         while m > MAX_LOAD * slots:
             slots *= 2
-        raw = b"".join(t for t, _ in pairs)
-        if len(raw) != m * TAG_SIZE:
-            raise ValueError(f"a tag is {TAG_SIZE} bytes")
-        words = np.frombuffer(raw, "<u8").reshape(m, 2)
+        words = items.tags.view("<u8").reshape(m, 2)
         homes = words[:, 0] % np.uint64(slots)
         order = _by_home_then_tag(words, homes, slots)
         # in that order linear probing puts record i at max(home_i, position_{i-1} + 1): a
@@ -111,15 +117,10 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         at = np.maximum.accumulate(homes[order].astype(np.int64) - sequence) + sequence \
             if m else sequence
         table = np.zeros(slots, _SLOT_DTYPE)
-        values = np.empty(m, object)
-        values[:] = [k for _, k in pairs]
-        keys = values[order].tolist()
-        del values
-        lengths = np.fromiter(map(len, keys), np.int64, m)
+        lengths = items.lengths
         if m and int(lengths.max()) > MAX_KEY:
             raise ValueError(f"a key is bytes of at most {MAX_KEY}")
-        offsets = np.cumsum(lengths) - lengths
-        refs = ((offsets + 1) << 16 | lengths).astype(np.uint64)
+        refs = ((items.offsets[:-1] + 1) << 16 | lengths).astype(np.uint64)[order]
         tags = words.view(f"V{TAG_SIZE}").ravel()[order]
         inside = at < slots
         table["tag"][at[inside]] = tags[inside]
@@ -134,7 +135,7 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         folder.mkdir(parents=True, exist_ok=True)
         table.tofile(folder / SLOTS)
         del table
-        (folder / HEAP).write_bytes(b"".join(keys))
+        items.write(folder / HEAP)
         _write_meta(folder, slots, m, int(lengths.sum()))
         return cls(folder)
 
@@ -299,7 +300,7 @@ def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int) -> np.nd
     bits = max(1, int(slots - 1).bit_length())
     shift = np.uint64(64 - bits)
     packed = (homes << shift) | (words[:, 0] >> np.uint64(bits))
-    order = np.argsort(packed, kind="stable")
+    order = np.argsort(packed)  # unstable is fine: equal keys take the lexsort below
     ranked = packed[order]
     if len(ranked) > 1 and bool((ranked[1:] == ranked[:-1]).any()):
         return np.lexsort((words[:, 1], words[:, 0], homes))

@@ -35,6 +35,7 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.descriptor import parts_of, tables_of
+from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.key_index import KeyIndex, slots_for
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.snapshot.manifest import DATA_FILE
@@ -289,7 +290,7 @@ def _write_keys(folder: Path, pages: np.ndarray, keys: Mapping[bytes, bytes]) ->
         with KeyIndex(folder) as copy:
             copy.sync(durable=True)
         return
-    with KeyIndex.build(folder, keys.items(),
+    with KeyIndex.build(folder, keys if isinstance(keys, KeyColumns) else keys.items(),
                         slots_for(max(_capacity(pages), len(keys)))) as index:
         index.sync(durable=True)
 

@@ -109,11 +109,11 @@ def test_bad_tags_and_keys_are_refused(tmp_path: Path):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_built_index_is_what_inserting_gives_and_the_same_in_any_order(tmp_path: Path,
-                                                                          seed: int):
+def test_a_built_index_is_what_inserting_gives_in_any_order(tmp_path: Path, seed: int):
     """`build` places every record in one pass; it answers as inserting them one by one does
-    (crowded homes at the end wrap to the first slots), then takes changes as any index, and
-    two builds of the same records in different orders write the same bytes."""
+    (crowded homes at the end wrap to the first slots), then takes changes as any index.
+    Two builds of the same records in different orders put every tag in the same slot, and
+    two in the same order write the same bytes."""
     rng = random.Random(seed)
     slots = 61
     homes = [rng.choice([0, 1, 30, 58, 59, 60]) for _ in range(30)] + [None] * 20
@@ -127,8 +127,13 @@ def test_a_built_index_is_what_inserting_gives_and_the_same_in_any_order(tmp_pat
         for tag, key in model.items():
             assert index[tag] == key
         index.close()
+    a_tags, b_tags = ([r[i:i + 16] for i in range(0, len(r), SLOT)]
+                      for r in ((tmp_path / d / SLOTS).read_bytes() for d in "ab"))
+    assert a_tags == b_tags
+    with KeyIndex.build(tmp_path / "c", items, slots):
+        pass
     for name in (SLOTS, HEAP):
-        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (tmp_path / "b" / name).read_bytes() == (tmp_path / "c" / name).read_bytes()
     with KeyIndex(tmp_path / "a") as index:
         for tag in list(model)[::3]:
             del index[tag]
@@ -156,3 +161,29 @@ def test_the_build_order_is_home_then_tag_ties_included():
         homes = words[:, 0] % np.uint64(slots)
         want = np.lexsort((words[:, 1], words[:, 0], homes))
         assert np.array_equal(_by_home_then_tag(words, homes, slots), want)
+
+
+def test_key_columns_read_as_the_pairs_and_build_the_same_index(tmp_path: Path) -> None:
+    """A build's tag -> key arrays (`KeyColumns`): from keys of one width or of many, joined,
+    they read as the dict of their pairs, and the index built from them is the one the pairs
+    build, in the same order."""
+    import numpy as np
+
+    from morphogen.keyword.key_columns import KeyColumns
+
+    rng = random.Random(3)
+    fixed = {rng.randbytes(16): rng.randbytes(20) for _ in range(50)}
+    mixed = {rng.randbytes(16): rng.randbytes(rng.choice([0, 36, 52])) for _ in range(70)}
+    a = KeyColumns.of(np.frombuffer(b"".join(fixed), np.uint8),
+                      np.frombuffer(b"".join(fixed.values()), np.uint8).reshape(50, 20))
+    b = KeyColumns.of(np.frombuffer(b"".join(mixed), np.uint8), list(mixed.values()))
+    both = KeyColumns.concat([a, b])
+    assert dict(a) == fixed and dict(b) == mixed and dict(both) == fixed | mixed
+    assert len(both) == 120 and list(both) == [*fixed, *mixed]
+    with KeyIndex.build(tmp_path / "c", both, slots_for(120)), \
+            KeyIndex.build(tmp_path / "p", list((fixed | mixed).items()), slots_for(120)):
+        pass
+    for name in (SLOTS, HEAP):
+        assert (tmp_path / "c" / name).read_bytes() == (tmp_path / "p" / name).read_bytes()
+    with pytest.raises(ValueError, match="offsets"):
+        KeyColumns(np.zeros((2, 16), np.uint8), np.zeros(5, np.uint8), np.array([0, 3, 4]))

@@ -157,3 +157,43 @@ def test_a_table_grown_is_a_version_of_its_own_published_as_a_rotation(tmp_path:
     owner.apply([Change("put", word, b"\7" * 32, table="storage")], KEY)
     assert [p.mode for p in publish(owner, parties)] == ["updates"]
     assert _client(parties.a.pages, "storage").get(word) == b"\7" * 32
+
+
+def test_tables_built_in_place_join_without_a_copy_and_equal_tables_built_apart() -> None:
+    """`place_table(out=...)` into one matrix's parts: the join is that matrix itself (no
+    copy of every page), and its bytes and keys are those of the same tables built apart and
+    joined by copying."""
+    from morphogen.keyword.build import Draws, place_table
+    from morphogen.keyword.hashing import candidates_many, pack_keys
+    from morphogen.keyword.layout import Geometry
+    from morphogen.keyword.pages import tags_of
+
+    specs = [("accounts", 20, 72, 300), ("storage", 52, 32, 2000), ("code", 36, 1024, 40)]
+    buckets = {"accounts": 9, "storage": 40, "code": 48}
+
+    def build(name, key_size, value_size, n, out=None):
+        recs = _recs(n, key_size, value_size, key_size)
+        keys = np.frombuffer(b"".join(recs), np.uint8).reshape(n, key_size)
+        values = np.frombuffer(b"".join(recs.values()), np.uint8).reshape(n, value_size)
+        draws = Draws(f"7/{name}")
+        dataset = draws.token(16)
+        flat, offsets = pack_keys(list(recs))
+        return place_table(keys, tags_of(dataset, list(recs)), values,
+                           lambda s, b: candidates_many(flat, offsets, s, b), dataset=dataset,
+                           value_size=value_size, signing_key=KEY, draws=draws,
+                           numbering=(1, ANCHOR, name), created=5,
+                           num_buckets=buckets[name], out=out), recs
+
+    apart = [build(*spec) for spec in specs]
+    copied = join_tables([t for t, _ in apart])
+    spans = [Geometry("page", v, buckets[name]).num_pages for name, _, v, _ in specs]
+    matrix = np.zeros((sum(spans), 4096), np.uint8)
+    ends = np.cumsum([0, *spans])
+    placed = [build(*spec, out=matrix[ends[i]:ends[i + 1]])[0] for i, spec in enumerate(specs)]
+    joined = join_tables(placed)
+    assert joined.pages is matrix
+    assert (joined.pages == copied.pages).all()
+    assert dict(joined.keys) == dict(copied.keys)
+    assert set(joined.keys.values()) == {k for _, recs in apart for k in recs}
+    with pytest.raises(ValueError, match="takes"):
+        build(*specs[0], out=matrix[:1])

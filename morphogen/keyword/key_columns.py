@@ -1,0 +1,91 @@
+"""A freshly built table's tag -> key pairs as two arrays, not a dict of bytes.
+
+A build holds every record's tag and key already as arrays (it hashed them there). A dict of
+bytes objects built from them cost the chain import's one-process step more than placing the
+records did: the objects were made, joined across tables, then taken apart again into the
+index's files (`morphogen.keyword.key_index`). The arrays go to the index as they are.
+
+It reads as a mapping (tests and small tools look keys up); the first lookup builds a dict
+once, which the build's own path never does.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from morphogen.keyword.layout import TAG_SIZE
+
+
+class KeyColumns(Mapping[bytes, bytes]):
+    """Record i has tag `tags[i]` (16 bytes) and key `flat[offsets[i]:offsets[i + 1]]`, the
+    keys' bytes being `flats` back to back (tables joined keep theirs apart: they are only
+    ever written out in order)."""
+
+    def __init__(self, tags: np.ndarray, flat: np.ndarray | Sequence[np.ndarray],
+                 offsets: np.ndarray) -> None:
+        tags = np.ascontiguousarray(tags, np.uint8).reshape(-1, TAG_SIZE)
+        offsets = np.asarray(offsets, np.int64)
+        flats = [flat] if isinstance(flat, np.ndarray) else list(flat)
+        self.flats = [np.ascontiguousarray(f, np.uint8).reshape(-1) for f in flats]
+        if len(offsets) != len(tags) + 1 or int(offsets[0]) != 0 \
+                or int(offsets[-1]) != sum(len(f) for f in self.flats) \
+                or bool((np.diff(offsets) < 0).any()):
+            raise ValueError("offsets are len(tags) + 1 non-decreasing ends into the keys")
+        self.tags, self.offsets = tags, offsets
+        self._dict: dict[bytes, bytes] | None = None
+
+    @classmethod
+    def of(cls, tags: np.ndarray, keys: Sequence[bytes] | np.ndarray) -> KeyColumns:
+        """From a list of keys, or from keys of one width as the rows of a 2-D byte array."""
+        if isinstance(keys, np.ndarray):
+            m, width = keys.shape
+            return cls(tags, keys.reshape(-1), np.arange(m + 1, dtype=np.int64) * width)
+        lengths = np.fromiter(map(len, keys), np.int64, len(keys))
+        offsets = np.zeros(len(keys) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(tags, np.frombuffer(b"".join(keys), np.uint8), offsets)
+
+    @classmethod
+    def concat(cls, parts: Sequence[KeyColumns]) -> KeyColumns:
+        if not parts:
+            return cls(np.zeros((0, TAG_SIZE), np.uint8), np.zeros(0, np.uint8), np.zeros(1))
+        ends = np.cumsum([0] + [int(p.offsets[-1]) for p in parts])
+        offsets = np.concatenate(
+            [[0]] + [p.offsets[1:] + e for p, e in zip(parts, ends[:-1], strict=True)])
+        return cls(np.concatenate([p.tags for p in parts]),
+                   [f for p in parts for f in p.flats], offsets)
+
+    def write(self, path: str | os.PathLike[str]) -> None:
+        """The keys' bytes, in order, as the file `path`."""
+        with open(path, "wb") as f:
+            for flat in self.flats:
+                flat.tofile(f)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def _lookup(self) -> dict[bytes, bytes]:
+        if self._dict is None:
+            flat, tags = b"".join(f.tobytes() for f in self.flats), self.tags.tobytes()
+            ends = self.offsets.tolist()
+            self._dict = {tags[i * TAG_SIZE:(i + 1) * TAG_SIZE]: flat[ends[i]:ends[i + 1]]
+                          for i in range(len(self.tags))}
+        return self._dict
+
+    def __len__(self) -> int:
+        return len(self.tags)
+
+    def __iter__(self) -> Iterator[bytes]:
+        tags = self.tags.tobytes()
+        return (tags[i:i + TAG_SIZE] for i in range(0, len(tags), TAG_SIZE))
+
+    def __getitem__(self, tag: bytes) -> bytes:
+        return self._lookup()[tag]
+
+    def __contains__(self, tag: object) -> bool:
+        return tag in self._lookup()
+
