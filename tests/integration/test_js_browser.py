@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 JS = ROOT / "clients" / "js"
 BUNDLE = JS / "dist" / "browser" / "morphogen.js"
 PAGE = JS / "test" / "browser"
+WATCH = JS / "dist" / "test" / "browser" / "watch.js"  # the pages' helpers, as tsc builds them
 VECTORS = json.loads((ROOT / "tests" / "vectors" / "chain_tables.json").read_text())
 # an account with code of three chunks and storage, read by the page
 ACCOUNT = VECTORS["accounts"][5]
@@ -44,22 +45,24 @@ RUNS = 15  # balance reads timed on each side, three times in turn
 BUNDLE_BUDGET = 150_000  # bytes, minified, without an EVM (issue 47's target)
 
 
-def need_bundle() -> None:
-    if BUNDLE.is_file():
+def need_bundle(bundle: Path = BUNDLE) -> None:
+    if bundle.is_file() and WATCH.is_file():
         return
     reason = ("the client's browser bundle is not built: run "
-              "`cd clients/js && npm ci && npm run bundle`")
+              "`cd clients/js && npm ci && npm run build && npm run bundle "
+              "&& npm run bundle:pages`")
     if os.environ.get("CI"):
         pytest.fail(reason + "; CI must run the browser tests", pytrace=False)
     pytest.skip(reason)
 
 
 @contextmanager
-def site() -> Iterator[str]:
-    """The page and the bundle, served on a loopback port of their own: the page's origin."""
-    files = {"/": PAGE / "index.html", "/index.html": PAGE / "index.html",
-             "/page.js": PAGE / "page.js", "/morphogen.js": BUNDLE,
-             "/morphogen.js.map": BUNDLE.with_suffix(".js.map")}
+def site(files: dict[str, Path] | None = None) -> Iterator[str]:
+    """The page and the bundle (or `files`: path -> file), served on a loopback port of their
+    own: the page's origin."""
+    files = files or {"/": PAGE / "index.html", "/index.html": PAGE / "index.html",
+                      "/page.js": PAGE / "page.js", "/watch.js": WATCH,
+                      "/morphogen.js": BUNDLE, "/morphogen.js.map": BUNDLE.with_suffix(".js.map")}
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:

@@ -68,7 +68,61 @@ def accounts() -> list[dict]:
             storage[int.from_bytes(keccak256(rng.randbytes(32)))] = rng.randrange(1, 2**64)
         out.append({"address": rng.randbytes(20), "nonce": nonce, "balance": balance,
                     "code": code, "storage": storage})
+    # what eth_call runs: a token (balanceOf, totalSupply) and a contract that calls it
+    token, reader = rng.randbytes(20), rng.randbytes(20)
+    holders = [out[0]["address"], out[1]["address"]]
+    balances = {int.from_bytes(keccak256(bytes(12) + h + bytes(32))): rng.randrange(1, 2**96)
+                for h in holders}
+    out.append({"address": token, "nonce": 1, "balance": 0, "code": token_code(),
+                "storage": {**balances, 2: sum(balances.values())}})
+    out.append({"address": reader, "nonce": 1, "balance": 0, "code": reader_code(token),
+                "storage": {}})
     return out
+
+
+def _asm(*parts: str | bytes | tuple[str, str]) -> bytes:
+    """EVM code from opcodes, immediate bytes, labels ("@name") and jumps to them (("jump",
+    name): PUSH1 of the label's offset)."""
+    ops = {"STOP": 0x00, "MUL": 0x02, "EQ": 0x14, "ISZERO": 0x15, "SHL": 0x1B, "SHR": 0x1C,
+           "SHA3": 0x20, "CALLDATALOAD": 0x35, "MLOAD": 0x51, "MSTORE": 0x52, "SLOAD": 0x54,
+           "JUMPI": 0x57, "GAS": 0x5A, "JUMPDEST": 0x5B, "DUP1": 0x80, "RETURN": 0xF3,
+           "STATICCALL": 0xFA, "REVERT": 0xFD}
+    labels: dict[str, int] = {}
+    for resolve in (False, True):
+        code = bytearray()
+        for part in parts:
+            if isinstance(part, bytes):
+                code += bytes([0x5F + len(part)]) + part  # PUSHn
+            elif isinstance(part, tuple):
+                code += bytes([0x60, labels.get(part[1], 0) if resolve else 0])
+            elif part.startswith("@"):
+                labels[part[1:]] = len(code)
+                code.append(ops["JUMPDEST"])
+            else:
+                code.append(ops[part])
+    return bytes(code)
+
+
+def token_code() -> bytes:
+    """balanceOf(address): the word at keccak(holder . 0); totalSupply(): slot 2; else revert."""
+    return _asm(b"\0", "CALLDATALOAD", b"\xe0", "SHR",
+                "DUP1", bytes.fromhex("70a08231"), "EQ", ("jump", "balance"), "JUMPI",
+                bytes.fromhex("18160ddd"), "EQ", ("jump", "supply"), "JUMPI",
+                b"\0", "DUP1", "REVERT",
+                "@balance", b"\4", "CALLDATALOAD", b"\0", "MSTORE", b"\0", b"\x20", "MSTORE",
+                b"\x40", b"\0", "SHA3", "SLOAD", b"\0", "MSTORE", b"\x20", b"\0", "RETURN",
+                "@supply", b"\2", "SLOAD", b"\0", "MSTORE", b"\x20", b"\0", "RETURN")
+
+
+def reader_code(token: bytes) -> bytes:
+    """Any call with a holder's address at byte 4: twice the token's balanceOf(holder), read
+    with STATICCALL (reverts where the token does)."""
+    return _asm(bytes.fromhex("70a08231"), b"\xe0", "SHL", b"\0", "MSTORE",
+                b"\4", "CALLDATALOAD", b"\4", "MSTORE",
+                b"\x20", b"\0", b"\x24", b"\0", token, "GAS", "STATICCALL",
+                "ISZERO", ("jump", "failed"), "JUMPI",
+                b"\0", "MLOAD", b"\2", "MUL", b"\0", "MSTORE", b"\x20", b"\0", "RETURN",
+                "@failed", b"\0", "DUP1", "REVERT")
 
 
 def built() -> tuple[KeywordTable, list[dict]]:
@@ -97,27 +151,51 @@ def questions(accs: list[dict]) -> list[tuple[str, list]]:
             out.append(("eth_getStorageAt", [addr, hex(slot), "latest"]))
     out.append(("eth_getBalance", ["0x" + accs[0]["address"].hex(), hex(ANCHOR.number)]))
     out.append(("eth_getBalance", ["0x" + accs[0]["address"].hex(), {"blockHash": ANCHOR.hash}]))
+    holder, other = ("0x" + accs[i]["address"].hex() for i in (0, 1))
+    token, reader = ("0x" + a["address"].hex() for a in accs[-2:])
+    word = "000000000000000000000000"
+    out += [
+        ("eth_call", [{"to": token, "data": "0x70a08231" + word + holder[2:]}, "latest"]),
+        ("eth_call", [{"to": token, "data": "0x18160ddd"}, hex(ANCHOR.number)]),
+        ("eth_call", [{"from": holder, "to": reader, "data": "0x12345678" + word + other[2:]}]),
+        ("eth_call", [{"to": token, "data": "0xdeadbeef"}, "latest"]),  # reverts
+        ("eth_estimateGas", [{"from": holder, "to": token,
+                              "data": "0x70a08231" + word + other[2:]}]),
+    ]
     return out
 
 
 def answers(table: KeywordTable, accs: list[dict]) -> list[dict]:
     """What the wallet's endpoint answers, and what it asks the parties, question by question."""
+    from morphogen.wallet.evm import CallService
     from morphogen.wallet.jsonrpc import Endpoint
     from morphogen.wallet.state import PrivateState
     from tests.unit._kw import TablePir
 
     out = []
-    for method, params in questions(accs):
-        pir = TablePir(table.pages)
-        state = PrivateState(pir, public_bytes(OWNER.public_key()))
-        state.refresh()  # every descriptor read: what is left is the question's own
-        pir.requests.clear()
-        reply = json.loads(Endpoint(state).handle(json.dumps(
-            {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()))
-        assert "result" in reply, reply
-        shape = sorted([t, -(-len(p) // 3)] for t, p, _ in pir.requests)
-        out.append({"method": method, "params": params, "result": reply["result"],
-                    "shape": shape})
+    service = None
+    try:
+        for method, params in questions(accs):
+            pir = TablePir(table.pages)
+            state = PrivateState(pir, public_bytes(OWNER.public_key()))
+            state.refresh()  # every descriptor read: what is left is the question's own
+            pir.requests.clear()
+            calls = None
+            if method in ("eth_call", "eth_estimateGas"):  # a fresh call service: nothing read
+                if service is not None:
+                    service.close()
+                service = CallService(state, processes=1)
+                calls = service.calls
+            reply = json.loads(Endpoint(state, calls=calls).handle(json.dumps(
+                {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode()))
+            assert "result" in reply or method == "eth_call", reply
+            shape = sorted([t, -(-len(p) // 3)] for t, p, _ in pir.requests)
+            answer = {"result": reply["result"]} if "result" in reply else {
+                "error": reply["error"]}
+            out.append({"method": method, "params": params, **answer, "shape": shape})
+    finally:
+        if service is not None:
+            service.close()
     return out
 
 

@@ -63,4 +63,6 @@ export type { Account } from "./eth/records.js";
 export { CHAIN_TABLES, CODE_READ_CHUNKS, EthState, servedOf } from "./eth/state.js";
 export type { EthStateOptions, Served } from "./eth/state.js";
 export { CLIENT_VERSION, METHODS, PrivateProvider, ProviderRpcError } from "./eth/provider.js";
-export type { Eip1193Provider, PrivateProviderOptions, RequestArguments } from "./eth/provider.js";
+export type { BlockWanted, Calls, Eip1193Provider, PrivateProviderOptions, RequestArguments } from "./eth/provider.js";
+export { CallFailed, CallLimitError, CallNotServed, CallParamsError } from "./eth/call_errors.js";
+export type { RoundRead } from "./eth/state.js";

@@ -5,16 +5,22 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { createPublicClient, custom, type Hex } from "viem";
+import { createPublicClient, custom, erc20Abi, type Hex } from "viem";
 
 import { fromHex, toHex } from "../src/bytes.js";
 import { keccak256, wordBytes } from "../src/index.js";
 import { CHAIN, chainProvider } from "./chain.js";
 
-function client() {
-  const { provider, liar } = chainProvider("msgpack");
+function client(calls = false) {
+  const { provider, liar } = chainProvider("msgpack", calls);
   return { viem: createPublicClient({ transport: custom(provider) }), liar };
 }
+
+// the vector chain's token and the contract that calls it (tests/vectors/chain_tables.py)
+const TOKEN = CHAIN.accounts[CHAIN.accounts.length - 2]!.address;
+const READER = CHAIN.accounts[CHAIN.accounts.length - 1]!.address;
+const HOLDERS = [CHAIN.accounts[0]!.address, CHAIN.accounts[1]!.address] as const;
+const balanceSlot = (holder: string) => "0x" + BigInt("0x" + toHex(keccak256(fromHex("00".repeat(12) + holder.slice(2) + "00".repeat(32))))).toString(16);
 
 describe("viem over the provider: createPublicClient({ transport: custom(provider) })", () => {
   it("reads the chain id, the block, balances, nonces, storage and code", async () => {
@@ -32,6 +38,29 @@ describe("viem over the provider: createPublicClient({ transport: custom(provide
         assert.equal(await viem.getStorageAt({ address, slot: slot as Hex }), "0x" + toHex(wordBytes(word)));
       }
     }
+  });
+
+  it("runs contract reads in the JavaScript EVM: readContract, a contract calling another, estimateGas", async () => {
+    const { viem } = client(true);
+    const storage = CHAIN.accounts[CHAIN.accounts.length - 2]!.storage;
+    for (const holder of HOLDERS) {
+      const balance = await viem.readContract({ address: TOKEN, abi: erc20Abi, functionName: "balanceOf", args: [holder] });
+      assert.equal(balance, BigInt(storage[balanceSlot(holder)]!));
+    }
+    assert.equal(await viem.readContract({ address: TOKEN, abi: erc20Abi, functionName: "totalSupply" }), BigInt(storage["0x2"]!));
+    const twice = await viem.call({ to: READER, data: ("0x12345678" + "00".repeat(12) + HOLDERS[1].slice(2)) as Hex });
+    assert.equal(BigInt(twice.data!), 2n * BigInt(storage[balanceSlot(HOLDERS[1])]!));
+    const recorded = CHAIN.rpc.find((r) => r.method === "eth_estimateGas")!;
+    const gas = await viem.estimateGas({ ...(recorded.params[0] as { from: Hex; to: Hex; data: Hex }), account: (recorded.params[0] as { from: Hex }).from });
+    assert.equal(gas, BigInt(recorded.result!));
+    await assert.rejects(viem.call({ to: TOKEN, data: "0xdeadbeef" }), /revert/i);
+  });
+
+  it("gives viem's caller an error, never a number, when a party lies to a contract read", async () => {
+    const { viem, liar } = client(true);
+    await viem.getBlockNumber();
+    liar.lie = true;
+    await assert.rejects(viem.readContract({ address: TOKEN, abi: erc20Abi, functionName: "totalSupply" }), /no verified answer/);
   });
 
   it("gives viem's caller an error, never a number, when a party lies", async () => {

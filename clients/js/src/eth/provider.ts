@@ -8,12 +8,15 @@
 // Answered privately: eth_chainId, net_version, web3_clientVersion, eth_blockNumber,
 // eth_getBalance, eth_getTransactionCount, eth_getStorageAt, eth_getCode, at `latest`,
 // `pending`, or the served block's number or hash (EIP-1898 objects too). eth_call and
-// eth_estimateGas are not (yet): they go to the fallback, which sees them.
+// eth_estimateGas are answered privately where the application gives the provider `calls`
+// (`PrivateCalls`, from "@morphogen/client/call": an EVM in JavaScript, its every state read a
+// private lookup; kept out of the main bundle), and go to the fallback otherwise.
 
 import { to0xHex } from "../bytes.js";
 import { PirError } from "../wire.js";
 import { KeywordIntegrityError, StaleTableError } from "../keyword/descriptor.js";
 import { TableChangingError } from "../keyword/client.js";
+import type { CallFailed } from "./call_errors.js";
 import { addressBytes, bigintBytes, wordBytes } from "./records.js";
 import type { EthState, Served } from "./state.js";
 
@@ -23,6 +26,9 @@ export const INTERNAL_ERROR = -32603;
 export const NOT_SERVED = -32001;
 export const UNAVAILABLE = -32002;
 export const UNSUPPORTED_METHOD = 4200; // EIP-1193's code for a method the provider lacks
+export const EXECUTION_REVERTED = 3; // a node's code for a reverted eth_call / eth_estimateGas
+export const CALL_HALTED = -32000;
+export const LIMIT_EXCEEDED = -32005;
 export const CLIENT_VERSION = "morphogen-js/1 (private state reads over two PIR parties)";
 
 const QUANTITY = /^0x(0|[1-9a-fA-F][0-9a-fA-F]*)$/;
@@ -179,7 +185,23 @@ export const METHODS: Readonly<Record<string, Method>> = {
   },
 };
 
+/** The block a request's params name: `any` served block, or one that `check(served)`
+ * throws NotServed for where it is not the block served. */
+export interface BlockWanted {
+  readonly any: boolean;
+  check(served: Served): void;
+}
+
+/** eth_call and eth_estimateGas run privately (`PrivateCalls`), at `block`. */
+export interface Calls {
+  call(params: readonly unknown[], block: BlockWanted): Promise<string>;
+  estimateGas(params: readonly unknown[], block: BlockWanted): Promise<string>;
+}
+
 export interface PrivateProviderOptions {
+  /** eth_call and eth_estimateGas, run privately: `new PrivateCalls(state)` from
+   * "@morphogen/client/call". None: they go to the fallback. */
+  calls?: Calls;
   /** Where requests not answered privately go (other methods, other blocks), as they came:
    * e.g. a wallet's own provider or a node's. None: they are refused. */
   fallback?: Eip1193Provider;
@@ -195,10 +217,12 @@ type Listener = (...args: unknown[]) => void;
  */
 export class PrivateProvider implements Eip1193Provider {
   readonly fallback: Eip1193Provider | undefined;
+  readonly calls: Calls | undefined;
   private readonly listeners = new Map<string, Set<Listener>>();
 
   constructor(readonly state: EthState, options: PrivateProviderOptions = {}) {
     this.fallback = options.fallback;
+    this.calls = options.calls;
   }
 
   async request(request: RequestArguments): Promise<unknown> {
@@ -207,19 +231,28 @@ export class PrivateProvider implements Eip1193Provider {
     }
     const { method } = request;
     const params = request.params ?? [];
-    const handler = Object.hasOwn(METHODS, method) ? METHODS[method] : undefined;
+    const handler = Object.hasOwn(METHODS, method) ? METHODS[method] : this.callMethod(method);
     try {
       if (handler === undefined) throw new NotServed(`${method.slice(0, 64)} is not answered privately`);
       if (!Array.isArray(params)) throw new InvalidParams(`${method} takes positional params (an array)`);
       return await handler(this.state, params);
     } catch (exc) {
-      if (exc instanceof NotServed) {
+      if (exc instanceof NotServed || named(exc, "CallNotServed")) {
         if (this.fallback !== undefined) return this.fallback.request(request);
         const code = handler === undefined ? UNSUPPORTED_METHOD : NOT_SERVED;
         throw new ProviderRpcError(code, `${exc.message}, and no fallback provider is set to send it to`);
       }
       throw rpcError(method, exc);
     }
+  }
+
+  private callMethod(method: string): Method | undefined {
+    const calls = this.calls;
+    if (calls === undefined || (method !== "eth_call" && method !== "eth_estimateGas")) return undefined;
+    return async (_state, params) => {
+      const wanted = blockParam(params.length > 1 ? params[1] : undefined);
+      return method === "eth_call" ? calls.call(params, wanted) : calls.estimateGas(params, wanted);
+    };
   }
 
   /** EIP-1193's events: this provider emits none (it follows no chain itself), but keeps
@@ -237,10 +270,24 @@ export class PrivateProvider implements Eip1193Provider {
   }
 }
 
+/** Whether `exc` is one of the call errors, by name: the EVM's bundle
+ * (dist/browser/morphogen-call.js) carries classes of its own, equal but not identical. */
+function named(exc: unknown, name: string): exc is Error {
+  return exc instanceof Error && exc.name === name; // set by each class, kept by minifiers
+}
+
 /** The JSON-RPC error of a failed private read (morphogen/wallet/jsonrpc.py's codes): never
  * a guess, never a number that was not proven. */
 function rpcError(method: string, exc: unknown): ProviderRpcError {
   if (exc instanceof ProviderRpcError) return exc;
+  if (named(exc, "CallFailed")) {
+    const failed = exc as CallFailed;
+    return failed.reverted
+      ? new ProviderRpcError(EXECUTION_REVERTED, "execution reverted", to0xHex(failed.data))
+      : new ProviderRpcError(CALL_HALTED, `${method}: the call failed: ${exc.message.slice(0, 200)}`);
+  }
+  if (named(exc, "CallLimitError")) return new ProviderRpcError(LIMIT_EXCEEDED, `${method}: over this provider's limits: ${exc.message}`);
+  if (named(exc, "CallParamsError")) return new ProviderRpcError(INVALID_PARAMS, `${method}: ${exc.message}`);
   if (exc instanceof InvalidParams) return new ProviderRpcError(INVALID_PARAMS, `${method}: ${exc.message}`);
   if (exc instanceof StaleTableError) return new ProviderRpcError(UNAVAILABLE, `${method}: stale state: ${exc.message}`);
   if (exc instanceof KeywordIntegrityError || exc instanceof TableChangingError) {

@@ -24,8 +24,11 @@ import type { ServerInfo } from "../wire.js";
 import { KeywordClient, TableChangingError } from "../keyword/client.js";
 import { type Descriptor, KeywordIntegrityError, publicKeyOf } from "../keyword/descriptor.js";
 import {
+  ADDRESS_SIZE,
   type Account,
   EMPTY_CODE_HASH,
+  STORAGE_KEY_SIZE,
+  WORD_SIZE,
   addressBytes,
   codeChunks,
   codeKey,
@@ -186,6 +189,35 @@ export class EthState {
     return [account!, served];
   }
 
+  /** One round of a call's reads (`PrivateCalls`, src/eth/call.ts), in the Python endpoint's
+   * shape (morphogen/wallet/state.py `read_round`): the accounts and the storage words asked,
+   * each table's lookups padded with random keys to the next of CALL_BUCKETS, and, where it
+   * asks any, the code of the code hashes given (CODE_READ_CHUNKS chunks each, their count
+   * padded to a power of two). Every answer is from one version; null where the tables
+   * answered from different ones (a publication mid-round: read the head, then again). */
+  async round(accounts: readonly Uint8Array[], words: readonly (readonly [Uint8Array, Uint8Array])[],
+    codeHashes: readonly Uint8Array[]): Promise<RoundRead | null> {
+    const accountKeys = padded(accounts.map(addressBytes), bucket(accounts.length), ADDRESS_SIZE);
+    const wordKeys = padded(words.map(([a, s]) => storageKey(a, s)), bucket(words.length), STORAGE_KEY_SIZE);
+    const hashes = padded([...codeHashes], codeBucket(codeHashes.length), WORD_SIZE);
+    return this.with(async (c) => {
+      const [acc, sto, code] = await Promise.all([
+        this.readAt(c.accounts, accountKeys),
+        this.readAt(c.storage, wordKeys),
+        codeHashes.length > 0 ? this.chunksOf(c.code, hashes) : Promise.resolve(null),
+      ]);
+      const descs = [acc[1], sto[1], ...(code === null ? [] : [code[1]])];
+      if (!descs.every((d) => sameVersion(descs[0]!, d))) return null;
+      const served = this.accepted(acc[1], acc[2] !== null && acc[2][0] === sto[2]?.[0] && acc[2][1] === sto[2]?.[1] ? acc[2] : null);
+      return {
+        served,
+        accounts: acc[0].slice(0, accounts.length).map((v) => (v === null ? null : decodeAccount(v))),
+        words: sto[0].slice(0, words.length).map(decodeStorageValue),
+        codes: codeHashes.map((h, k) => joined(h, code![0][k]!)),
+      };
+    });
+  }
+
   // ------------------------------------------------------------------ versions
 
   /** The block the parties serve now (the accounts table's signed descriptor, read again). */
@@ -270,6 +302,24 @@ export class EthState {
     return sameVersion(desc, moreDesc) ? [values.concat(more), desc] : [values, moreDesc];
   }
 
+  /** The chunks of each code hash: CODE_READ_CHUNKS each in one read, then the rest of any
+   * code past EIP-170 in one more (a new version between the two: the second's descriptor). */
+  private async chunksOf(code: KeywordClient, hashes: readonly Uint8Array[]): Promise<[(Uint8Array | null)[][], Descriptor]> {
+    const n = CODE_READ_CHUNKS;
+    const [values, desc] = await code.readAt(hashes.flatMap((h) => Array.from({ length: n }, (_, i) => codeKey(h, i))));
+    const out = hashes.map((_, k) => values.slice(k * n, (k + 1) * n));
+    const longer = out.map((v, k) => [k, v[0] ? codeChunks(codeLength(v[0])) : 0] as const).filter(([, need]) => need > n);
+    if (longer.length === 0) return [out, desc];
+    const [more, moreDesc] = await code.readAt(longer.flatMap(([k, need]) =>
+      Array.from({ length: need - n }, (_, i) => codeKey(hashes[k]!, n + i))));
+    let at = 0;
+    for (const [k, need] of longer) {
+      out[k] = out[k]!.concat(more.slice(at, at + need - n));
+      at += need - n;
+    }
+    return [out, sameVersion(desc, moreDesc) ? desc : moreDesc];
+  }
+
   private accepted(desc: Descriptor, view: ViewPair | null = null): Served {
     const served = servedOf(desc);
     this.seenVersion = Math.max(this.seenVersion, served.version);
@@ -299,6 +349,36 @@ export class EthState {
     const info = await this.epochs;
     return [0, 1].map((i) => info.epochIds[i] === view[0] && info.identities[i] === view[1]);
   }
+}
+
+/** A round's answers (`EthState.round`), in the order asked, and the block they reflect. */
+export interface RoundRead {
+  served: Served;
+  accounts: (Account | null)[];
+  words: bigint[];
+  codes: Uint8Array[];
+}
+
+// a round's lookups of one table are padded to the next of these (morphogen/wallet/state.py)
+export const CALL_BUCKETS = [4, 8, 16, 32, 64, 128, 256, 512, 1024] as const;
+
+export function bucket(n: number): number {
+  for (const b of CALL_BUCKETS) if (n <= b) return b;
+  const top = 1024; // the last of CALL_BUCKETS
+  return Math.ceil(n / top) * top;
+}
+
+/** The padded count of `n` code hashes in one round: a power of two, at least 1. */
+export function codeBucket(n: number): number {
+  let b = 1;
+  while (b < n) b *= 2;
+  return b;
+}
+
+function padded(keys: Uint8Array[], size: number, width: number): Uint8Array[] {
+  const out = [...keys];
+  while (out.length < size) out.push(globalThis.crypto.getRandomValues(new Uint8Array(width)));
+  return out;
 }
 
 function viewKey(view: ViewPair): string {

@@ -1,0 +1,518 @@
+// eth_call and eth_estimateGas over private state (morphogen/wallet/evm.py's design, in the
+// browser): the EVM (@ethereumjs/evm) runs over accounts, code and storage words read through
+// private, verified lookups at the block the parties serve.
+//
+// Runs and rounds. A run never waits on the parties: what it asks that is not known yet (an
+// account, a code hash's code, a storage word) is answered with a placeholder and noted, and
+// the run is thrown away. What it noted is read in the next round (`EthState.round`: one
+// private request of each table whatever it holds, padded to buckets) and the call runs
+// again. A run that asked nothing unknown is the answer: every value it saw was read at its
+// block and verified. ERC-20 `balanceOf` is three rounds (the accounts, the token's code, the
+// balance word); the same call repeated at the same block is none, and at a new block one
+// (it first asks everything it read last time).
+//
+// Padding, as the Python endpoint's. Each round asks accounts and storage once each, their
+// lookups padded to the next of CALL_BUCKETS, and code where it needs code not read yet (kept
+// across blocks: it is checked against its hash). A call's count of rounds is raised to the
+// next of ROUND_BUCKETS with rounds of random keys, whatever it ended on (an answer, a revert,
+// a limit, an error of the parties). The parties learn those buckets, not which contract was
+// called nor what it read. The timing of the rounds is not padded.
+//
+// Not run here, and handed to the fallback provider as they came (`NotServed`): contract
+// creation, calls that pay for gas, EIP-7702 authorizations, state overrides, and a run that
+// reads a block hash. The block a call sees is the served block's number, with the owner's
+// version time as its timestamp, the gas cap as its gas limit, and COINBASE, PREVRANDAO and
+// the base fee 0.
+
+import { Common, Hardfork, Mainnet } from "@ethereumjs/common";
+import { type EVM, createEVM } from "@ethereumjs/evm";
+import { SimpleStateManager } from "@ethereumjs/statemanager";
+import { Account, Address, bigIntToUnpaddedBytes } from "@ethereumjs/util";
+
+import { equalBytes, fromHex, toHex } from "../bytes.js";
+import { type Account as StateAccount, EMPTY_CODE_HASH, bigintBytes } from "./records.js";
+import { CallFailed, CallLimitError, CallNotServed, CallParamsError } from "./call_errors.js";
+import type { BlockWanted, Calls } from "./provider.js";
+import type { EthState, RoundRead, Served } from "./state.js";
+
+export const ROUND_BUCKETS = [1, 2, 4, 8, 16, 32, 64] as const;
+export const MAX_ROUNDS = 64; // the last of ROUND_BUCKETS
+// What one call may read, all its rounds together (morphogen/wallet/costs.py)
+export const MAX_CALL_LOOKUPS = 4096;
+export const CALL_GAS = 50_000_000n; // a node's default eth_call gas cap (geth's RPCGasCap)
+export const MAX_ACCESS_LIST = 256;
+const TRIES = 4; // runs at a new version: the served block may move during a call
+const CODES_KEPT = 256;
+const MEMO_KEPT = 256;
+const CALL_STIPEND = 2_300n;
+const ZERO_ADDRESS = new Uint8Array(20);
+
+/** A transaction object of eth_call, checked. */
+export interface Call {
+  sender: Uint8Array;
+  to: Uint8Array;
+  data: Uint8Array;
+  value: bigint;
+  gas: bigint;
+  accessList: [Uint8Array, Uint8Array[]][];
+}
+
+const HEX_DATA = /^0x([0-9a-fA-F]{2})*$/;
+const QUANTITY = /^0x(0|[1-9a-fA-F][0-9a-fA-F]*)$/;
+const KNOWN = new Set(["from", "to", "data", "input", "value", "gas", "gasPrice", "maxFeePerGas",
+  "maxPriorityFeePerGas", "nonce", "type", "chainId", "accessList"]);
+
+function addressParam(value: unknown, what: string): Uint8Array {
+  if (typeof value !== "string" || !/^0x[0-9a-fA-F]{40}$/.test(value)) {
+    throw new CallParamsError(`${what} is a 0x-hex address of 20 bytes`);
+  }
+  return fromHex(value.slice(2));
+}
+
+function quantityParam(value: unknown, what: string): bigint {
+  if (typeof value !== "string" || !QUANTITY.test(value)) {
+    throw new CallParamsError(`${what} must be a hex quantity such as 0x1a (no leading zeros)`);
+  }
+  return BigInt(value);
+}
+
+/** The params' transaction object as a `Call` (morphogen/wallet/call_params.py's rules). */
+export function callParam(tx: unknown): Call {
+  if (typeof tx !== "object" || tx === null || Array.isArray(tx)) throw new CallParamsError("a call is a transaction object");
+  const o = tx as Record<string, unknown>;
+  if ("authorizationList" in o) throw new CallNotServed("a call with an EIP-7702 authorization list is not run privately");
+  const unknown = Object.keys(o).filter((k) => !KNOWN.has(k));
+  if (unknown.length) throw new CallParamsError(`unknown fields ${JSON.stringify(unknown.sort().slice(0, 3))}`);
+  if (o.to === undefined || o.to === null) throw new CallNotServed("a call without `to` (contract creation) is not run privately");
+  const to = addressParam(o.to, "to");
+  const sender = o.from === undefined || o.from === null ? ZERO_ADDRESS : addressParam(o.from, "from");
+  const data = o.input ?? o.data ?? "0x";
+  if (typeof data !== "string" || !HEX_DATA.test(data)) throw new CallParamsError("data is 0x-hex of whole bytes");
+  const value = o.value === undefined || o.value === null ? 0n : quantityParam(o.value, "value");
+  let gas = o.gas === undefined || o.gas === null ? CALL_GAS : quantityParam(o.gas, "gas");
+  if (value >= 1n << 256n) throw new CallParamsError("value is a 256-bit quantity");
+  if (gas >= 1n << 64n) throw new CallParamsError("gas is a 64-bit quantity");
+  for (const fee of ["gasPrice", "maxFeePerGas", "maxPriorityFeePerGas"]) {
+    if (o[fee] !== undefined && o[fee] !== null && o[fee] !== "0x0") {
+      throw new CallNotServed("a call that pays for gas is not run privately (fees are computed against balances here as gas price 0)");
+    }
+  }
+  if (gas > CALL_GAS) gas = CALL_GAS;
+  return { sender, to, data: fromHex(data.slice(2)), value, gas, accessList: accessListParam(o.accessList) };
+}
+
+function accessListParam(value: unknown): [Uint8Array, Uint8Array[]][] {
+  if (value === undefined || value === null) return [];
+  if (!Array.isArray(value) || value.length > MAX_ACCESS_LIST) {
+    throw new CallParamsError(`accessList is a list of at most ${MAX_ACCESS_LIST} entries`);
+  }
+  return value.map((entry) => {
+    if (typeof entry !== "object" || entry === null || Object.keys(entry).some((k) => k !== "address" && k !== "storageKeys")) {
+      throw new CallParamsError("an accessList entry is {address, storageKeys}");
+    }
+    const keys = (entry as { storageKeys?: unknown }).storageKeys ?? [];
+    if (!Array.isArray(keys) || keys.length > MAX_ACCESS_LIST) throw new CallParamsError("storageKeys is a list of 32-byte words");
+    return [addressParam((entry as { address?: unknown }).address, "accessList: an address"), keys.map((k) => {
+      if (typeof k !== "string" || !/^0x[0-9a-fA-F]{1,64}$/.test(k)) throw new CallParamsError("accessList: a storage key is 0x-hex of at most 32 bytes");
+      return bigintBytes(BigInt(k), 32);
+    })] as [Uint8Array, Uint8Array[]];
+  });
+}
+
+/** The padded count of a call's `n` rounds (0 where it read none). */
+export function roundBucket(n: number): number {
+  if (n === 0) return 0;
+  for (const b of ROUND_BUCKETS) if (n <= b) return b;
+  throw new CallLimitError(`the call reads state over more than ${MAX_ROUNDS} rounds`);
+}
+
+/** What a run touched and nothing known answers: accounts, code hashes, storage words. */
+export class Want {
+  readonly accounts = new Map<string, Uint8Array>();
+  readonly code = new Map<string, Uint8Array>();
+  readonly words = new Map<string, readonly [Uint8Array, Uint8Array]>();
+
+  get size(): number {
+    return this.accounts.size + this.code.size + this.words.size;
+  }
+
+  merge(other: Want): void {
+    for (const [k, v] of other.accounts) this.accounts.set(k, v);
+    for (const [k, v] of other.code) this.code.set(k, v);
+    for (const [k, v] of other.words) this.words.set(k, v);
+  }
+}
+
+const wordKey = (address: Uint8Array, slot: Uint8Array) => `${toHex(address)}:${toHex(slot)}`;
+
+/** One version's reads: what every call at that block has read. */
+class VersionReads {
+  readonly accounts = new Map<string, StateAccount | null>();
+  readonly words = new Map<string, bigint>();
+
+  constructor(readonly served: Served) {}
+}
+
+/** What a run's state manager answers from, and what it noted it lacked. */
+class RunState extends SimpleStateManager {
+  readonly want = new Want();
+  readonly touched = new Want();
+  blockHashAsked = false;
+
+  constructor(private readonly reads: VersionReads, private readonly codes: Map<string, Uint8Array>, common: Common) {
+    super({ common });
+  }
+
+  override async getAccount(address: Address): Promise<Account | undefined> {
+    const top = this.topAccountStack();
+    const key = address.toString();
+    if (top.has(key)) return top.get(key);
+    const hex = toHex(address.bytes);
+    this.touched.accounts.set(hex, address.bytes);
+    if (!this.reads.accounts.has(hex)) {
+      this.want.accounts.set(hex, address.bytes);
+      return undefined;
+    }
+    const a = this.reads.accounts.get(hex)!;
+    return a === null ? undefined : new Account(a.nonce, a.balance, undefined, a.codeHash);
+  }
+
+  override async getCode(address: Address): Promise<Uint8Array> {
+    const top = this.topCodeStack();
+    const key = address.toString();
+    if (top.has(key)) return top.get(key)!;
+    const account = await this.getAccount(address);
+    if (account === undefined || equalBytes(account.codeHash, EMPTY_CODE_HASH)) return new Uint8Array();
+    const hex = toHex(account.codeHash);
+    this.touched.code.set(hex, account.codeHash);
+    const code = this.codes.get(hex);
+    if (code === undefined) {
+      this.want.code.set(hex, account.codeHash);
+      return new Uint8Array();
+    }
+    return code;
+  }
+
+  override async getCodeSize(address: Address): Promise<number> {
+    return (await this.getCode(address)).length;
+  }
+
+  override async getStorage(address: Address, slot: Uint8Array): Promise<Uint8Array> {
+    const top = this.topStorageStack();
+    const key = `${address.toString()}_${toHex(slot)}`;
+    if (top.has(key)) return top.get(key)!;
+    const k = wordKey(address.bytes, slot);
+    this.touched.words.set(k, [address.bytes, slot]);
+    const word = this.reads.words.get(k);
+    if (word === undefined) {
+      this.want.words.set(k, [address.bytes, slot]);
+      return new Uint8Array();
+    }
+    return bigIntToUnpaddedBytes(word);
+  }
+}
+
+export interface PrivateCallsOptions {
+  /** The EVM's rules (default Prague, the Python endpoint's). */
+  hardfork?: Hardfork;
+}
+
+/** A run's outcome: success with its return data and gas, or a revert / halt. */
+interface RunResult {
+  ok: boolean;
+  reverted: boolean;
+  out: Uint8Array;
+  gas: bigint; // the transaction's gas: intrinsic plus execution (an estimate: the least)
+  refund: bigint;
+  error: string;
+}
+
+/** eth_call and eth_estimateGas over `state`, for `PrivateProvider`. */
+export class PrivateCalls implements Calls {
+  /** Rounds read, padding included (for tests and the page's counters). */
+  rounds = 0;
+  private readonly common: Common;
+  private readonly codes = new Map<string, Uint8Array>();
+  private readonly memo = new Map<string, Want>();
+  private reads: VersionReads | null = null;
+
+  constructor(readonly state: EthState, options: PrivateCallsOptions = {}) {
+    this.common = new Common({ chain: Mainnet, hardfork: options.hardfork ?? Hardfork.Prague });
+  }
+
+  /** eth_call's result at `block` (the params' second). */
+  async call(params: readonly unknown[], block: BlockWanted): Promise<string> {
+    const result = await this.execute(params, "eth_call", false, block);
+    return "0x" + toHex(result.out);
+  }
+
+  async estimateGas(params: readonly unknown[], block: BlockWanted): Promise<string> {
+    const result = await this.execute(params, "eth_estimateGas", true, block);
+    return "0x" + result.gas.toString(16);
+  }
+
+  private async execute(params: readonly unknown[], method: string, estimate: boolean,
+    block: BlockWanted): Promise<RunResult> {
+    if (params.length < 1 || params.length > 3) throw new CallParamsError(`${method} takes 1 to 3 params, got ${params.length}`);
+    const call = callParam(params[0]);
+    if (params.length > 2 && params[2] !== null && !(typeof params[2] === "object" && Object.keys(params[2] as object).length === 0)) {
+      throw new CallNotServed("state overrides are not run privately");
+    }
+    const tally = { rounds: 0, lookups: 0, served: null as Served | null };
+    try {
+      const result = await this.executeAt(call, block, estimate, tally);
+      if (!result.ok) throw new CallFailed(result.error, result.reverted, result.out);
+      return result;
+    } finally {
+      // whatever the call ended on, its rounds are raised to the same buckets
+      await this.pad(tally);
+    }
+  }
+
+  private async executeAt(call: Call, block: BlockWanted, estimate: boolean,
+    tally: { rounds: number; lookups: number; served: Served | null }): Promise<RunResult> {
+    const memoKey = callKey(call, estimate);
+    // A call starts at the newest version read here, unconfirmed: its first round is read at
+    // the version the parties serve now and names it where it is newer; a run that needed no
+    // round stands where both parties still serve that version's data (GET /epoch), and is
+    // otherwise confirmed by reading what it read again (morphogen/wallet/evm.py).
+    let served: Served | null = block.any ? this.state.latest : null;
+    let confirmed = false;
+    for (let i = 0; i < TRIES; i++) {
+      if (served === null) {
+        served = await this.state.head();
+        confirmed = true;
+      }
+      try {
+        block.check(served);
+      } catch (exc) {
+        if (confirmed) throw exc;
+        served = null; // the block asked may be newer than the one read last: the head says
+        continue;
+      }
+      const reads = this.readsAt(served);
+      // what the same call read last time, where this version's reads lack it: its first
+      // round, before any run
+      let want = this.lacking(this.memo.get(memoKey) ?? new Want(), reads);
+      let moved = false;
+      for (;;) {
+        if (want.size > 0) {
+          const at = await this.read(want, served, tally);
+          if (at === null || !same(at, served)) {
+            [served, confirmed, moved] = [at, at !== null, true];
+            break;
+          }
+          confirmed = true;
+        }
+        const [result, runWant, touched] = await this.run(call, reads, estimate);
+        if (runWant.size === 0 && !confirmed && !(await this.state.stillServed(served))) {
+          // nothing unknown, at a version not confirmed: what the run read, read again
+          const at = await this.read(touched, served, tally);
+          if (at === null || !same(at, served)) {
+            [served, confirmed, moved] = [at, at !== null, true];
+            break;
+          }
+          confirmed = true;
+        }
+        if (runWant.size === 0) {
+          this.remember(memoKey, touched);
+          return result;
+        }
+        want = runWant;
+      }
+      if (!moved) break;
+    }
+    throw new CallNotServed(`the served block moved during each of ${TRIES} runs of the call`);
+  }
+
+  /** One of the call's rounds, within its limits; the version it was read at (null: the
+   * tables answered from two). */
+  private async read(want: Want, served: Served, tally: { rounds: number; lookups: number; served: Served | null }): Promise<Served | null> {
+    if (tally.rounds >= MAX_ROUNDS) throw new CallLimitError(`the call reads state over more than ${MAX_ROUNDS} rounds`);
+    tally.lookups += want.size;
+    if (tally.lookups > MAX_CALL_LOOKUPS) {
+      throw new CallLimitError(`the call reads more than ${MAX_CALL_LOOKUPS} accounts, storage words and codes`);
+    }
+    const read = await this.round(want);
+    tally.rounds++;
+    tally.served = served;
+    return read === null ? null : read.served;
+  }
+
+  /** One round: `want` read, into `reads` where the parties still serve its version (into
+   * the new version's reads otherwise: the call then runs there). */
+  private async round(want: Want): Promise<RoundRead | null> {
+    this.rounds++;
+    // code once read is kept across versions: a round asks only code not read yet
+    const code = [...want.code].filter(([k]) => !this.codes.has(k));
+    const read = await this.state.round([...want.accounts.values()], [...want.words.values()], code.map(([, h]) => h));
+    if (read === null) return null;
+    const into = this.readsAt(read.served);
+    [...want.accounts.keys()].forEach((k, i) => into.accounts.set(k, read.accounts[i]!));
+    [...want.words.keys()].forEach((k, i) => into.words.set(k, read.words[i]!));
+    code.forEach(([k], i) => {
+      this.codes.set(k, read.codes[i]!);
+      while (this.codes.size > CODES_KEPT) this.codes.delete(this.codes.keys().next().value!);
+    });
+    return read;
+  }
+
+  private async pad(tally: { rounds: number; served: Served | null }): Promise<void> {
+    if (tally.served === null) return;
+    let extra: number;
+    try {
+      extra = roundBucket(tally.rounds) - tally.rounds;
+    } catch {
+      return;
+    }
+    for (let i = 0; i < extra; i++) {
+      try {
+        this.rounds++;
+        await this.state.round([], [], []);
+      } catch {
+        return; // the call's own outcome stands
+      }
+    }
+  }
+
+  private readsAt(served: Served): VersionReads {
+    if (this.reads === null || this.reads.served.version !== served.version || this.reads.served.hash !== served.hash) {
+      if (this.reads !== null && this.reads.served.version > served.version) return new VersionReads(served);
+      this.reads = new VersionReads(served);
+    }
+    return this.reads;
+  }
+
+  private lacking(want: Want, reads: VersionReads): Want {
+    const out = new Want();
+    for (const [k, v] of want.accounts) if (!reads.accounts.has(k)) out.accounts.set(k, v);
+    for (const [k, v] of want.code) if (!this.codes.has(k)) out.code.set(k, v);
+    for (const [k, v] of want.words) if (!reads.words.has(k)) out.words.set(k, v);
+    return out;
+  }
+
+  private remember(key: string, touched: Want): void {
+    this.memo.delete(key);
+    this.memo.set(key, touched);
+    while (this.memo.size > MEMO_KEPT) this.memo.delete(this.memo.keys().next().value!);
+  }
+
+  /** One run (an estimate: the nodes' search, every step over the same reads): its result,
+   * what it lacked, what it touched. */
+  private async run(call: Call, reads: VersionReads, estimate: boolean): Promise<[RunResult, Want, Want]> {
+    const intrinsic = intrinsicGas(call);
+    const want = new Want(), touched = new Want();
+    const attempt = async (gas: bigint): Promise<RunResult> => {
+      const result = await this.runOnce(call, reads, gas, intrinsic);
+      want.merge(result[1]);
+      touched.merge(result[2]);
+      return result[0];
+    };
+    const first = await attempt(call.gas);
+    if (!estimate || !first.ok || want.size > 0) return [first, want, touched];
+    // the nodes' search (morphogen/wallet/workers.py): exact, as anvil answers
+    let lo = first.gas - 1n > 0n ? first.gas - 1n : 0n;
+    let hi = call.gas;
+    const optimistic = ((first.gas + first.refund + CALL_STIPEND) * 64n) / 63n;
+    if (optimistic < hi) {
+      if ((await attempt(optimistic)).ok) hi = optimistic;
+      else lo = optimistic;
+    }
+    while (lo + 1n < hi && want.size === 0) {
+      let mid = (lo + hi) / 2n;
+      if (mid > 2n * lo) mid = 2n * lo;
+      if ((await attempt(mid)).ok) hi = mid;
+      else lo = mid;
+    }
+    return [{ ...first, gas: hi }, want, touched];
+  }
+
+  private async runOnce(call: Call, reads: VersionReads, gas: bigint, intrinsic: { gas: bigint; floor: bigint })
+    : Promise<[RunResult, Want, Want]> {
+    const served = reads.served;
+    const state = new RunState(reads, this.codes, this.common);
+    const blockchain = {
+      getBlock: async () => {
+        state.blockHashAsked = true;
+        throw new CallNotServed("a call that reads a block hash is not run privately");
+      },
+      putBlock: async () => {},
+      shallowCopy: () => blockchain,
+    };
+    const evm: EVM = await createEVM({ common: this.common, stateManager: state, blockchain });
+    const caller = new Address(call.sender), to = new Address(call.to);
+    // a transaction's warm set (EIP-2929, EIP-3651): its sender, its recipient, the coinbase,
+    // and its access list (the precompiles are warm in the EVM itself)
+    for (const a of [caller, to, new Address(ZERO_ADDRESS)]) evm.journal.addAlwaysWarmAddress(a.toString());
+    for (const [address, slots] of call.accessList) {
+      evm.journal.addAlwaysWarmAddress(toHex(address), true);
+      for (const s of slots) evm.journal.addAlwaysWarmSlot(toHex(address), toHex(s), true);
+    }
+    const failed = (error: string): [RunResult, Want, Want] =>
+      [{ ok: false, reverted: false, out: new Uint8Array(), gas: 0n, refund: 0n, error }, state.want, state.touched];
+    if (gas < intrinsic.gas || gas < intrinsic.floor) return failed(`intrinsic gas too low: have ${gas}, want ${intrinsic.gas > intrinsic.floor ? intrinsic.gas : intrinsic.floor}`);
+    let result;
+    try {
+      result = await evm.runCall({
+        caller, origin: caller, to, data: call.data, value: call.value, gasLimit: gas - intrinsic.gas, gasPrice: 0n,
+        block: blockOf(served) as never,
+      });
+    } catch (exc) {
+      if (state.want.size > 0) return failed("a placeholder");
+      if (exc instanceof CallNotServed || state.blockHashAsked) throw new CallNotServed("a call that reads a block hash is not run privately");
+      const message = exc instanceof Error ? exc.message : String(exc);
+      if (/insufficient balance/i.test(message)) return failed("insufficient funds for transfer");
+      throw exc;
+    }
+    if (state.blockHashAsked && state.want.size === 0) throw new CallNotServed("a call that reads a block hash is not run privately");
+    const exec = result.execResult;
+    const used = intrinsic.gas + exec.executionGasUsed;
+    const refund = exec.gasRefund ?? 0n;
+    const charged = max(used - min(refund, used / 5n), intrinsic.floor);
+    if (exec.exceptionError !== undefined) {
+      const reverted = exec.exceptionError.error === "revert";
+      return [{ ok: false, reverted, out: exec.returnValue, gas: charged, refund,
+        error: reverted ? "execution reverted" : exec.exceptionError.error }, state.want, state.touched];
+    }
+    return [{ ok: true, reverted: false, out: exec.returnValue, gas: charged, refund, error: "" }, state.want, state.touched];
+  }
+}
+
+const same = (a: Served, b: Served) => a.version === b.version && a.hash === b.hash;
+const min = (a: bigint, b: bigint) => (a < b ? a : b);
+const max = (a: bigint, b: bigint) => (a > b ? a : b);
+
+/** A transaction's intrinsic gas (and Prague's calldata floor, EIP-7623): 21,000, its data
+ * (4 a zero byte, 16 another), its access list (2,400 an address, 1,900 a key). */
+export function intrinsicGas(call: Call): { gas: bigint; floor: bigint } {
+  let zeros = 0n, others = 0n;
+  for (const b of call.data) {
+    if (b === 0) zeros++;
+    else others++;
+  }
+  const tokens = zeros + 4n * others;
+  let gas = 21_000n + 4n * tokens;
+  for (const [, slots] of call.accessList) gas += 2_400n + 1_900n * BigInt(slots.length);
+  return { gas, floor: 21_000n + 10n * tokens };
+}
+
+function blockOf(served: Served) {
+  return {
+    header: {
+      number: BigInt(served.number),
+      coinbase: new Address(ZERO_ADDRESS),
+      timestamp: BigInt(served.time),
+      difficulty: 0n,
+      prevRandao: new Uint8Array(32),
+      gasLimit: CALL_GAS,
+      baseFeePerGas: 0n,
+      slotNumber: 0n,
+      getBlobGasPrice: () => 1n,
+    },
+  };
+}
+
+function callKey(call: Call, estimate: boolean): string {
+  return [estimate ? "e" : "c", toHex(call.sender), toHex(call.to), toHex(call.data), call.value, call.gas,
+    call.accessList.map(([a, s]) => toHex(a) + s.map(toHex).join(",")).join(";")].join("|");
+}
