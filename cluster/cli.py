@@ -21,6 +21,10 @@ from cluster.shutdown import StopRequested
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.web:
+        from cluster.demo_web import run_web_demo
+
+        return run_web_demo(args)
     from cluster.demo import run_demo
 
     return run_demo(args)
@@ -347,7 +351,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0, help="synthetic data and page choice")
     demo.add_argument("--port", type=int, default=0, help="HTTP port (0: a free one)")
     demo.add_argument("--records", type=int, default=2000, metavar="N",
-                      help="synthetic accounts in the keyword lookup part (0 skips it)")
+                      help="synthetic accounts in the keyword lookup part (0 skips it), "
+                           "or in the chain --web serves")
+    demo.add_argument("--web", action="store_true",
+                      help="serve a page that reads a balance and a token balance privately "
+                           "(viem over the TypeScript client), until interrupted; it prints "
+                           "the page's address")
+    demo.add_argument("--web-port", type=int, default=0, metavar="PORT",
+                      help="the page's port with --web (0: a free one)")
     demo.set_defaults(func=cmd_demo)
 
     _serve_parser(sub)

@@ -31,7 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 SUITE_WORKERS = 3
 # Integration modules whose tests start clusters of their own, as `morphogen` processes, and
 # never use the session's Ray instance.
-OWN_CLUSTER_MODULES = ("test_cli_operator.py", "test_cli_serve.py", "test_cli_store.py")
+OWN_CLUSTER_MODULES = ("test_cli_operator.py", "test_cli_serve.py", "test_cli_store.py",
+                       "test_demo_web.py")
 
 
 def _spread_the_whole_suite(config: pytest.Config) -> None:

@@ -37,6 +37,7 @@ from morphogen.chain.state import (
     storage_records,
 )
 from morphogen.chain.tables import build_chain_tables
+from morphogen.chain.token_code import asm, token_code, token_storage
 from morphogen.keyword.build import KeywordTable
 from morphogen.keyword.descriptor import Anchor, tables_of
 from morphogen.keyword.signing import public_bytes
@@ -70,54 +71,18 @@ def accounts() -> list[dict]:
                     "code": code, "storage": storage})
     # what eth_call runs: a token (balanceOf, totalSupply) and a contract that calls it
     token, reader = rng.randbytes(20), rng.randbytes(20)
-    holders = [out[0]["address"], out[1]["address"]]
-    balances = {int.from_bytes(keccak256(bytes(12) + h + bytes(32))): rng.randrange(1, 2**96)
-                for h in holders}
+    balances = {out[i]["address"]: rng.randrange(1, 2**96) for i in (0, 1)}
     out.append({"address": token, "nonce": 1, "balance": 0, "code": token_code(),
-                "storage": {**balances, 2: sum(balances.values())}})
+                "storage": token_storage(balances)})
     out.append({"address": reader, "nonce": 1, "balance": 0, "code": reader_code(token),
                 "storage": {}})
     return out
 
 
-def _asm(*parts: str | bytes | tuple[str, str]) -> bytes:
-    """EVM code from opcodes, immediate bytes, labels ("@name") and jumps to them (("jump",
-    name): PUSH1 of the label's offset)."""
-    ops = {"STOP": 0x00, "MUL": 0x02, "EQ": 0x14, "ISZERO": 0x15, "SHL": 0x1B, "SHR": 0x1C,
-           "SHA3": 0x20, "CALLDATALOAD": 0x35, "MLOAD": 0x51, "MSTORE": 0x52, "SLOAD": 0x54,
-           "JUMPI": 0x57, "GAS": 0x5A, "JUMPDEST": 0x5B, "DUP1": 0x80, "RETURN": 0xF3,
-           "STATICCALL": 0xFA, "REVERT": 0xFD}
-    labels: dict[str, int] = {}
-    for resolve in (False, True):
-        code = bytearray()
-        for part in parts:
-            if isinstance(part, bytes):
-                code += bytes([0x5F + len(part)]) + part  # PUSHn
-            elif isinstance(part, tuple):
-                code += bytes([0x60, labels.get(part[1], 0) if resolve else 0])
-            elif part.startswith("@"):
-                labels[part[1:]] = len(code)
-                code.append(ops["JUMPDEST"])
-            else:
-                code.append(ops[part])
-    return bytes(code)
-
-
-def token_code() -> bytes:
-    """balanceOf(address): the word at keccak(holder . 0); totalSupply(): slot 2; else revert."""
-    return _asm(b"\0", "CALLDATALOAD", b"\xe0", "SHR",
-                "DUP1", bytes.fromhex("70a08231"), "EQ", ("jump", "balance"), "JUMPI",
-                bytes.fromhex("18160ddd"), "EQ", ("jump", "supply"), "JUMPI",
-                b"\0", "DUP1", "REVERT",
-                "@balance", b"\4", "CALLDATALOAD", b"\0", "MSTORE", b"\0", b"\x20", "MSTORE",
-                b"\x40", b"\0", "SHA3", "SLOAD", b"\0", "MSTORE", b"\x20", b"\0", "RETURN",
-                "@supply", b"\2", "SLOAD", b"\0", "MSTORE", b"\x20", b"\0", "RETURN")
-
-
 def reader_code(token: bytes) -> bytes:
     """Any call with a holder's address at byte 4: twice the token's balanceOf(holder), read
     with STATICCALL (reverts where the token does)."""
-    return _asm(bytes.fromhex("70a08231"), b"\xe0", "SHL", b"\0", "MSTORE",
+    return asm(bytes.fromhex("70a08231"), b"\xe0", "SHL", b"\0", "MSTORE",
                 b"\4", "CALLDATALOAD", b"\4", "MSTORE",
                 b"\x20", b"\0", b"\x24", b"\0", token, "GAS", "STATICCALL",
                 "ISZERO", ("jump", "failed"), "JUMPI",
