@@ -5,14 +5,14 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { BrowserProvider } from "ethers";
+import { BrowserProvider, Contract } from "ethers";
 
 import { fromHex, toHex } from "../src/bytes.js";
 import { keccak256, wordBytes } from "../src/index.js";
 import { CHAIN, chainProvider } from "./chain.js";
 
-function provider() {
-  const { provider, liar } = chainProvider("json");
+function provider(calls = false) {
+  const { provider, liar } = chainProvider("json", calls);
   return { ethers: new BrowserProvider(provider), liar };
 }
 
@@ -32,6 +32,18 @@ describe("ethers over the provider: new BrowserProvider(provider)", () => {
         assert.equal(await ethers.getStorage(address, slot), "0x" + toHex(wordBytes(word)));
       }
     }
+  });
+
+  it("runs a token's reads through ethers' Contract in the JavaScript EVM", async () => {
+    const { ethers } = provider(true);
+    const token = CHAIN.accounts[CHAIN.accounts.length - 2]!;
+    const contract = new Contract(token.address, ["function balanceOf(address) view returns (uint256)",
+      "function totalSupply() view returns (uint256)", "function symbol() view returns (string)"], ethers);
+    const holder = CHAIN.accounts[0]!.address;
+    const recorded = CHAIN.rpc.find((r) => r.method === "eth_call")!;
+    assert.equal(await contract.getFunction("balanceOf")(holder), BigInt(recorded.result!));
+    assert.equal(await contract.getFunction("totalSupply")(), BigInt(token.storage["0x2"]!));
+    assert.equal(await contract.getFunction("symbol")(), "DEMO");
   });
 
   it("gives ethers' caller an error, never a number, when a party lies", async () => {
