@@ -133,10 +133,12 @@ def _place(cands, cap, occ, fill, order, max_kicks, rng_seed):
     return -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, parallel=True)
 def _write_slots(pages, occ, fill, bucket_page, slot_off, tags, values):
+    # buckets write disjoint bytes, so they are written on every core: each slot is a random
+    # read of a record, the largest part of a big table's placement
     slot_size = tags.shape[1] + values.shape[1]
-    for b in range(occ.shape[0]):
+    for b in numba.prange(occ.shape[0]):
         p = bucket_page[b]
         for s in range(fill[b]):
             r = occ[b, s]
