@@ -6,7 +6,8 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { PrivateProvider, type ProviderRpcError } from "../src/index.js";
+import { fromHex, toHex } from "../src/bytes.js";
+import { PrivateProvider, type ProviderRpcError, keccak256 } from "../src/index.js";
 import { intrinsicGas, roundBucket } from "../src/eth/call.js";
 import { CHAIN, chainProvider } from "./chain.js";
 
@@ -59,6 +60,23 @@ describe("eth_call in the JavaScript EVM", () => {
     assert.equal(await provider.request(call), first);
     const asked = parties[0].posts.slice(posts[0]).filter((q) => q.path !== "/epoch").map((q) => (q.body as { table: string }).table);
     assert.deepEqual(asked.filter((t) => t.endsWith(".data")).sort(), ["accounts.data", "storage.data"]);
+  });
+
+  it("shares rounds between the calls in flight: eight balances at once, a handful of rounds", async () => {
+    const { provider, parties } = chainProvider("msgpack", true);
+    const holders = [...CHAIN.accounts.slice(0, 6).map((a) => a.address), "0x" + "42".repeat(20), "0x" + "43".repeat(20)];
+    const storage = CHAIN.accounts[CHAIN.accounts.length - 2]!.storage;
+    const posts = parties[0].posts.length;
+    const got = await Promise.all(holders.map((h) => provider.request({
+      method: "eth_call", params: [{ to: TOKEN, data: "0x70a08231" + "00".repeat(12) + h.slice(2) }],
+    })));
+    holders.forEach((h, i) => {
+      const slot = "0x" + BigInt("0x" + toHex(keccak256(fromHex("00".repeat(12) + h.slice(2) + "00".repeat(32))))).toString(16);
+      assert.equal(BigInt(got[i] as string), BigInt(storage[slot] ?? "0x0"), h);
+    });
+    // alone, each would take three rounds and a fourth of padding: 32 storage requests
+    const rounds = parties[0].posts.slice(posts).filter((q) => (q.body as { table: string }).table === "storage.data").length;
+    assert.ok(rounds <= 8, `${rounds} rounds for eight calls`);
   });
 
   it("counts a transaction's intrinsic gas, Prague's calldata floor, and pads rounds to buckets", () => {

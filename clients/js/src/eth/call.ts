@@ -217,6 +217,16 @@ export interface PrivateCallsOptions {
   hardfork?: Hardfork;
 }
 
+/** A round taking what the calls in flight ask, until it goes out. */
+interface OpenRound {
+  want: Want;
+  ready: () => void;
+  done: Promise<RoundRead | null>;
+}
+
+// How long a round waits at most for the calls in flight to ask theirs (a few runs' time)
+const GATHER_MS = 50;
+
 /** A run's outcome: success with its return data and gas, or a revert / halt. */
 interface RunResult {
   ok: boolean;
@@ -235,6 +245,9 @@ export class PrivateCalls implements Calls {
   private readonly codes = new Map<string, Uint8Array>();
   private readonly memo = new Map<string, Want>();
   private reads: VersionReads | null = null;
+  private running = 0; // calls in flight not waiting on a round
+  private open: OpenRound | null = null;
+  private reading: Promise<void> = Promise.resolve();
 
   constructor(readonly state: EthState, options: PrivateCallsOptions = {}) {
     this.common = new Common({ chain: Mainnet, hardfork: options.hardfork ?? Hardfork.Prague });
@@ -259,6 +272,7 @@ export class PrivateCalls implements Calls {
       throw new CallNotServed("state overrides are not run privately");
     }
     const tally = { rounds: 0, lookups: 0, served: null as Served | null };
+    this.running++;
     try {
       const result = await this.executeAt(call, block, estimate, tally);
       if (!result.ok) throw new CallFailed(result.error, result.reverted, result.out);
@@ -266,6 +280,8 @@ export class PrivateCalls implements Calls {
     } finally {
       // whatever the call ended on, its rounds are raised to the same buckets
       await this.pad(tally);
+      this.running--;
+      this.release();
     }
   }
 
@@ -339,9 +355,47 @@ export class PrivateCalls implements Calls {
     return read === null ? null : read.served;
   }
 
+  /** The round `want` goes in, shared with the calls in flight (morphogen/wallet/rounds.py):
+   * a round goes out once every call running waits for one, or GATHER_MS after it opened,
+   * after the round before it, and carries what all of them asked. Twenty balances asked at
+   * once cost a handful of rounds, not twenty calls' worth. */
+  private async round(want: Want): Promise<RoundRead | null> {
+    const open = this.open ?? (this.open = this.openRound());
+    open.want.merge(want);
+    this.running--;
+    this.release();
+    try {
+      return await open.done;
+    } finally {
+      this.running++;
+    }
+  }
+
+  private openRound(): OpenRound {
+    let ready!: () => void;
+    const gathered = new Promise<void>((resolve) => { ready = resolve; });
+    const round: OpenRound = { want: new Want(), ready, done: Promise.resolve(null) };
+    round.done = (async () => {
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([gathered, new Promise<void>((resolve) => { timer = setTimeout(resolve, GATHER_MS); })]);
+      clearTimeout(timer);
+      await this.reading;
+      if (this.open === round) this.open = null; // closed: what is asked now goes in the next
+      const read = this.readRound(round.want);
+      this.reading = read.then(() => {}, () => {});
+      return read;
+    })();
+    return round;
+  }
+
+  /** Sends the open round where every call in flight is waiting on it. */
+  private release(): void {
+    if (this.open !== null && this.running <= 0) this.open.ready();
+  }
+
   /** One round: `want` read, into `reads` where the parties still serve its version (into
    * the new version's reads otherwise: the call then runs there). */
-  private async round(want: Want): Promise<RoundRead | null> {
+  private async readRound(want: Want): Promise<RoundRead | null> {
     this.rounds++;
     // code once read is kept across versions: a round asks only code not read yet
     const code = [...want.code].filter(([k]) => !this.codes.has(k));
@@ -367,8 +421,7 @@ export class PrivateCalls implements Calls {
     }
     for (let i = 0; i < extra; i++) {
       try {
-        this.rounds++;
-        await this.state.round([], [], []);
+        await this.round(new Want()); // with other calls' rounds, where there are any
       } catch {
         return; // the call's own outcome stands
       }
