@@ -11,11 +11,16 @@
 // balance word); the same call repeated at the same block is none, and at a new block one
 // (it first asks everything it read last time).
 //
+// Rounds are shared by the calls in flight: one goes out once every call running waits for a
+// round (or GATHER_MS after it opened), carrying what all of them asked, so a wallet opening
+// twenty token balances at once pays a handful of rounds, not twenty calls' worth.
+//
 // Padding, as the Python endpoint's. Each round asks accounts and storage once each, their
 // lookups padded to the next of CALL_BUCKETS, and code where it needs code not read yet (kept
 // across blocks: it is checked against its hash). A call's count of rounds is raised to the
 // next of ROUND_BUCKETS with rounds of random keys, whatever it ended on (an answer, a revert,
-// a limit, an error of the parties). The parties learn those buckets, not which contract was
+// a limit, an error of the parties). The parties learn those buckets (and how many calls share
+// a round), not which contract was
 // called nor what it read. The timing of the rounds is not padded.
 //
 // Not run here, and handed to the fallback provider as they came (`NotServed`): contract
