@@ -20,8 +20,8 @@
 // across blocks: it is checked against its hash). A call's count of rounds is raised to the
 // next of ROUND_BUCKETS with rounds of random keys, whatever it ended on (an answer, a revert,
 // a limit, an error of the parties). The parties learn those buckets (and how many calls share
-// a round), not which contract was
-// called nor what it read. The timing of the rounds is not padded.
+// a round), not which contract was called nor what it read. The timing of the rounds is not
+// padded.
 //
 // Not run here, and handed to the fallback provider as they came (`NotServed`): contract
 // creation, calls that pay for gas, EIP-7702 authorizations, state overrides, and a run that
