@@ -18,8 +18,10 @@ Three measurements, one run, every answer checked against anvil's:
   way an open wallet refreshes: it polls `eth_blockNumber` (every 50 ms here) and sends the
   burst as soon as that names the new block (`on_block`; timed from that answer).
 
-    python bench/wallet_rpc.py [--runs 200] [--only balance|call|burst]
-Results: bench/results/wallet_rpc.json
+    python bench/wallet_rpc.py [--runs 200] [--only balance|call|burst] [--evm revm|ethereumjs]
+Results: bench/results/wallet_rpc.json (wallet_rpc_partial.json with --only; with --evm,
+wallet_rpc_<evm>.json). The EVM is the endpoint's default (ethereumjs where it can run)
+unless --evm names one.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(runs: int, only: str | None = None) -> dict:
+def run(runs: int, only: str | None = None, evm: str = "revm") -> dict:
     from cluster import local
     from cluster.parties import HttpParties
     from morphogen.chain import EthRpc, export_from_node, state_records
@@ -104,7 +106,8 @@ def run(runs: int, only: str | None = None) -> dict:
             pass
         pir = PirClient(*urls)
         state = PrivateState(pir, pub_path, watch_s=0.5)
-        calls = CallService(state, processes=2)
+        calls = CallService(state, processes=2, evm=evm)
+        out["evm"] = evm
         rounds = calls.calls.rounds
         server = RpcServer(Endpoint(state, calls=calls.calls), "127.0.0.1", 0)
         server.start()
@@ -243,10 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=200)
     ap.add_argument("--only", choices=("balance", "call", "burst"),
                     help="one measurement (its results go to wallet_rpc_partial.json)")
+    ap.add_argument("--evm", choices=("revm", "ethereumjs"), default=None,
+                    help="the EVM eth_call runs in (default: the endpoint's, ethereumjs where "
+                         "node and clients/js are here)")
     args = ap.parse_args(argv)
-    result = run(args.runs, args.only)
+    from morphogen.wallet import node_evm
+
+    evm = args.evm or ("ethereumjs" if node_evm.available() is None else "revm")
+    result = run(args.runs, args.only, evm)
     RESULTS.mkdir(exist_ok=True)
-    name = "wallet_rpc.json" if args.only is None else "wallet_rpc_partial.json"
+    name = ("wallet_rpc.json" if args.only is None else "wallet_rpc_partial.json") \
+        if args.evm is None else f"wallet_rpc_{args.evm}.json"
     (RESULTS / name).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result, indent=1))
     return 0

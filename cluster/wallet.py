@@ -59,8 +59,14 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         # what a call sees of its block (GASLIMIT, COINBASE, ...) from the upstream's header,
         # checked against the signed hash; one header request a block, whatever is asked
         headers = upstream.header if upstream is not None else None
-        calls = CallService(state, processes=args.call_processes, run_s=args.call_time,
-                            headers=headers) if args.call_processes else None
+        evm = _evm(args.evm) if args.call_processes else None
+        try:
+            calls = CallService(state, processes=args.call_processes, run_s=args.call_time,
+                                headers=headers, evm=evm, hardfork=args.hardfork) \
+                if evm is not None else None
+        except RuntimeError as exc:  # an EVM process that does not start
+            state.close()
+            raise CommandFailed(f"eth_call's EVM ({evm}): {exc}") from None
         endpoint = Endpoint(state, forward=upstream, max_batch=args.max_batch,
                             calls=calls.calls if calls else None)
         try:
@@ -77,6 +83,9 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         private = [*METHODS, *(("eth_call", "eth_estimateGas") if calls else ())]
         print(f"[rpc] answered privately and verified: {', '.join(private)} (latest block)",
               flush=True)
+        if calls is not None:
+            rules = args.hardfork if evm == "ethereumjs" else "revm 8's PRAGUE"
+            print(f"[rpc] eth_call runs in {evm} ({rules})", flush=True)
         if upstream is not None:
             print(f"[rpc] every other request goes to {display_url(args.upstream)}, which sees "
                   "it: NOT private", flush=True)
@@ -100,6 +109,22 @@ def cmd_rpc(args: argparse.Namespace) -> int:
                 upstream.close()
             state.close()
     return 0
+
+
+def _evm(asked: str) -> str:
+    """The EVM `--evm` names; auto: ethereumjs where it can run here, else revm (saying why)."""
+    from morphogen.wallet import node_evm
+
+    why = node_evm.available()
+    if asked == "ethereumjs" and why is not None:
+        raise UsageError(f"--evm ethereumjs: {why}")
+    if asked == "auto":
+        if why is None:
+            return "ethereumjs"
+        print(f"[rpc] eth_call runs in revm (pyrevm 0.3.7, no Osaka, no calls from smart "
+              f"accounts): the ethereumjs EVM cannot run here: {why}", flush=True)
+        return "revm"
+    return asked
 
 
 @contextmanager
@@ -153,8 +178,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     rpc.add_argument("--max-batch", type=int, default=MAX_BATCH, metavar="N",
                      help=f"requests a batch may hold (default {MAX_BATCH})")
     rpc.add_argument("--call-processes", type=int, default=2, metavar="N",
-                     help="processes running eth_call and eth_estimateGas (revm) over private "
+                     help="processes running eth_call and eth_estimateGas (--evm) over private "
                           "state (default 2; 0: those go upstream or are refused)")
+    rpc.add_argument("--evm", choices=["auto", "ethereumjs", "revm"], default="auto",
+                     help="the EVM eth_call runs in: ethereumjs (node processes: today's forks, "
+                          "calls from smart accounts; needs node and clients/js built), revm "
+                          "(pyrevm 0.3.7: revm 8's draft Prague), or auto (default: ethereumjs "
+                          "where it can run, else revm)")
+    rpc.add_argument("--hardfork", choices=["chain", "prague", "osaka"], default="chain",
+                     help="ethereumjs's rules: chain (default: a public chain's fork at the "
+                          "served block, Osaka on any other chain), or one fork")
     rpc.add_argument("--call-time", type=float, default=RUN_S, metavar="S",
                      help=f"EVM seconds one eth_call or eth_estimateGas may run, its runs "
                           f"together, waiting for reads not counted (default {RUN_S:g}); past "

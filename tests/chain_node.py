@@ -115,3 +115,16 @@ def need_viem() -> str:
     if os.environ.get("CI"):
         pytest.fail(reason + "; CI must run the wallet tests", pytrace=False)
     pytest.skip(reason)
+
+
+def need_node_evm() -> None:
+    """The wallet endpoint's node EVM (node and clients/js built), or this test skipped
+    (failed where CI is set, as for anvil)."""
+    from morphogen.wallet import node_evm
+
+    why = node_evm.available()
+    if why is None:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}; CI must run the node EVM's tests", pytrace=False)
+    pytest.skip(why)

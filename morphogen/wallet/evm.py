@@ -62,6 +62,7 @@ from morphogen.wallet.versions import Served
 from morphogen.wallet.workers import CallWorkers, RunTimedOut, current_request
 
 RUN_S = 10.0  # EVM time one call's runs may take together
+EVMS = ("revm", "ethereumjs")
 WARM_IDLE_S = 600.0  # the working set is read at each new version while state was asked
 TRIES = 4  # runs at a version: a call may start at one the parties have left
 log = logging.getLogger(__name__)
@@ -297,14 +298,26 @@ class CallService:
     server their reads go to, and `calls` (a `PrivateCalls`) for the Endpoint."""
 
     def __init__(self, state: PrivateState, *, processes: int = 2,
-                 run_s: float = RUN_S, headers: Callable[[str], Any] | None = None) -> None:
+                 run_s: float = RUN_S, headers: Callable[[str], Any] | None = None,
+                 evm: str = "revm", hardfork: str = "chain") -> None:
+        """`evm`: "revm" (pyrevm, in Python processes) or "ethereumjs" (node processes:
+        node_evm.py, today's forks), `hardfork` the latter's rules (node_evm.HARDFORKS)."""
+        if evm not in EVMS:
+            raise ValueError(f"the EVM is one of {', '.join(EVMS)}")
+        start = None
+        if evm == "ethereumjs":
+            from morphogen.wallet.node_evm import NodeProcess
+
+            NodeProcess  # noqa: B018 - imported before the server starts: a bad install fails here
+            start = lambda: NodeProcess(hardfork)  # noqa: E731
+        self.evm = evm
         self.routes = CallRoutes()
         # the runs' reads: answered from memory at once, their only client this process's
         self.server = RpcServer(None, "127.0.0.1", 0, route=self.routes.reads,
                                 request_s=None, watch=False)
         self.server.start()
         try:
-            self.workers = CallWorkers(processes)
+            self.workers = CallWorkers(processes, start=start)
         except BaseException:
             self.server.shutdown()
             self.server.server_close()

@@ -28,7 +28,7 @@ from morphogen.client.wire import Answer
 from morphogen.keyword.owner import OwnerTable
 from morphogen.keyword.signing import load_signing_key
 from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
-from tests.chain_node import DEV_ACCOUNTS, need_viem, running_anvil
+from tests.chain_node import DEV_ACCOUNTS, need_node_evm, need_viem, running_anvil
 from tests.integration.conftest import delete_apps, deploy
 
 web3 = pytest.importorskip("web3")
@@ -61,8 +61,12 @@ def _catch_up(follower: Follower) -> None:
     raise AssertionError("the follower did not catch up")
 
 
-@pytest.fixture(scope="module")
-def wallet(serve_instance, tmp_path_factory):
+@pytest.fixture(scope="module", params=["revm", "ethereumjs"])
+def wallet(request, serve_instance, tmp_path_factory):
+    """The endpoint over anvil's chain, its eth_call in each EVM (`--evm`)."""
+    evm = request.param
+    if evm == "ethereumjs":
+        need_node_evm()
     root = tmp_path_factory.mktemp("wallet")
     with running_anvil() as url, EthRpc(url) as rpc:
         rpc.call("evm_setAutomine", False)
@@ -86,13 +90,13 @@ def wallet(serve_instance, tmp_path_factory):
         pir = PirClient(*urls)
         upstream = Upstream(url)
         state = PrivateState(pir, root / "o.pub")
-        calls = CallService(state, processes=1, headers=upstream.header)
+        calls = CallService(state, processes=1, headers=upstream.header, evm=evm)
         server = RpcServer(Endpoint(state, forward=upstream, calls=calls.calls), "127.0.0.1", 0)
         server.start()
         try:
-            yield {"url": url, "rpc": rpc, "root": root, "urls": urls, "follower": follower,
-                   "server": server, "pir": pir, "state": state, "calls": calls.calls,
-                   "w3": web3.Web3(web3.Web3.HTTPProvider(server.url))}
+            yield {"evm": evm, "url": url, "rpc": rpc, "root": root, "urls": urls,
+                   "follower": follower, "server": server, "pir": pir, "state": state,
+                   "calls": calls.calls, "w3": web3.Web3(web3.Web3.HTTPProvider(server.url))}
         finally:
             server.shutdown()
             server.server_close()
@@ -364,14 +368,18 @@ def test_a_call_that_reads_a_block_hash_goes_upstream_or_is_refused(wallet) -> N
     answer = json.loads(alone.handle(json.dumps(body).encode()))
     assert answer["error"]["code"] == NOT_SERVED, answer
     assert "not read privately" in answer["error"]["message"]
-    # a call from an address with code: nodes skip EIP-3607 for calls, this EVM cannot, so
-    # it is the node's answer upstream, or refused saying why (never "execution failed")
+    # a call from an address with code: nodes skip EIP-3607 for calls, and so does ethereumjs;
+    # revm cannot, so there it is the node's answer upstream, or refused saying why (never
+    # "execution failed")
     body = {"jsonrpc": "2.0", "id": 1, "method": "eth_call",
             "params": [{"from": at, "to": DEV_ACCOUNTS[1]}, "latest"]}
     want = rpc.call("eth_call", {"from": at, "to": DEV_ACCOUNTS[1]}, {"blockHash": block["hash"]})
     assert _post(wallet["server"].url, body).json()["result"] == want
     answer = json.loads(alone.handle(json.dumps(body).encode()))
-    assert answer["error"]["code"] == NOT_SERVED and "with code" in answer["error"]["message"]
+    if wallet["evm"] == "ethereumjs":
+        assert answer["result"] == want, answer
+    else:
+        assert answer["error"]["code"] == NOT_SERVED and "with code" in answer["error"]["message"]
 
 
 def test_a_new_block_is_read_before_a_request_needs_it(wallet) -> None:
@@ -426,6 +434,10 @@ def test_a_client_gone_mid_batch_leaves_its_runs_unrun_and_the_next_client_is_se
     dropped.)"""
     import socket
 
+    if wallet["evm"] != "revm":
+        # the queue and its cancelling are CallWorkers', the same for either EVM's processes;
+        # the timing this test needs (runs queued behind a long one) is set for revm's runs
+        pytest.skip("the workers' cancelling, whatever EVM: tested with revm's processes")
     rpc = wallet["rpc"]
     tx = _send(rpc, data="0x" + (LOOP_INIT + LOOP).hex(), gas=quantity(200_000))
     _mine(rpc)

@@ -29,14 +29,12 @@
 // version time as its timestamp, the gas cap as its gas limit, and COINBASE, PREVRANDAO and
 // the base fee 0.
 
-import { Common, Hardfork, Mainnet } from "@ethereumjs/common";
-import { type EVM, createEVM } from "@ethereumjs/evm";
-import { SimpleStateManager } from "@ethereumjs/statemanager";
-import { Account, Address, bigIntToUnpaddedBytes } from "@ethereumjs/util";
+import type { Common } from "@ethereumjs/common";
 
-import { equalBytes, fromHex, toHex } from "../bytes.js";
-import { type Account as StateAccount, EMPTY_CODE_HASH, bigintBytes } from "./records.js";
+import { fromHex, toHex } from "../bytes.js";
 import { CallFailed, CallLimitError, CallNotServed, CallParamsError } from "./call_errors.js";
+import { type BlockEnv, type Call, type RunResult, type StateSource, Want, intrinsicGas, rulesOf, runCall, wordKey } from "./evm_run.js";
+import { type Account as StateAccount, bigintBytes } from "./records.js";
 import type { BlockWanted, Calls } from "./provider.js";
 import type { EthState, RoundRead, Served } from "./state.js";
 
@@ -49,18 +47,9 @@ export const MAX_ACCESS_LIST = 256;
 const TRIES = 4; // runs at a new version: the served block may move during a call
 const CODES_KEPT = 256;
 const MEMO_KEPT = 256;
-const CALL_STIPEND = 2_300n;
 const ZERO_ADDRESS = new Uint8Array(20);
 
-/** A transaction object of eth_call, checked. */
-export interface Call {
-  sender: Uint8Array;
-  to: Uint8Array;
-  data: Uint8Array;
-  value: bigint;
-  gas: bigint;
-  accessList: [Uint8Array, Uint8Array[]][];
-}
+export { type Call, Want, intrinsicGas };
 
 const HEX_DATA = /^0x([0-9a-fA-F]{2})*$/;
 const QUANTITY = /^0x(0|[1-9a-fA-F][0-9a-fA-F]*)$/;
@@ -131,25 +120,6 @@ export function roundBucket(n: number): number {
   throw new CallLimitError(`the call reads state over more than ${MAX_ROUNDS} rounds`);
 }
 
-/** What a run touched and nothing known answers: accounts, code hashes, storage words. */
-export class Want {
-  readonly accounts = new Map<string, Uint8Array>();
-  readonly code = new Map<string, Uint8Array>();
-  readonly words = new Map<string, readonly [Uint8Array, Uint8Array]>();
-
-  get size(): number {
-    return this.accounts.size + this.code.size + this.words.size;
-  }
-
-  merge(other: Want): void {
-    for (const [k, v] of other.accounts) this.accounts.set(k, v);
-    for (const [k, v] of other.code) this.code.set(k, v);
-    for (const [k, v] of other.words) this.words.set(k, v);
-  }
-}
-
-const wordKey = (address: Uint8Array, slot: Uint8Array) => `${toHex(address)}:${toHex(slot)}`;
-
 /** One version's reads: what every call at that block has read. */
 class VersionReads {
   readonly accounts = new Map<string, StateAccount | null>();
@@ -158,68 +128,10 @@ class VersionReads {
   constructor(readonly served: Served) {}
 }
 
-/** What a run's state manager answers from, and what it noted it lacked. */
-class RunState extends SimpleStateManager {
-  readonly want = new Want();
-  readonly touched = new Want();
-  blockHashAsked = false;
-
-  constructor(private readonly reads: VersionReads, private readonly codes: Map<string, Uint8Array>, common: Common) {
-    super({ common });
-  }
-
-  override async getAccount(address: Address): Promise<Account | undefined> {
-    const top = this.topAccountStack();
-    const key = address.toString();
-    if (top.has(key)) return top.get(key);
-    const hex = toHex(address.bytes);
-    this.touched.accounts.set(hex, address.bytes);
-    if (!this.reads.accounts.has(hex)) {
-      this.want.accounts.set(hex, address.bytes);
-      return undefined;
-    }
-    const a = this.reads.accounts.get(hex)!;
-    return a === null ? undefined : new Account(a.nonce, a.balance, undefined, a.codeHash);
-  }
-
-  override async getCode(address: Address): Promise<Uint8Array> {
-    const top = this.topCodeStack();
-    const key = address.toString();
-    if (top.has(key)) return top.get(key)!;
-    const account = await this.getAccount(address);
-    if (account === undefined || equalBytes(account.codeHash, EMPTY_CODE_HASH)) return new Uint8Array();
-    const hex = toHex(account.codeHash);
-    this.touched.code.set(hex, account.codeHash);
-    const code = this.codes.get(hex);
-    if (code === undefined) {
-      this.want.code.set(hex, account.codeHash);
-      return new Uint8Array();
-    }
-    return code;
-  }
-
-  override async getCodeSize(address: Address): Promise<number> {
-    return (await this.getCode(address)).length;
-  }
-
-  override async getStorage(address: Address, slot: Uint8Array): Promise<Uint8Array> {
-    const top = this.topStorageStack();
-    const key = `${address.toString()}_${toHex(slot)}`;
-    if (top.has(key)) return top.get(key)!;
-    const k = wordKey(address.bytes, slot);
-    this.touched.words.set(k, [address.bytes, slot]);
-    const word = this.reads.words.get(k);
-    if (word === undefined) {
-      this.want.words.set(k, [address.bytes, slot]);
-      return new Uint8Array();
-    }
-    return bigIntToUnpaddedBytes(word);
-  }
-}
-
 export interface PrivateCallsOptions {
-  /** The EVM's rules (default Prague, the Python endpoint's). */
-  hardfork?: Hardfork;
+  /** The EVM's rules: "chain" (default: a public chain's fork at the served block, by its
+   * schedule; Osaka for any other chain), or a fork by name ("prague", "osaka", ...). */
+  hardfork?: string;
 }
 
 /** A round taking what the calls in flight ask, until it goes out. */
@@ -232,21 +144,11 @@ interface OpenRound {
 // How long a round waits at most for the calls in flight to ask theirs (a few runs' time)
 const GATHER_MS = 50;
 
-/** A run's outcome: success with its return data and gas, or a revert / halt. */
-interface RunResult {
-  ok: boolean;
-  reverted: boolean;
-  out: Uint8Array;
-  gas: bigint; // the transaction's gas: intrinsic plus execution (an estimate: the least)
-  refund: bigint;
-  error: string;
-}
-
 /** eth_call and eth_estimateGas over `state`, for `PrivateProvider`. */
 export class PrivateCalls implements Calls {
   /** Rounds read, padding included (for tests and the page's counters). */
   rounds = 0;
-  private readonly common: Common;
+  private rules: [string, Common] | null = null; // the last block's
   private readonly codes = new Map<string, Uint8Array>();
   private readonly memo = new Map<string, Want>();
   private reads: VersionReads | null = null;
@@ -254,8 +156,11 @@ export class PrivateCalls implements Calls {
   private open: OpenRound | null = null;
   private reading: Promise<void> = Promise.resolve();
 
+  private readonly hardfork: string;
+
   constructor(readonly state: EthState, options: PrivateCallsOptions = {}) {
-    this.common = new Common({ chain: Mainnet, hardfork: options.hardfork ?? Hardfork.Prague });
+    this.hardfork = options.hardfork ?? "chain";
+    rulesOf(1, this.hardfork); // an unknown hardfork fails here, not at the first call
   }
 
   /** eth_call's result at `block` (the params' second). */
@@ -325,7 +230,8 @@ export class PrivateCalls implements Calls {
           }
           confirmed = true;
         }
-        const [result, runWant, touched] = await this.run(call, reads, estimate);
+        const [result, runWant, touched] = await runCall(this.rulesFor(served), this.source(reads), call,
+          blockOf(served), estimate);
         if (runWant.size === 0 && !confirmed && !(await this.state.stillServed(served))) {
           // nothing unknown, at a version not confirmed: what the run read, read again
           const at = await this.read(touched, served, tally);
@@ -455,121 +361,36 @@ export class PrivateCalls implements Calls {
     while (this.memo.size > MEMO_KEPT) this.memo.delete(this.memo.keys().next().value!);
   }
 
-  /** One run (an estimate: the nodes' search, every step over the same reads): its result,
-   * what it lacked, what it touched. */
-  private async run(call: Call, reads: VersionReads, estimate: boolean): Promise<[RunResult, Want, Want]> {
-    const intrinsic = intrinsicGas(call);
-    const want = new Want(), touched = new Want();
-    const attempt = async (gas: bigint): Promise<RunResult> => {
-      const result = await this.runOnce(call, reads, gas, intrinsic);
-      want.merge(result[1]);
-      touched.merge(result[2]);
-      return result[0];
-    };
-    const first = await attempt(call.gas);
-    if (!estimate || !first.ok || want.size > 0) return [first, want, touched];
-    // the nodes' search (morphogen/wallet/workers.py): exact, as anvil answers
-    let lo = first.gas - 1n > 0n ? first.gas - 1n : 0n;
-    let hi = call.gas;
-    const optimistic = ((first.gas + first.refund + CALL_STIPEND) * 64n) / 63n;
-    if (optimistic < hi) {
-      if ((await attempt(optimistic)).ok) hi = optimistic;
-      else lo = optimistic;
+  private rulesFor(served: Served): Common {
+    const key = `${served.chainId}:${served.number}:${served.time}`;
+    if (this.rules?.[0] !== key) {
+      this.rules = [key, rulesOf(served.chainId, this.hardfork, { number: BigInt(served.number), timestamp: BigInt(served.time) })];
     }
-    while (lo + 1n < hi && want.size === 0) {
-      let mid = (lo + hi) / 2n;
-      if (mid > 2n * lo) mid = 2n * lo;
-      if ((await attempt(mid)).ok) hi = mid;
-      else lo = mid;
-    }
-    return [{ ...first, gas: hi }, want, touched];
+    return this.rules[1];
   }
 
-  private async runOnce(call: Call, reads: VersionReads, gas: bigint, intrinsic: { gas: bigint; floor: bigint })
-    : Promise<[RunResult, Want, Want]> {
-    const served = reads.served;
-    const state = new RunState(reads, this.codes, this.common);
-    const blockchain = {
-      getBlock: async () => {
-        state.blockHashAsked = true;
-        throw new CallNotServed("a call that reads a block hash is not run privately");
+  /** A run's state: what the calls at its version have read (undefined: not yet). */
+  private source(reads: VersionReads): StateSource {
+    return {
+      account: async (address) => reads.accounts.get(toHex(address)),
+      code: async (_, codeHash) => this.codes.get(toHex(codeHash)),
+      word: async (address, slot) => {
+        const word = reads.words.get(wordKey(address, slot));
+        // no account has no storage
+        return word === undefined && reads.accounts.get(toHex(address)) === null ? 0n : word;
       },
-      putBlock: async () => {},
-      shallowCopy: () => blockchain,
     };
-    const evm: EVM = await createEVM({ common: this.common, stateManager: state, blockchain });
-    const caller = new Address(call.sender), to = new Address(call.to);
-    // a transaction's warm set (EIP-2929, EIP-3651): its sender, its recipient, the coinbase,
-    // and its access list (the precompiles are warm in the EVM itself)
-    for (const a of [caller, to, new Address(ZERO_ADDRESS)]) evm.journal.addAlwaysWarmAddress(a.toString());
-    for (const [address, slots] of call.accessList) {
-      evm.journal.addAlwaysWarmAddress(toHex(address), true);
-      for (const s of slots) evm.journal.addAlwaysWarmSlot(toHex(address), toHex(s), true);
-    }
-    const failed = (error: string): [RunResult, Want, Want] =>
-      [{ ok: false, reverted: false, out: new Uint8Array(), gas: 0n, refund: 0n, error }, state.want, state.touched];
-    if (gas < intrinsic.gas || gas < intrinsic.floor) return failed(`intrinsic gas too low: have ${gas}, want ${intrinsic.gas > intrinsic.floor ? intrinsic.gas : intrinsic.floor}`);
-    let result;
-    try {
-      result = await evm.runCall({
-        caller, origin: caller, to, data: call.data, value: call.value, gasLimit: gas - intrinsic.gas, gasPrice: 0n,
-        block: blockOf(served) as never,
-      });
-    } catch (exc) {
-      if (state.want.size > 0) return failed("a placeholder");
-      if (exc instanceof CallNotServed || state.blockHashAsked) throw new CallNotServed("a call that reads a block hash is not run privately");
-      const message = exc instanceof Error ? exc.message : String(exc);
-      if (/insufficient balance/i.test(message)) return failed("insufficient funds for transfer");
-      throw exc;
-    }
-    if (state.blockHashAsked && state.want.size === 0) throw new CallNotServed("a call that reads a block hash is not run privately");
-    const exec = result.execResult;
-    const used = intrinsic.gas + exec.executionGasUsed;
-    const refund = exec.gasRefund ?? 0n;
-    const charged = max(used - min(refund, used / 5n), intrinsic.floor);
-    if (exec.exceptionError !== undefined) {
-      const reverted = exec.exceptionError.error === "revert";
-      return [{ ok: false, reverted, out: exec.returnValue, gas: charged, refund,
-        error: reverted ? "execution reverted" : exec.exceptionError.error }, state.want, state.touched];
-    }
-    return [{ ok: true, reverted: false, out: exec.returnValue, gas: charged, refund, error: "" }, state.want, state.touched];
   }
 }
 
-const same = (a: Served, b: Served) => a.version === b.version && a.hash === b.hash;
-const min = (a: bigint, b: bigint) => (a < b ? a : b);
-const max = (a: bigint, b: bigint) => (a > b ? a : b);
-
-/** A transaction's intrinsic gas (and Prague's calldata floor, EIP-7623): 21,000, its data
- * (4 a zero byte, 16 another), its access list (2,400 an address, 1,900 a key). */
-export function intrinsicGas(call: Call): { gas: bigint; floor: bigint } {
-  let zeros = 0n, others = 0n;
-  for (const b of call.data) {
-    if (b === 0) zeros++;
-    else others++;
-  }
-  const tokens = zeros + 4n * others;
-  let gas = 21_000n + 4n * tokens;
-  for (const [, slots] of call.accessList) gas += 2_400n + 1_900n * BigInt(slots.length);
-  return { gas, floor: 21_000n + 10n * tokens };
-}
-
-function blockOf(served: Served) {
+function blockOf(served: Served): BlockEnv {
   return {
-    header: {
-      number: BigInt(served.number),
-      coinbase: new Address(ZERO_ADDRESS),
-      timestamp: BigInt(served.time),
-      difficulty: 0n,
-      prevRandao: new Uint8Array(32),
-      gasLimit: CALL_GAS,
-      baseFeePerGas: 0n,
-      slotNumber: 0n,
-      getBlobGasPrice: () => 1n,
-    },
+    number: BigInt(served.number), timestamp: BigInt(served.time), gasLimit: CALL_GAS,
+    coinbase: ZERO_ADDRESS, prevRandao: new Uint8Array(32),
   };
 }
 
+const same = (a: Served, b: Served) => a.version === b.version && a.hash === b.hash;
 function callKey(call: Call, estimate: boolean): string {
   return [estimate ? "e" : "c", toHex(call.sender), toHex(call.to), toHex(call.data), call.value, call.gas,
     call.accessList.map(([a, s]) => toHex(a) + s.map(toHex).join(",")).join(";")].join("|");
