@@ -34,6 +34,10 @@ DELEGATED = DEV_ACCOUNTS[5]
 READER_AT = "0x" + "c0" * 20
 CLZ_AT = "0x" + "c1" * 20
 BLS_G1ADD = "0x000000000000000000000000000000000000000b"
+# BLS12-381's G1 generator, each coordinate in EIP-2537's 64 bytes
+G1 = ("00" * 16 + "17f1d3a73197d7942695638c4fa9ac0fc3688c4f9774b905a14e3a3f171bac586c55e83ff97a1aef"
+      "fb3af00adb22c6bb" + "00" * 16 + "08b3f481e3aaa0f1a09e30ed741d8ae4fcf5e095d5d00af600db18cb"
+      "2c04b3edd03cc744a2888ae40caa232946c5e7e1")
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +92,8 @@ def _both(chain, method: str, tx: dict) -> tuple[dict, dict]:
     pytest.param({"from": DELEGATED, "to": READER_AT}, id="from-a-7702-delegated-account"),
     pytest.param({"from": READER_AT, "to": READER_AT}, id="from-a-contract"),
     pytest.param({"to": CLZ_AT}, id="osaka-clz"),
-    pytest.param({"to": BLS_G1ADD, "data": "0x" + "00" * 256}, id="bls12-381-g1add"),
+    pytest.param({"to": BLS_G1ADD, "data": "0x" + G1 + "00" * 128}, id="bls12-381-g1add-g-0"),
+    pytest.param({"to": BLS_G1ADD, "data": "0x" + G1 + G1}, id="bls12-381-g1add-g-g"),
 ])
 def test_a_call_answers_as_anvil_does(chain, tx) -> None:
     mine, theirs = _both(chain, "eth_call", tx)
