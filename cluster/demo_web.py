@@ -20,6 +20,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -81,15 +82,17 @@ def page_missing() -> str | None:
                                      f"`{BUILD}`")
 
 
-def serve_page(host: str, port: int) -> ThreadingHTTPServer:
-    """The page's files on `host:port` (0: a free port), in a thread of their own."""
+def serve_page(host: str, port: int, files: Mapping[str, Path] = PAGE_FILES
+               ) -> ThreadingHTTPServer:
+    """`files` (URL path -> file; the page's by default) on `host:port` (0: a free port), in a
+    thread of their own."""
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
             pass
 
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            path = PAGE_FILES.get(self.path.split("?")[0])
+            path = files.get(self.path.split("?")[0])
             if path is None or not path.is_file():
                 self.send_error(404)
                 return

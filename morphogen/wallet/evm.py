@@ -306,10 +306,11 @@ class CallService:
             raise ValueError(f"the EVM is one of {', '.join(EVMS)}")
         start = None
         if evm == "ethereumjs":
+            from functools import partial
+
             from morphogen.wallet.node_evm import NodeProcess
 
-            NodeProcess  # noqa: B018 - imported before the server starts: a bad install fails here
-            start = lambda: NodeProcess(hardfork)  # noqa: E731
+            start = partial(NodeProcess, hardfork)
         self.evm = evm
         self.routes = CallRoutes()
         # the runs' reads: answered from memory at once, their only client this process's

@@ -178,3 +178,49 @@ def rotation_snapshots(root: Path, pages: int, next_pages: int, seed: int,
     token_file = root / "token"
     token_file.write_text(token)
     return snaps, token_file
+
+
+def chain_owner(url: str, root: Path) -> Any:
+    """Version 1 of an owner directory (root/owner) of the state of the node at `url`, as the
+    chain recipe makes it: `records keygen` (root/o.key, root/o.pub), `chain export`,
+    `chain build`. Returns its `OwnerTable`."""
+    from cluster.cli import main
+    from morphogen.keyword.owner import OwnerTable
+
+    assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
+    assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
+    assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
+                 str(root / "o.key"), "--out", str(root / "owner"),
+                 "--min-records", "1024"]) == 0
+    return OwnerTable(root / "owner")
+
+
+def following_parties(instance: ServeInstance, owner: Any, root: Path, token: str,
+                      shards: dict[str, int], **overrides: Any) -> list[str]:
+    """Parties (name -> shards) serving `owner`'s version 1 that take a follower's
+    publications: admin token `token`, an epoch log each, rotations under root/rot. Their
+    URLs."""
+    (root / "token").write_text(token)
+    (root / "rot").mkdir(exist_ok=True)
+    urls = []
+    for name, n in shards.items():
+        deploy(instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=n,
+               admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"),
+               admin_snapshot_dir=str(root / "rot"), **overrides)
+        urls.append(instance.app_url(name))
+    return urls
+
+
+def chain_follower(rpc: Any, root: Path, urls: list[str], token: str,
+                   max_updates: int | None = None, **kw: Any) -> Any:
+    """A follower of `rpc` into root/owner, publishing to the parties at `urls`
+    (`following_parties`) with the owner's key root/o.key."""
+    from cluster.parties import HttpParties
+    from morphogen.chain.follow import Follower
+    from morphogen.client.admin import AdminClient
+    from morphogen.keyword.owner import OwnerTable
+    from morphogen.keyword.signing import load_signing_key
+
+    return Follower(rpc, OwnerTable(root / "owner"),
+                    HttpParties([AdminClient(u, token) for u in urls], 30.0, max_updates),
+                    load_signing_key(root / "o.key"), snapshot_dir=str(root / "rot"), **kw)

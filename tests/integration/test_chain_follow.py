@@ -15,7 +15,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.cli import main
 from cluster.parties import HttpParties
 from morphogen.chain.follow import CRASH_ENV, Follower
 from morphogen.chain.rpc import EthRpc, quantity
@@ -35,7 +34,13 @@ from morphogen.keyword import KeywordClient
 from morphogen.keyword.owner import OwnerTable, WriterBusy, writer_lock
 from morphogen.keyword.signing import load_signing_key
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
-from tests.integration.conftest import delete_apps, deploy, wait_until
+from tests.integration.conftest import (
+    chain_follower,
+    chain_owner,
+    delete_apps,
+    following_parties,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.ray]
 
@@ -119,30 +124,15 @@ def chain(serve_instance, tmp_path_factory):
     root = tmp_path_factory.mktemp("chain")
     with running_anvil() as url, EthRpc(url) as rpc:
         rpc.call("evm_setAutomine", False)
-        assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
-        assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
-        assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
-                     str(root / "o.key"), "--out", str(root / "owner"),
-                     "--min-records", "1024"]) == 0
-        owner = OwnerTable(root / "owner")
-        (root / "token").write_text(TOKEN)
-        (root / "rot").mkdir()
-        urls = []
-        for name, shards in (("cfa", 2), ("cfb", 1)):
-            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)),
-                   num_shards=shards, admin_token_file=str(root / "token"),
-                   epoch_log_dir=str(root / f"log-{name}"), admin_snapshot_dir=str(root / "rot"))
-            urls.append(serve_instance.app_url(name))
+        owner = chain_owner(url, root)
+        urls = following_parties(serve_instance, owner, root, TOKEN, {"cfa": 2, "cfb": 1})
         yield {"url": url, "rpc": rpc, "root": root, "urls": urls, "owner": owner,
                "key": load_signing_key(root / "o.key"), "pub": root / "o.pub"}
         delete_apps("cfa", "cfb")
 
 
 def _follower(chain, **kw) -> Follower:
-    clients = [AdminClient(u, TOKEN) for u in chain["urls"]]
-    return Follower(chain["rpc"], OwnerTable(chain["root"] / "owner"),
-                    HttpParties(clients, 30.0, kw.pop("max_updates", None)), chain["key"],
-                    snapshot_dir=str(chain["root"] / "rot"), **kw)
+    return chain_follower(chain["rpc"], chain["root"], chain["urls"], TOKEN, **kw)
 
 
 def _catch_up(follower: Follower) -> None:
@@ -510,10 +500,7 @@ def test_a_party_restarted_mid_follow_catches_up(chain, serve_instance) -> None:
             _catch_up(follower)
         owner = follower.owner
         assert owner.published < owner.current  # applied, not yet on the parties
-        deploy(serve_instance, "cfb", snapshot=str(owner.snapshot_dir(1)), num_shards=1,
-               admin_token_file=str(chain["root"] / "token"),
-               epoch_log_dir=str(chain["root"] / "log-cfb"),
-               admin_snapshot_dir=str(chain["root"] / "rot"))
+        following_parties(serve_instance, owner, chain["root"], TOKEN, {"cfb": 1})
         follower.parties.retry_for_s = 60.0
         _catch_up(follower)
         assert owner.published == owner.current

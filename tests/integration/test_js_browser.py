@@ -19,13 +19,12 @@ import statistics
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
 
-from tests.web.server import serving_with
+from cluster.demo_web import serve_page
 
 from .chromium import chromium, need_chromium
 from .conftest import delete_apps, deploy
@@ -63,27 +62,12 @@ def site(files: dict[str, Path] | None = None) -> Iterator[str]:
     files = files or {"/": PAGE / "index.html", "/index.html": PAGE / "index.html",
                       "/page.js": PAGE / "page.js", "/watch.js": WATCH,
                       "/morphogen.js": BUNDLE, "/morphogen.js.map": BUNDLE.with_suffix(".js.map")}
-
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-            path = files.get(self.path.split("?")[0])
-            if path is None or not path.is_file():
-                self.send_error(404)
-                return
-            body = path.read_bytes()
-            self.send_response(200)
-            kind = {".html": "text/html", ".js": "text/javascript"}.get(path.suffix,
-                                                                       "application/json")
-            self.send_header("Content-Type", kind + "; charset=utf-8")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-    with serving_with(Handler) as base:
-        yield base
+    server = serve_page("127.0.0.1", 0, files)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="module")

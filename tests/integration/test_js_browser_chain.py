@@ -19,15 +19,16 @@ from urllib.parse import urlencode
 
 import pytest
 
-from cluster.cli import main
-from cluster.parties import HttpParties
 from morphogen.chain.follow import Follower
 from morphogen.chain.rpc import EthRpc
-from morphogen.client.admin import AdminClient
-from morphogen.keyword.owner import OwnerTable
 from morphogen.keyword.signing import load_signing_key, public_bytes
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
-from tests.integration.conftest import delete_apps, deploy
+from tests.integration.conftest import (
+    chain_follower,
+    chain_owner,
+    delete_apps,
+    following_parties,
+)
 
 from .chromium import chromium, need_chromium
 from .test_js_browser import JS, PAGE, need_bundle, site
@@ -64,23 +65,10 @@ def chain_page(serve_instance, tmp_path_factory):
              "/chain-page.js.map": PAGES / "chain-page.js.map"}
     with running_anvil() as url, EthRpc(url) as rpc, site(files) as origin:
         rpc.call("evm_setAutomine", False)
-        assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
-        assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
-        assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
-                     str(root / "o.key"), "--out", str(root / "owner"),
-                     "--min-records", "1024"]) == 0
-        owner = OwnerTable(root / "owner")
-        (root / "token").write_text(TOKEN)
-        (root / "rot").mkdir()
-        urls = []
-        for name in ("bcha", "bchb"):
-            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1,
-                   admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"),
-                   admin_snapshot_dir=str(root / "rot"), cors_origins=[origin])
-            urls.append(serve_instance.app_url(name))
-        key = load_signing_key(root / "o.key")
-        follower = Follower(rpc, owner, HttpParties([AdminClient(u, TOKEN) for u in urls], 30.0,
-                                                    None), key, snapshot_dir=str(root / "rot"))
+        owner = chain_owner(url, root)
+        urls = following_parties(serve_instance, owner, root, TOKEN, {"bcha": 1, "bchb": 1},
+                                 cors_origins=[origin])
+        follower = chain_follower(rpc, root, urls, TOKEN)
         try:
             deployed = rpc.call("eth_sendTransaction", {
                 "from": DEV_ACCOUNTS[0], "gas": hex(2_000_000),
@@ -94,7 +82,7 @@ def chain_page(serve_instance, tmp_path_factory):
             with chromium(binary) as page:
                 yield {"page": page, "origin": origin, "urls": urls, "rpc": rpc,
                        "token": token, "block": block,
-                       "owner": public_bytes(key.public_key()).hex()}
+                       "owner": public_bytes(load_signing_key(root / "o.key").public_key()).hex()}
         finally:
             delete_apps("bcha", "bchb")
 

@@ -16,13 +16,11 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from cluster.cli import main
 from morphogen.chain.rpc import EthRpc
 from morphogen.client import PirClient
-from morphogen.keyword.owner import OwnerTable
 from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer
 from tests.chain_node import DEV_ACCOUNTS, need_node_evm, running_anvil
-from tests.integration.conftest import delete_apps, deploy
+from tests.integration.conftest import chain_owner, delete_apps, deploy
 
 pytestmark = pytest.mark.ray
 
@@ -53,12 +51,7 @@ def chain(serve_instance, tmp_path_factory):
         rpc.call("anvil_setStorageAt", DELEGATED, "0x0", "0x" + "00" * 30 + "1234")
         rpc.call("evm_mine")
         block = rpc.block("latest")
-        assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
-        assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
-        assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
-                     str(root / "o.key"), "--out", str(root / "owner"),
-                     "--min-records", "1024"]) == 0
-        owner = OwnerTable(root / "owner")
+        owner = chain_owner(url, root)
         urls = []
         for name in ("wfa", "wfb"):
             deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1)

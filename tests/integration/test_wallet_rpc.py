@@ -18,18 +18,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.cli import main
-from cluster.parties import HttpParties
 from morphogen.chain.follow import Follower
 from morphogen.chain.rpc import EthRpc, quantity
 from morphogen.client import PirClient
-from morphogen.client.admin import AdminClient
 from morphogen.client.wire import Answer
-from morphogen.keyword.owner import OwnerTable
-from morphogen.keyword.signing import load_signing_key
 from morphogen.wallet import CallService, Endpoint, PrivateState, RpcServer, Upstream
 from tests.chain_node import DEV_ACCOUNTS, need_node_evm, need_viem, running_anvil
-from tests.integration.conftest import delete_apps, deploy
+from tests.integration.conftest import (
+    chain_follower,
+    chain_owner,
+    delete_apps,
+    following_parties,
+)
 
 web3 = pytest.importorskip("web3")
 
@@ -70,23 +70,9 @@ def wallet(request, serve_instance, tmp_path_factory):
     root = tmp_path_factory.mktemp("wallet")
     with running_anvil() as url, EthRpc(url) as rpc:
         rpc.call("evm_setAutomine", False)
-        assert main(["records", "keygen", "--out", str(root / "o.key")]) == 0
-        assert main(["chain", "export", "--rpc", url, "--out", str(root / "s.jsonl")]) == 0
-        assert main(["chain", "build", "--state", str(root / "s.jsonl"), "--signing-key",
-                     str(root / "o.key"), "--out", str(root / "owner"),
-                     "--min-records", "1024"]) == 0
-        owner = OwnerTable(root / "owner")
-        (root / "token").write_text(TOKEN)
-        (root / "rot").mkdir()
-        urls = []
-        for name in ("wra", "wrb"):
-            deploy(serve_instance, name, snapshot=str(owner.snapshot_dir(1)), num_shards=1,
-                   admin_token_file=str(root / "token"), epoch_log_dir=str(root / f"log-{name}"),
-                   admin_snapshot_dir=str(root / "rot"))
-            urls.append(serve_instance.app_url(name))
-        follower = Follower(rpc, owner, HttpParties([AdminClient(u, TOKEN) for u in urls], 30.0,
-                                                    None),
-                            load_signing_key(root / "o.key"), snapshot_dir=str(root / "rot"))
+        owner = chain_owner(url, root)
+        urls = following_parties(serve_instance, owner, root, TOKEN, {"wra": 1, "wrb": 1})
+        follower = chain_follower(rpc, root, urls, TOKEN)
         pir = PirClient(*urls)
         upstream = Upstream(url)
         state = PrivateState(pir, root / "o.pub")

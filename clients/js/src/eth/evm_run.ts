@@ -15,7 +15,6 @@ import { CallNotServed } from "./call_errors.js";
 import { type Account as StateAccount, EMPTY_CODE_HASH } from "./records.js";
 
 const CALL_STIPEND = 2_300n;
-const ZERO_ADDRESS = new Uint8Array(20);
 
 /** A transaction object of eth_call, checked. */
 export interface Call {
