@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._common import RESULTS, machine_label, percentile, plot, write_csv  # noqa: E402
 from bench._node_caches import node_chunks  # noqa: E402
 from cluster import fake_cluster, local  # noqa: E402
-from morphogen.client import PirClient, PirError  # noqa: E402
+from morphogen.client import PirClient, PirError, PirUnavailable  # noqa: E402
 from morphogen.client.admin import AdminClient  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic, synthetic_pages  # noqa: E402
 
@@ -172,15 +173,19 @@ def worker_nodes() -> int:
     return sum(1 for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU", 0) > 0)
 
 
-def _retried(call: Any, attempts: int = 6) -> Any:
-    """An admin call retried on a refusal that changed nothing (503 while replicas start, 409
-    while another step holds the stage)."""
+def _retried(call: Any, attempts: int = 8) -> Any:
+    """An admin call re-sent on a refusal that changed nothing (503 while replicas start, 409
+    while another step holds the stage) and on a router replica dying under it (Serve answers
+    a 500: routers scale down while the publications run, and a replica past its graceful
+    shutdown is killed mid-request). Every publication here carries its own id, so a re-sent
+    one the party had already taken is answered as done, never applied twice."""
     for attempt in range(attempts):
         try:
             return call()
         except Exception as exc:  # noqa: BLE001
-            status = getattr(exc, "status", None)
-            if status not in (409, 503) or attempt == attempts - 1:
+            again = isinstance(exc, PirUnavailable | httpx.TransportError) or getattr(
+                exc, "status", None) in (409, 503)
+            if not again or attempt == attempts - 1:
                 raise
             time.sleep(1.0)
     raise AssertionError("unreachable")
@@ -197,24 +202,26 @@ def publish(url_a: str, url_b: str, models: dict[int, np.ndarray], model: np.nda
             model = model.copy()
             model[page] = np.frombuffer(data, np.uint8)
             change = [(page, "data", data)]
-            res = [_retried(lambda adm=adm, change=change: adm.updates(change))
+            pub = f"autoscale-{i}"
+            res = [_retried(lambda adm=adm, change=change, pub=pub: adm.updates(change, pub))
                    for adm in (adm_a, adm_b)]
             if res[0]["identity"] != res[1]["identity"]:
                 raise RuntimeError("parties diverged")
             models[res[0]["epoch_id"]] = model
             if i == batches // 2:
-                rot = [_retried(lambda adm=adm: adm.snapshot("next")) for adm in (adm_a, adm_b)]
+                rot = [_retried(lambda adm=adm: adm.snapshot("next", "autoscale-rotation"))
+                       for adm in (adm_a, adm_b)]
                 model = synthetic_pages(32, 0, 300)
                 models[rot[0]["epoch_id"]] = model
                 out["rotation_epoch"] = rot[0]["epoch_id"]
             time.sleep(0.5)
-        out["head"] = adm_a.status()["epoch_log_head"]["identity"]
+        out["head"] = _retried(adm_a.status)["epoch_log_head"]["identity"]
     return out
 
 
 def every_replica_at(url: str, identity: str) -> tuple[bool, list[str]]:
     with AdminClient(url, TOKEN) as adm:
-        shards = adm.status()["shards"]
+        shards = _retried(adm.status)["shards"]
     replicas = [r for s in shards for r in s["replicas"]]
     return all(r["identity"] == identity for r in replicas), [r["node_id"] for r in replicas]
 
