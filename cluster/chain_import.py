@@ -2,9 +2,10 @@
 
 The dump is cut into ranges of lines (`morphogen.chain.dumps.line_ranges`); Ray tasks, at most
 `workers` at once, encode, tag and hash each range (`morphogen.chain.bulk.encode_range`) into
-a file of the work directory, and this process then places the three tables
-(`morphogen.chain.bulk.assemble`) and writes the owner directory beside `--out`, renamed into
-place whole. The tables are those `chain build` makes from the same state with the same seed.
+arrays in the work directory, which this process reads as soon as they are written (while the
+other ranges encode); it then places the three tables (`morphogen.chain.bulk.assemble`)
+and writes the owner directory beside `--out`, renamed into place whole. The tables are those
+`chain build` makes from the same state with the same seed.
 
 A killed import leaves its work directory (`<out>.work`): run the same command again and it
 reuses every range already encoded (the manifest holds the dump's size and time and the build's
@@ -54,12 +55,15 @@ class Progress:
 
 
 def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, float]:
-    """One range, written whole (a temporary renamed) so that a resumed import trusts it;
-    returns its records and the CPU seconds it took."""
+    """One range as a directory of arrays (`.npy`), written whole (a temporary renamed) so
+    that a resumed import trusts it; returns its records and the CPU seconds it took."""
     cpu = time.process_time()
     arrays = bulk.encode_range(path, a, b, plans)
-    tmp = out + ".tmp.npz"
-    np.savez(tmp, **arrays)
+    tmp = Path(out + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # a killed task's
+    tmp.mkdir()
+    for name, array in arrays.items():
+        np.save(tmp / f"{name}.npy", array)
     os.replace(tmp, out)
     return (len(arrays["acc_keys"]) + len(arrays["sto_keys"]) + len(arrays["code_keys"]),
             time.process_time() - cpu)
@@ -110,21 +114,26 @@ def _ray_encode(workers: int | None, address: str | None):
 def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = None,
                   address: str | None = None, seed: int | None = None,
                   range_bytes: int = RANGE_BYTES, report: Callable[[str], None] = print,
-                  timings: dict | None = None) -> tuple[list[str], int]:
+                  timings: dict | None = None,
+                  encoded: Callable[[int, str], None] | None = None) -> tuple[list[str], int]:
     """Step 1 on Ray: every range encoded into `work`; returns the range files in dump order
     and the build's seed (`timings["encode_cpu_s"]` gets the tasks' CPU seconds). A malformed
-    line raises DumpError naming it."""
+    line raises DumpError naming it. `encoded(i, file)` is called for each range once its
+    file is whole (those a killed import left first), while the others are still encoding."""
     timings = {} if timings is None else timings
     timings["encode_cpu_s"] = 0.0
     ranges = dumps.line_ranges(dump, body, range_bytes)
     manifest = _manifest(work, dump, [list(r) for r in ranges], seed)
     plans = bulk.plan(manifest["seed"])
-    files = [str(work / f"r{i:06d}.npz") for i in range(len(ranges))]
+    files = [str(work / f"r{i:06d}") for i in range(len(ranges))]
     todo = [i for i, f in enumerate(files) if not os.path.exists(f)]
+    done = encoded or (lambda i, f: None)
     progress = Progress(sum(b - a for a, b in (ranges[i] for i in todo)),
                         started=time.monotonic())
     if len(todo) < len(files):
         report(f"resuming: {len(files) - len(todo)} of {len(files)} ranges already encoded")
+        for i in sorted(set(range(len(files))) - set(todo)):
+            done(i, files[i])
     if not todo:
         return files, manifest["seed"]
     ray, task, workers = _ray_encode(workers, address)
@@ -150,6 +159,7 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
                 raise
             progress.records += records
             timings["encode_cpu_s"] += cpu
+            done(i, files[i])
             progress.done_bytes += ranges[i][1] - ranges[i][0]
             now = time.monotonic()
             if now - last >= 1.0 or not (queue or pending):
@@ -170,7 +180,8 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
                 report: Callable[[str], None] = print, timings: dict | None = None) -> Path:
     """The dump (JSON lines: geth's, or anvil's rewritten by `anvil_dump.anvil_lines`) as version 1
     of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
-    `timings` gets the seconds of each step (encode, load, place, write)."""
+    `timings` gets the seconds of each step: encode (with the loads of the ranges it
+    finished, `load_s` of it), then place and write."""
     timings = {} if timings is None else timings
     from filelock import FileLock, Timeout
 
@@ -191,16 +202,27 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         if body is None:
             body = dumps.info(dump).body
         t0 = time.monotonic()
+        loaded: dict[int, dict] = {}
+        timings["load_s"] = 0.0
+
+        def load(i: int, folder: str) -> None:
+            # read as soon as a worker wrote it (still in the page cache), while the others
+            # encode: placing then starts when the last range is in. Into memory, not mapped:
+            # mapped ranges are the page cache's to evict, and at 16 M records placing from
+            # them ran 1.8x slower than from memory
+            t = time.monotonic()
+            loaded[i] = {f.stem: np.load(f) for f in Path(folder).glob("*.npy")}
+            timings["load_s"] += time.monotonic() - t
+
         try:
-            files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
-                                        seed=seed, range_bytes=range_bytes, report=report,
-                                        timings=timings)
+            _, seed = encode_ranges(dump, work, body, workers=workers, address=address,
+                                    seed=seed, range_bytes=range_bytes, report=report,
+                                    timings=timings, encoded=load)
         except dumps.DumpError:
             shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
             raise
-        t1, cpu = time.monotonic(), time.process_time()
-        parts = [dict(np.load(f)) for f in files]
-        t2 = time.monotonic()
+        t2, cpu = time.monotonic(), time.process_time()
+        parts = [loaded.pop(i) for i in sorted(loaded)]
         try:
             table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
                                   room=room, min_records=min_records, created=created)
@@ -215,7 +237,7 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             out.rmdir()
         os.replace(partial, out)
         t4 = time.monotonic()
-        timings.update(encode_s=t1 - t0, load_s=t2 - t1, place_s=t3 - t2, write_s=t4 - t3,
+        timings.update(encode_s=t2 - t0, place_s=t3 - t2, write_s=t4 - t3,
                        funnel_cpu_s=time.process_time() - cpu)
         records = sum(d.records for d in _parts(table))
         report(f"placed {records:,} records in {t3 - t2:,.1f} s, wrote them in "

@@ -31,6 +31,7 @@ import shutil
 from collections.abc import Iterable, Iterator, MutableMapping
 from pathlib import Path
 
+import numba
 import numpy as np
 
 from morphogen.keyword.key_columns import KeyColumns
@@ -120,17 +121,16 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         lengths = items.lengths
         if m and int(lengths.max()) > MAX_KEY:
             raise ValueError(f"a key is bytes of at most {MAX_KEY}")
-        refs = ((items.offsets[:-1] + 1) << 16 | lengths).astype(np.uint64)[order]
-        tags = words.view(f"V{TAG_SIZE}").ravel()[order]
-        inside = at < slots
-        table["tag"][at[inside]] = tags[inside]
-        table["ref"][at[inside]] = refs[inside]
+        refs = ((items.offsets[:-1] + 1) << 16 | lengths).astype("<u8")
+        _fill(table.view(np.uint8).reshape(slots, SLOT), np.ascontiguousarray(items.tags),
+              refs.view(np.uint8).reshape(m, 8), order, at)
         free = 0
-        for tag, ref in zip(tags[~inside], refs[~inside], strict=True):
+        for k in np.flatnonzero(at >= slots).tolist():
             # past the last slot: on from the first, to the first empty slot
             while table["ref"][free]:
                 free += 1
-            table[free] = (tag, ref)
+            i = int(order[k])
+            table[free] = (items.tags[i].tobytes(), int(refs[i]))
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         table.tofile(folder / SLOTS)
@@ -291,6 +291,18 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         for tag, ref in moved:
             i, _ = self._find(tag)
             self._mm[i * SLOT:(i + 1) * SLOT] = tag + ref.to_bytes(8, "little")
+
+
+@numba.njit(cache=True, parallel=True)
+def _fill(table, tags, refs, order, at):
+    """Record order[k] into slot at[k], where that is inside the table (each slot once)."""
+    slots = table.shape[0]
+    for k in numba.prange(len(order)):
+        pos = at[k]
+        if pos < slots:
+            i = order[k]
+            table[pos, :TAG_SIZE] = tags[i]
+            table[pos, TAG_SIZE:] = refs[i]
 
 
 def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int) -> np.ndarray:

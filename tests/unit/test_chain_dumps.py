@@ -54,6 +54,18 @@ def test_ranges_built_apart_equal_the_one_process_build(tmp_path, target):
     assert got.descriptor == want.descriptor
 
 
+@pytest.mark.parametrize("dtype,width", [(np.uint8, 52), (np.uint64, 3)])
+def test_rows_gathered_from_the_ranges_equal_a_gather_of_their_concatenation(dtype, width):
+    rng = np.random.default_rng(4)
+    parts = [{"f": rng.integers(0, 255, (n, width)).astype(dtype)} for n in (5, 0, 17, 1, 9)]
+    whole = np.concatenate([p["f"] for p in parts])
+    for order in (rng.permutation(len(whole)),  # every row
+                  np.sort(rng.choice(len(whole), 11, replace=False))[::-1],  # some (code)
+                  np.zeros(0, np.int64)):
+        got = bulk.gathered(parts, "f", order.astype(np.int64), width, dtype)
+        assert got.dtype == dtype and np.array_equal(got, whole[order])
+
+
 def test_the_seed_decides_the_table(tmp_path):
     state = geth_dump(tmp_path / "d.jsonl", 40)
     a, b = single(tmp_path, state, seed=1), single(tmp_path, state, seed=2)
