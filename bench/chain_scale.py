@@ -120,6 +120,7 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
                blocks: int, key) -> dict:
     import psutil
 
+    from morphogen.client.wire import encode_sparse_updates
     from morphogen.keyword.descriptor import Anchor
     from morphogen.keyword.owner import OwnerTable, create_owner_dir
     from morphogen.keyword.publishing import ROTATE_ABOVE
@@ -141,6 +142,7 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
     addrs, slots = list(addrs), list(slots)
     applies, pages, owner_bytes, party_in, party_log, forms = [], [], 0, 0, 0, []
     version_bytes: list[int] = []
+    batch_bytes: list[int] = []
     full_flags: list[bool] = []
     for b in range(blocks):
         changes = block_changes(rng, addrs, slots, b + 2)
@@ -154,6 +156,7 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
         full = owner.store.is_full(version)
         written = _version_bytes(owner_dir, version)
         version_bytes.append(written)
+        batch_bytes.append(owner.store.batch_bytes(version))
         full_flags.append(full)
         if policy == "before":
             rotate, parts = n > REQUEST_PAGES, 1
@@ -165,10 +168,15 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
             # the version's snapshot staged for the rotation, then loaded by each party
             owner_bytes += table_bytes
             party_in += table_bytes
-        else:
+        elif policy == "before":  # whole pages, in the log as they came
             party_in += n * 4096
-            # parts staged in the log store, then the batch's file: each written once
-            party_log += (2 if parts > 1 else 1) * n * (4096 + 9)
+            party_log += n * (4096 + 9)
+        else:  # what goes over the wire and into each party's log: the bytes that changed
+            party_in += sum(len(encode_sparse_updates(batch[i:i + REQUEST_PAGES]))
+                            for i in range(0, n, REQUEST_PAGES))
+            staged = sum(_blob_bytes(batch[i:i + REQUEST_PAGES])
+                         for i in range(0, n, REQUEST_PAGES)) if parts > 1 else 0
+            party_log += staged + _blob_bytes(batch)  # the parts, then the batch's file
         _log(f"  {policy}: block {b + 1}/{blocks}: {n} pages, {'full' if full else 'diff'} "
              f"{written / 2**20:.1f} MiB, apply {applies[-1]:.2f} s")
     owner.wait_checkpoints()
@@ -176,11 +184,11 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
     checkpoints = sum(owner.store.is_full(v) for v in range(2, blocks + 2))
     del owner
     gc.collect()
-    block_pages = statistics.median(pages)
     if policy == "before":  # one full copy every OLD_FULL_EVERY versions
         share = full_copy / OLD_FULL_EVERY
-    else:  # one full copy (through a raw file of the pages) each time the diffs add up
-        share = (full_copy + table_bytes) * block_pages / table_pages
+    else:  # one full copy (through a raw file of the pages) each time the batches' bytes
+        # add up to the table's
+        share = (full_copy + table_bytes) * statistics.mean(batch_bytes) / table_bytes
     diffs = [w for w, f in zip(version_bytes, full_flags, strict=True) if not f]
     staged = table_bytes * forms.count("rotation") / blocks
     return {"table_pages": table_pages, "table_mib": round(table_bytes / 2**20, 1),
@@ -198,6 +206,15 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
             "party_log_mib_per_block": round(party_log / blocks / 2**20, 2),
             "forms": forms, "owner_resident_mib": round(rss / 2**20),
             "owner_resident_mib_after_blocks": round(rss_after / 2**20)}
+
+
+def _blob_bytes(batch) -> int:
+    """The bytes of a party's log file of `batch` (`publication.records.encode_batch`)."""
+    from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
+    from morphogen.publication.records import encode_batch
+
+    changes = [PageWrite(p, d) if k == "data" else PageUpdate(p, d) for p, k, d in batch]
+    return sum(len(x) for x in encode_batch(ChangeBatch.from_changes(changes)))
 
 
 def _anon(psutil) -> int:

@@ -16,7 +16,12 @@ import msgpack
 import numpy as np
 
 from morphogen.client.drivers import PirError, _error_from_response
-from morphogen.client.wire import PirUnavailable, Transient, encode_updates
+from morphogen.client.wire import (
+    PirUnavailable,
+    Transient,
+    encode_sparse_updates,
+    encode_updates,
+)
 from morphogen.constants import PAGE_SIZE
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
@@ -46,7 +51,10 @@ class AdminClient:
         encoding: str = "msgpack",
         timeout_s: float = 600.0,
         transport: httpx.BaseTransport | None = None,
+        sparse: bool | None = None,
     ) -> None:
+        """`sparse`: send batches as their changed bytes (True), as lists of pages (False), or
+        as the party's status says it takes them (None, asked once)."""
         if encoding not in ("json", "msgpack"):
             raise ValueError("encoding is 'json' or 'msgpack'")
         self.encoding = encoding
@@ -61,6 +69,7 @@ class AdminClient:
         self._connect = connect
         self._http = connect()
         self._max_updates: int | None = None
+        self._sparse: bool | None = sparse
 
     def __repr__(self) -> str:
         return f"AdminClient({str(self._http.base_url)!r})"
@@ -119,7 +128,7 @@ class AdminClient:
         More changes than `max_per_request` (the party's `admin_max_updates`) go as one
         publication in several requests, published whole by the last."""
         if max_per_request is None or len(changes) <= max_per_request:
-            return self._send(ADMIN_UPDATES_PATH, body=encode_updates(changes, self.encoding),
+            return self._send(ADMIN_UPDATES_PATH, body=self._updates_body(changes),
                               publication=publication, parent=parent)
         return self._in_parts(changes, publication or f"pub-{secrets.token_hex(12)}", parent,
                               max_per_request)
@@ -130,7 +139,7 @@ class AdminClient:
         chunks = [changes[i:i + per_request] for i in range(0, len(changes), per_request)]
 
         def send(i: int) -> dict:
-            return self._send(ADMIN_UPDATES_PATH, body=encode_updates(chunks[i], self.encoding),
+            return self._send(ADMIN_UPDATES_PATH, body=self._updates_body(chunks[i]),
                               publication=publication, parent=parent,
                               extra={PART_HEADER: f"{i + 1}/{len(chunks)}",
                                      BATCH_HEADER: digest})
@@ -150,6 +159,21 @@ class AdminClient:
             send(i)
         return send(len(chunks) - 1)
 
+    def _updates_body(self, changes: Sequence[tuple[int, str, bytes]]) -> bytes:
+        if self.encoding == "msgpack" and self.sparse():
+            return encode_sparse_updates(changes)
+        return encode_updates(changes, self.encoding)
+
+    def sparse(self) -> bool:
+        """Whether this party takes a batch as its changed bytes (its status says; one of an
+        earlier version does not, and is sent whole pages)."""
+        if self._sparse is None:
+            try:
+                self._capabilities(self.status())
+            except (PirError, httpx.HTTPError):
+                return False  # whole pages this time; asked again with the next batch
+        return bool(self._sparse)
+
     def snapshot(self, path: str, publication: str | None = None,
                  parent: str | None = None) -> dict:
         """Rotate to the snapshot at `path` (under the server's admin_snapshot_dir)."""
@@ -160,9 +184,14 @@ class AdminClient:
         """The most updates this party takes in one request (its status says; a party of an
         earlier version does not, and takes the default)."""
         if self._max_updates is None:
-            self._max_updates = int(self.status().get("admin_max_updates")
-                                    or MAX_ADMIN_UPDATES)
+            self._capabilities(self.status())
+        assert self._max_updates is not None
         return self._max_updates
+
+    def _capabilities(self, status: dict) -> None:
+        self._max_updates = int(status.get("admin_max_updates") or MAX_ADMIN_UPDATES)
+        if self._sparse is None:
+            self._sparse = bool(status.get("admin_sparse_updates"))
 
     def head(self) -> tuple[str | None, list[str]]:
         """The identity the party serves (its log's head) and its recent publication ids."""

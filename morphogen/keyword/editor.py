@@ -60,6 +60,7 @@ class Editor:
         self.desc, self.pages, self.keys, self.rng = desc, pages, keys, rng
         self.g = desc.geometry
         self.dirty: set[int] = set()
+        self.before: dict[int, np.ndarray] = {}  # a dirty page as it was: the batch is XORs
         self.records = desc.records
         self._cands: dict[bytes, tuple[int, int, int]] = {}
         self.key_puts: dict[bytes, bytes] = {}  # the key changes a diff version keeps
@@ -70,6 +71,8 @@ class Editor:
 
     def _write(self, bucket: int, slot: int, tag: bytes, value: bytes) -> None:
         page, off = self._slot(bucket, slot)
+        if page not in self.before:
+            self.before[page] = self.pages[page].copy()
         self.pages[page, off:off + TAG_SIZE] = np.frombuffer(tag, np.uint8)
         self.pages[page, off + TAG_SIZE:off + self.g.slot_size] = np.frombuffer(value, np.uint8)
         self.dirty.add(page)

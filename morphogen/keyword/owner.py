@@ -7,7 +7,7 @@ pointer to the current one::
     owner.json        {"current": 3, "published": 2, ...}   replaced atomically
     v000001/snapshot  the table as the parties serve it (manifest.json + pages.bin)
     v000001/keys/     tag -> key in files (eviction needs the keys; they never leave the owner)
-    v000002/batch.msgpack  the page updates that turn version 1 into version 2 (+ key changes)
+    v000002/batch.bin  the page updates that turn version 1 into version 2 (+ key changes)
 
 An update never touches a version in place: it builds the next version in a temporary
 directory, renames it into place, and only then moves the pointer, so a crash at any step
@@ -44,7 +44,7 @@ from morphogen.keyword.key_index import KeyIndex
 from morphogen.keyword.pages import records_in
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import public_bytes
-from morphogen.keyword.tree import rehash, root_of
+from morphogen.keyword.tree import FANOUT, rehash, root_of
 from morphogen.keyword.versions import VersionStore
 from morphogen.storage.durable import write_atomic
 
@@ -53,12 +53,12 @@ log = logging.getLogger(__name__)
 OWNER_FILE = "owner.json"
 WRITER_LOCK = "writer.lock"
 OWNER_FORMAT = "morphogen-keyword-owner/1"
-# A full copy once the versions since the last one hold as many changed pages as the table:
+# A full copy once the versions' batches since the last one take as many bytes as the table:
 # a copy then costs no more than the block stream it stands for, whatever the table's size,
 # and the versions on disk stay under two tables' worth. FULL_EVERY > 0 (an owner's choice)
 # also makes every FULL_EVERY-th version full.
 FULL_EVERY = 0
-DIFF_PAGES = "diff_pages"  # owner.json: pages written as diffs since the last full copy
+DIFF_BYTES = "diff_bytes"  # owner.json: bytes of the batches since the last full copy
 KEEP = 4  # published versions kept readable, besides every unpublished one
 RESIZED = "resized"  # owner.json: versions whose matrix has another page count than the last
 
@@ -303,22 +303,27 @@ class OwnerTable:
         # Every keyword table of the matrix moves to the new version, changed or not, so
         # that all of them name the same version and block.
         changed: list[int] = []
+        before: dict[int, np.ndarray] = {}
         now = int(time.time())
         for part in parts:
-            changed += self._sign(part, pages, editors[part.name], signing_key, now, anchor)
-        batch = [(i, "data", pages[i].tobytes()) for i in changed]
+            changed += self._sign(part, pages, editors[part.name], signing_key, now, anchor,
+                                  before)
+        # each page as its XOR with the page before: a few dozen bytes of a 4 KiB page change
+        # (a slot, a hash a tree level, the descriptor), so stored and sent as the bytes that
+        # changed, a block costs what it changed rather than what it touched
+        batch = [(i, "diff", (pages[i] ^ before[i]).tobytes()) for i in changed]
         key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
         key_dels = {t for e in editors.values() for t in e.key_dels}
         version = self.current + 1
-        since = int(self.state.get(DIFF_PAGES, 0)) + len(batch)
         every = int(self.state.get("full_every", FULL_EVERY))
         full = every > 0 and (version - 1) % every == 0
-        # the diffs since the last full copy add up to the table: this version becomes one,
-        # after the fact (`_checkpoint`), so the version itself is written as a diff
-        due = not full and since >= len(pages) and self._checkpoint_free()
         self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
                          key_dels=key_dels, batch=batch)
-        self.state[DIFF_PAGES] = 0 if full or due else since
+        since = int(self.state.get(DIFF_BYTES, 0)) + self.store.batch_bytes(version)
+        # the batches since the last full copy add up to the table: this version becomes one,
+        # after the fact (`_checkpoint`), so the version itself is written as a diff
+        due = not full and since >= pages.nbytes and self._checkpoint_free()
+        self.state[DIFF_BYTES] = 0 if full or due else since
         self.state["current"] = version
         self.state["last_changes"] = changes_id  # moves with the pointer, in one write
         if note is not None:
@@ -370,7 +375,7 @@ class OwnerTable:
                              key_dels=set(), batch=batch)
             self.state["current"] = version
             self.state["last_changes"] = None
-            self.state[DIFF_PAGES] = 0
+            self.state[DIFF_BYTES] = 0
             self.state.setdefault(RESIZED, []).append(version)
             self.save()
             self._prune()
@@ -378,14 +383,23 @@ class OwnerTable:
 
     @staticmethod
     def _sign(part: Part, pages: np.ndarray, editor: Editor, signing_key: Ed25519PrivateKey,
-              now: int, anchor: Anchor | None) -> list[int]:
+              now: int, anchor: Anchor | None,
+              before: dict[int, np.ndarray] | None = None) -> list[int]:
         """Rehash the paths of `editor`'s dirty pages and sign the part's next descriptor, in
-        `pages`; returns the matrix pages written (data, tree, descriptor, in order)."""
+        `pages`; returns the matrix pages written (data, tree, descriptor, in order).
+        `before` gets each of them as it was (matrix page -> its bytes)."""
         desc, g, at = part.descriptor, part.descriptor.geometry, part.first
         sub = pages[at:at + part.span]
         # the changed pages' paths up to the root go in the same batch: a reader sees the
         # new pages with the new tree and descriptor, or none of them
         levels = [sub[g.level_first(k):g.level_first(k) + n] for k, n in enumerate(g.levels, 1)]
+        if before is not None:
+            before.update((at + i, page) for i, page in editor.before.items())
+            below = editor.dirty
+            for k, level in enumerate(levels, 1):
+                below = {i // FANOUT for i in below}
+                before.update((at + g.level_first(k) + i, level[i].copy()) for i in below)
+            before[at + g.descriptor_page] = sub[g.descriptor_page].copy()
         written = rehash(levels, sub[:g.data_pages], editor.dirty)
         new_desc = desc.bumped(root_of(levels[-1][0]), editor.records, time=now, anchor=anchor)
         sub[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)

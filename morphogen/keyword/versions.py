@@ -5,17 +5,18 @@ Layout of a version directory (``v000007/``):
 - a *full* version holds ``snapshot/`` (the table as the parties serve it) and ``keys/``
   (tag -> key, which eviction needs and which never leaves the owner: a `KeyIndex`, read and
   copied as files; directories written before it hold ``keys.msgpack`` instead, still read);
-- a *diff* version holds only what changed from the version before: ``batch.msgpack`` (the
-  re-signed pages, the batch the parties are sent) and ``keys-diff.msgpack`` (keys added and
-  removed).
+- a *diff* version holds only what changed from the version before: ``batch.bin`` (the
+  batch the parties are sent: each re-signed page as its XOR with the page before, stored as
+  the bytes that changed, `morphogen.protocol.sparse`) and ``keys-diff.msgpack`` (keys added
+  and removed). Directories written before hold ``batch.msgpack`` (whole pages), still read.
 
-Every version after the first holds ``batch.msgpack``, full or not, since publishing sends it.
-Reading version *v* opens the last full version at or before it and lays the batches after it
-on top, in order: each batch holds whole pages, so the result is byte for byte the full copy
-*v* would have been. A full copy once the batches since the last one add up to the table's
-pages (`morphogen.keyword.owner.FULL_EVERY`) bounds that work by one table's worth, and costs
-no more than the batches it stands for; it is added to a diff version after the fact
-(`checkpoint`), off the path of the next versions.
+Every version after the first holds a batch, full or not, since publishing sends it. Reading
+version *v* opens the last full version at or before it and applies the batches after it in
+order (a diff XORed in, a whole page written over), so the result is byte for byte the full
+copy *v* would have been. A full copy once the batches since the last one add up to the
+table's bytes (`morphogen.keyword.owner.FULL_EVERY`) bounds that work by one table's worth of
+batches, and costs no more than the batches it stands for; it is added to a diff version after
+the fact (`checkpoint`), off the path of the next versions.
 
 A version is written to a temporary directory and renamed into place before the owner's
 pointer moves to it, so a crash leaves no half version under a version's name. Pruning renames
@@ -38,6 +39,7 @@ from morphogen.keyword.descriptor import parts_of, tables_of
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.key_index import KeyIndex, slots_for
 from morphogen.keyword.layout import TAG_SIZE
+from morphogen.protocol import sparse
 from morphogen.snapshot.manifest import DATA_FILE
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
@@ -49,7 +51,8 @@ SNAPSHOT = "snapshot"
 KEYS = "keys.msgpack"  # the keys of a full version written before `KEYS_DIR`
 KEYS_DIR = "keys"
 KEYS_DIFF = "keys-diff.msgpack"
-BATCH = "batch.msgpack"
+BATCH = "batch.bin"
+OLD_BATCH = "batch.msgpack"  # whole pages, [[page, kind, bytes], ..]
 
 
 class VersionGone(LookupError):
@@ -69,6 +72,41 @@ def _pack(path: Path, obj: object) -> None:
 
 def _unpack(path: Path) -> object:
     return msgpack.unpackb(path.read_bytes(), raw=False)
+
+
+def _write_batch(path: Path, batch: Batch) -> None:
+    dense = bytearray(len(batch) * PAGE_SIZE)
+    for i, (_, _, data) in enumerate(batch):
+        dense[i * PAGE_SIZE:i * PAGE_SIZE + len(data)] = data
+    _pack(path, {"pages": np.array([p for p, _, _ in batch], "<i8").tobytes(),
+                 "data": bytes(k == "data" for _, k, _ in batch),
+                 "bytes": sparse.pack(dense)})
+
+
+def apply_batch(pages: np.ndarray, batch: Batch) -> None:
+    """`batch` applied to `pages` in place, as a party applies it: a diff XORed in, a page
+    (zero-padded) written over."""
+    for page, kind, data in batch:
+        if kind == "diff":
+            pages[page] ^= np.frombuffer(data, np.uint8)
+        else:
+            pages[page] = 0
+            pages[page, :len(data)] = np.frombuffer(data, np.uint8)
+
+
+def _apply_batch(pages: np.ndarray, batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """A batch (`VersionStore.batch_arrays`) applied to `pages` (an array or a mapped file)."""
+    where, whole, rows = batch
+    if len(np.unique(where)) == len(where):
+        pages[where[whole]] = rows[whole]
+        diffs = where[~whole]
+        pages[diffs] ^= rows[~whole]
+        return
+    for page, data, row in zip(where.tolist(), whole.tolist(), rows, strict=True):
+        if data:  # a page changed twice in one batch: in order
+            pages[page] = row
+        else:
+            pages[page] ^= row
 
 
 class VersionStore:
@@ -100,7 +138,7 @@ class VersionStore:
             _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
                                     "del": sorted(key_dels)})
         if batch is not None:
-            _pack(tmp / BATCH, [[p, k, d] for p, k, d in batch])
+            _write_batch(tmp / BATCH, batch)
         if final.exists():  # left by a crash after the rename, before the pointer moved
             self._remove(final)
         os.replace(tmp, final)
@@ -108,10 +146,36 @@ class VersionStore:
         return final
 
     def batch(self, version: int) -> Batch:
-        path = vdir(self.root, version) / BATCH
-        if not path.is_file():
-            raise VersionGone(f"version {version} is no longer kept ({path} is gone)")
-        return [(int(p), str(k), bytes(d)) for p, k, d in _unpack(path)]  # type: ignore[union-attr]
+        """`version`'s changes as (page, "diff" | "data", 4096 bytes)."""
+        where, whole, rows = self.batch_arrays(version)
+        return [(p, "data" if w else "diff", rows[i].tobytes())
+                for i, (p, w) in enumerate(zip(where.tolist(), whole.tolist(), strict=True))]
+
+    def batch_arrays(self, version: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`version`'s changes as arrays: pages, whether each is a whole page (else an XOR
+        diff), and the (n, 4096) bytes."""
+        folder = vdir(self.root, version)
+        if (folder / BATCH).is_file():
+            doc = _unpack(folder / BATCH)
+            where = np.frombuffer(doc["pages"], "<i8").astype(np.int64)  # type: ignore[index]
+            whole = np.frombuffer(doc["data"], np.uint8).astype(bool)  # type: ignore[index]
+            dense = sparse.unpack(doc["bytes"], len(where) * PAGE_SIZE)  # type: ignore[index]
+            return where, whole, np.frombuffer(dense, np.uint8).reshape(-1, PAGE_SIZE)
+        if (folder / OLD_BATCH).is_file():
+            items = _unpack(folder / OLD_BATCH)
+            rows = np.zeros((len(items), PAGE_SIZE), np.uint8)  # type: ignore[arg-type]
+            for i, (_, _, d) in enumerate(items):  # type: ignore[union-attr]
+                rows[i, :len(d)] = np.frombuffer(d, np.uint8)
+            return (np.array([int(p) for p, _, _ in items], np.int64),  # type: ignore[union-attr]
+                    np.array([k == "data" for _, k, _ in items], bool),  # type: ignore[union-attr]
+                    rows)
+        raise VersionGone(f"version {version} is no longer kept ({folder / BATCH} is gone)")
+
+    def batch_bytes(self, version: int) -> int:
+        """What `version`'s batch takes on disk."""
+        folder = vdir(self.root, version)
+        return sum(p.stat().st_size for p in (folder / BATCH, folder / OLD_BATCH)
+                   if p.is_file())
 
     def _base(self, version: int) -> int:
         """The last full version at or before `version`, every version between it and
@@ -137,8 +201,7 @@ class VersionStore:
         with Snapshot.open(vdir(self.root, base) / SNAPSHOT) as snap:
             pages = np.array(snap.read_verified(), dtype=np.uint8)
         for v in range(base + 1, version + 1):
-            for page, _kind, data in self.batch(v):
-                pages[page] = np.frombuffer(data, np.uint8)
+            _apply_batch(pages, self.batch_arrays(v))
         return pages
 
     def keys(self, version: int) -> dict[bytes, bytes]:
@@ -201,12 +264,13 @@ class VersionStore:
         time. Durable when it returns."""
         base = self._base(version)
         shutil.copyfile(vdir(self.root, base) / SNAPSHOT / DATA_FILE, path)
-        with path.open("r+b") as f:
+        if version > base:
+            mapped = np.memmap(path, np.uint8, "r+").reshape(-1, PAGE_SIZE)
             for v in range(base + 1, version + 1):
-                for page, _kind, data in self.batch(v):
-                    f.seek(page * PAGE_SIZE)
-                    f.write(data.ljust(PAGE_SIZE, b"\0"))
-            f.flush()
+                _apply_batch(mapped, self.batch_arrays(v))
+            mapped.flush()
+            del mapped
+        with path.open("r+b") as f:
             os.fsync(f.fileno())
 
     def checkpoint(self, version: int) -> bool:

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, StrictBytes, StrictInt, StrictStr, V
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.party.wire import JSON, decode_body, request_encoding, validation_message
+from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, from_hex
 from morphogen.publication.records import MAX_PARTS
@@ -17,6 +18,9 @@ from morphogen.publication.records import MAX_PARTS
 # POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}
 #   diff: exactly 4096 bytes XORed into the page; data: the page's new content (at most 4096
 #   bytes, zero-padded). msgpack: the same with raw bytes. Applied in order, as one epoch.
+# msgpack only, the same batch as its changed bytes (`morphogen.protocol.sparse`):
+#   {"batch": {"pages": <n little-endian int64>, "replace": <n bytes, 1 = data>,
+#              "data": <sparse form of the n * 4096 bytes>}}
 # POST /admin/snapshot {"path": "relative/to/admin_snapshot_dir"}
 # A publication larger than one request goes as several updates requests under one id, each
 # with `Morphogen-Part: I/N` and `Morphogen-Batch: <digest of the whole batch>`.
@@ -54,6 +58,18 @@ class _BinUpdates(BaseModel):
     updates: list[_BinChange]
 
 
+class _SparseBatch(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+    pages: StrictBytes
+    replace: StrictBytes
+    data: StrictBytes
+
+
+class _SparseUpdates(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    batch: _SparseBatch
+
+
 class _SnapshotRequest(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
     path: StrictStr
@@ -70,6 +86,8 @@ def parse_updates(
     numbers, never page contents)."""
     encoding = request_encoding(content_type)
     data = decode_body(body, encoding)
+    if encoding != JSON and isinstance(data, dict) and "batch" in data:
+        return _sparse_updates(data, num_pages=num_pages, max_updates=max_updates)
     model: type[BaseModel] = _HexUpdates if encoding == JSON else _BinUpdates
     try:
         parsed = model.model_validate(data)
@@ -105,6 +123,32 @@ def parse_updates(
         replace[i] = item.data is not None
         blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
     return ChangeBatch(pages, replace, bytes(blob))
+
+
+def _sparse_updates(data: dict, *, num_pages: int, max_updates: int) -> ChangeBatch:
+    try:
+        batch = _SparseUpdates.model_validate(data).batch
+    except ValidationError as exc:
+        raise WireError(422, ErrorCode.INVALID_FIELD, validation_message(exc)) from None
+    n = len(batch.pages) // 8
+    if len(batch.pages) % 8 or len(batch.replace) != n:
+        raise _bad_update("batch.pages is 8 bytes a change and batch.replace 1 byte a change")
+    if not 1 <= n <= max_updates:
+        raise _bad_update(f"a request holds 1..{max_updates} updates, got {n}")
+    pages = np.frombuffer(batch.pages, "<i8").astype(np.int64)
+    flags = np.frombuffer(batch.replace, np.uint8)
+    outside = np.flatnonzero((pages < 0) | (pages >= num_pages))
+    if len(outside):
+        i = int(outside[0])
+        raise _bad_update(
+            f"update {i}: page {int(pages[i])} is outside the matrix of {num_pages} pages")
+    if int(flags.max()) > 1:
+        raise _bad_update("batch.replace holds 0 (diff) or 1 (data) a change")
+    try:
+        dense = sparse.unpack(batch.data, n * PAGE_SIZE)
+    except sparse.SparseError as exc:
+        raise _bad_update(f"batch.data: {exc}") from None
+    return ChangeBatch(pages, flags.astype(bool), dense)
 
 
 def publication_id(header: str | None) -> str | None:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.identity import EpochIdentity, batch_digest
 
@@ -33,7 +34,8 @@ MARKER_FILE = "log.json"
 LOG_FORMAT = 2
 FRAME_MAGIC = b"MGL2"
 OLD_MAGIC = b"MGL1"
-BLOB_MAGIC = b"MGB1"
+BLOB_MAGIC = b"MGB1"  # the data as n whole pages (still read)
+SPARSE_MAGIC = b"MGB2"  # the data as its changed bytes (`morphogen.protocol.sparse`)
 # The length is stored twice (plain and inverted) so that a damaged length in the last record
 # reads as corruption, not as a torn tail that a writer would silently cut off.
 FRAME = struct.Struct("<4sII16s")
@@ -401,9 +403,13 @@ def check_marker(where: str, log_id: str, fmt: int, expect: str | None) -> str:
 
 
 def encode_batch(batch: ChangeBatch) -> tuple[bytes, ...]:
-    """The parts of an update batch file, in order."""
+    """The parts of an update batch file, in order: its data as the bytes that changed (a
+    block's XOR diffs are nearly all zeros), or as whole pages where that is no larger."""
     pages = np.ascontiguousarray(batch.pages, "<i8").tobytes()
     flags = np.ascontiguousarray(batch.replace, np.uint8).tobytes()
+    packed = sparse.pack(batch.data)
+    if len(packed) < len(batch.data):
+        return _BLOB.pack(SPARSE_MAGIC, PAGE_SIZE, len(batch)), pages, flags, packed
     return _BLOB.pack(BLOB_MAGIC, PAGE_SIZE, len(batch)), pages, flags, batch.data
 
 
@@ -425,16 +431,24 @@ def decode_part(raw: bytes, path: str | Path) -> ChangeBatch:
 def _decoded(raw: bytes, path: str | Path, count: int | None
              ) -> tuple[np.ndarray, np.ndarray, bytes]:
     magic, page_size, n = _BLOB.unpack_from(raw[: _BLOB.size].ljust(_BLOB.size, b"\0"))
-    if len(raw) < _BLOB.size or magic != BLOB_MAGIC or page_size != PAGE_SIZE:
+    if len(raw) < _BLOB.size or magic not in (BLOB_MAGIC, SPARSE_MAGIC) \
+            or page_size != PAGE_SIZE:
         raise EpochLogError(f"{path}: not an update batch file ({len(raw)} bytes, bad "
                             "header)")
-    want = _BLOB.size + n * (8 + 1 + PAGE_SIZE)
-    if (count is not None and n != count) or len(raw) != want:
+    head = _BLOB.size + n * 9
+    want = head + n * PAGE_SIZE
+    if ((count is not None and n != count) or len(raw) < head
+            or (magic == BLOB_MAGIC and len(raw) != want)):
         named = f", the record names {count} changes" if count is not None else ""
-        raise EpochLogError(f"{path}: {len(raw)} bytes for {n} changes{named} ({want} bytes "
-                            "expected)")
+        size = f" ({want} bytes expected)" if magic == BLOB_MAGIC else ""
+        raise EpochLogError(f"{path}: {len(raw)} bytes for {n} changes{named}{size}")
     pages = np.frombuffer(raw, "<i8", n, _BLOB.size).astype(np.int64)
     flags = np.frombuffer(raw, np.uint8, n, _BLOB.size + 8 * n)
     if n and int(flags.max()) > 1:
         raise EpochLogError(f"{path}: replace flags other than 0 and 1 (corrupt)")
-    return pages, flags, raw[_BLOB.size + 9 * n :]
+    if magic == BLOB_MAGIC:
+        return pages, flags, raw[head:]
+    try:
+        return pages, flags, sparse.unpack(memoryview(raw)[head:], n * PAGE_SIZE)
+    except sparse.SparseError as exc:
+        raise EpochLogError(f"{path}: {exc} (corrupt)") from None

@@ -174,3 +174,41 @@ def test_a_publication_larger_than_a_request_goes_in_parts_through_any_router(
     finally:
         serve.delete("qa")
         serve.delete("qb")
+
+
+def test_a_batch_sent_as_its_changed_bytes_is_the_batch_sent_whole(
+        parties, tmp_path: Path) -> None:
+    """A block's XOR diffs (a few dozen bytes of each page) sent to A as runs of changed
+    bytes and to B as whole pages: one identity on both, the same pages served, and each
+    party's log file of the batch (which a party writes as runs, however it came) a small
+    fraction of its pages."""
+    import numpy as np
+    from ray import serve
+
+    snaps, token = rotation_snapshots(tmp_path, PAGES, 120, seed=35, token=TOKEN)
+    for name in ("sa", "sb"):
+        deploy(parties, name, snapshot=str(snaps / "base"), num_shards=2,
+               admin_token_file=str(token), epoch_log_dir=str(tmp_path / f"log-{name}"))
+    url_a, url_b = parties.app_url("sa"), parties.app_url("sb")
+    rng = np.random.default_rng(6)
+    changes = []
+    for page in rng.choice(PAGES, 60, replace=False).tolist():
+        diff = np.zeros(4096, np.uint8)
+        at = int(rng.integers(0, 4096 - 48))
+        diff[at:at + 48] = rng.integers(1, 256, 48)  # a slot's tag and value
+        changes.append((page, "diff", diff.tobytes()))
+    try:
+        with AdminClient(url_a, TOKEN, timeout_s=30) as adm_a, \
+                AdminClient(url_b, TOKEN, timeout_s=30, sparse=False) as adm_b:
+            assert adm_a.sparse() and adm_a.status()["admin_sparse_updates"] is True
+            outs = [adm.updates(changes, "pub-runs") for adm in (adm_a, adm_b)]
+            assert outs[0]["identity"] == outs[1]["identity"] and outs[0]["applied"] == 60
+            model = apply_changes(synthetic_pages(35, 0, PAGES), changes)
+            _read_until_ok(url_a, url_b, model, sorted(p for p, _, _ in changes)[:20])
+        for name in ("sa", "sb"):
+            files = list((tmp_path / f"log-{name}").rglob("updates-*.bin"))
+            assert len(files) == 1 and files[0].read_bytes()[:4] == b"MGB2"
+            assert files[0].stat().st_size < 60 * 4096 / 20
+    finally:
+        serve.delete("sa")
+        serve.delete("sb")

@@ -26,7 +26,9 @@ def _parties(script: dict[str, list[httpx.Response]], seen: list[tuple[str, str]
                                          "publication": request.headers.get(PUBLICATION_HEADER)})
 
     transport = httpx.MockTransport(route)
-    return [AdminClient(f"http://{h}", TOKEN, transport=transport) for h in ("a", "b")]
+    # the list form: every request the client sends is one the script answers
+    return [AdminClient(f"http://{h}", TOKEN, transport=transport, sparse=False)
+            for h in ("a", "b")]
 
 
 def test_a_dead_router_is_answered_by_a_resend_of_the_same_id() -> None:

@@ -721,7 +721,7 @@ def test_a_damaged_blob_is_refused_naming_the_file(log: EpochLog, rng, damage: s
     elif damage == "header":
         blob.write_bytes(raw[:6])
     elif damage == "magic":
-        blob.write_bytes(b"MGB2" + raw[4:])
+        blob.write_bytes(b"MGB9" + raw[4:])
     elif damage == "longer":
         blob.write_bytes(bytes(raw) + bytes(4096))
     else:

@@ -18,6 +18,7 @@ from morphogen.keyword import build_table
 from morphogen.keyword.overlapped import OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import Form, publish
+from morphogen.keyword.versions import apply_batch
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 
@@ -38,8 +39,7 @@ class Party:
             return {"identity": self.log[pub], "duplicate": True}
         if parent is not None and parent != self.head:
             raise Refused(f"{pub}: parent {parent}, head {self.head}")
-        for page, _kind, data in batch:
-            self.pages[page] = np.frombuffer(data, np.uint8)
+        apply_batch(self.pages, batch)
         self.head = hashlib.sha256((self.head + pub).encode()).hexdigest()[:16]
         self.log[pub] = self.head
         self.applied.append(pub)

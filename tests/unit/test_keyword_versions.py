@@ -18,7 +18,7 @@ from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
 from morphogen.keyword.records import RecordError
-from morphogen.keyword.versions import VersionGone
+from morphogen.keyword.versions import VersionGone, apply_batch
 from morphogen.snapshot.reader import Snapshot
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -50,6 +50,11 @@ def _changes(rng: random.Random, recs: dict[bytes, bytes], n: int) -> list[Chang
     return out
 
 
+def _rewrites(rng: random.Random, recs: dict[bytes, bytes], n: int) -> list[Change]:
+    """New values for `n` records (the table does not grow): a batch of some weight."""
+    return [Change("put", k, rng.randbytes(32)) for k in rng.sample(sorted(recs), n)]
+
+
 def _follow(recs: dict[bytes, bytes], changes: list[Change]) -> None:
     for c in changes:
         if c.op == "put":
@@ -71,8 +76,9 @@ def test_every_retained_version_reads_as_its_full_copy(tmp_path: Path) -> None:
         full[version] = owner.pages().copy()
         # what a full copy of the new version holds: the previous one plus its batch
         expected = full[version - 1].copy()
-        for page, _kind, data in owner.unpublished()[-1][2]:
-            expected[page] = np.frombuffer(data, np.uint8)
+        for page, kind, data in owner.unpublished()[-1][2]:
+            assert kind == "diff"  # the page XOR the page before
+            expected[page] ^= np.frombuffer(data, np.uint8)
         assert np.array_equal(full[version], expected)
     root = tmp_path / "o"
     assert [v for v in range(1, 10) if (root / f"v{v:06d}" / "snapshot").is_dir()] == [1, 4, 7]
@@ -174,8 +180,7 @@ class FakeParties:
 
     def updates(self, pub, batch):
         def apply_to(party: FakeParty) -> None:
-            for page, _kind, data in batch:
-                party.pages[page] = np.frombuffer(data, np.uint8)
+            apply_batch(party.pages, batch)
         return self._both(pub, "updates", apply_to)
 
     def snapshot(self, pub, path):
@@ -189,19 +194,21 @@ class FakeParties:
 
 def test_a_full_copy_comes_once_the_diffs_since_the_last_add_up_to_the_table(
         tmp_path: Path) -> None:
-    """By default the owner writes a full copy only when the batches since the last one hold
-    as many pages as the table: what it writes a block is the block's pages, amortized."""
+    """By default the owner writes a full copy only when the batches since the last one take
+    as many bytes as the table: what it writes a block is the block's batch, amortized."""
     recs = _records(3000, seed=21)
     table, root = _owner_dir(tmp_path, recs)
     owner = OwnerTable(tmp_path / "o")
-    total = len(table.pages)
+    total = table.pages.nbytes
     rng = random.Random(22)
     sizes, copies = {}, {}
     for _ in range(14):
-        changes = _changes(rng, recs, 3)
+        changes = _changes(rng, recs, 3) + _rewrites(rng, recs, 300)
         version, batch = owner.apply(changes, KEY, rng=rng.randrange)
         _follow(recs, changes)
-        sizes[version], copies[version] = len(batch), owner.pages().copy()
+        # a batch is stored as the bytes that changed: far less than its pages
+        assert owner.store.batch_bytes(version) < len(batch) * 4096 / 4
+        sizes[version], copies[version] = owner.store.batch_bytes(version), owner.pages().copy()
         owner.mark_published(version)
     fulls = [v for v in sizes if (root / f"v{v:06d}" / "snapshot").is_dir()]
     assert fulls, "no full copy in 14 versions"
@@ -211,7 +218,7 @@ def test_a_full_copy_comes_once_the_diffs_since_the_last_add_up_to_the_table(
         assert (v in fulls) == (since >= total), (v, since, total)
         if v in fulls:
             since = 0
-    assert owner.state["diff_pages"] == since
+    assert owner.state["diff_bytes"] == since
     for v in range(max(fulls), 16):  # a full copy and the diffs after it read back whole
         assert np.array_equal(OwnerTable(root).pages(v), copies[v]), v
 
@@ -230,7 +237,7 @@ def test_a_full_copy_in_the_background_leaves_every_version_reading_as_before(
     rng = random.Random(32)
     copies, keys = {1: table.pages.copy()}, {1: dict(table.keys)}
     for _ in range(14):
-        changes = _changes(rng, recs, 3)
+        changes = _changes(rng, recs, 3) + _rewrites(rng, recs, 300)
         version, _ = owner.apply(changes, KEY, rng=rng.randrange)
         _follow(recs, changes)
         copies[version], keys[version] = owner.pages().copy(), owner.keys()
@@ -240,7 +247,7 @@ def test_a_full_copy_in_the_background_leaves_every_version_reading_as_before(
     assert not list(root.glob(".ckpt-*"))
     for v in fulls[1:]:
         # written as a diff, made full: both the batch the parties are sent and the copy
-        assert (root / f"v{v:06d}" / "batch.msgpack").is_file()
+        assert (root / f"v{v:06d}" / "batch.bin").is_file()
     reread = OwnerTable(root)
     for v in copies:
         assert np.array_equal(reread.pages(v), copies[v]), v
@@ -441,6 +448,37 @@ def test_a_directory_written_before_the_key_index_is_read_and_followed(tmp_path:
     assert _lookup(owner.pages(), keys) == [recs[k] for k in keys]
     assert OwnerTable(root).keys() == owner.keys()
     assert len(owner.keys()) == len(recs)
+
+
+def test_versions_written_as_whole_pages_are_read_and_made_full(tmp_path: Path) -> None:
+    """Diff versions once held `batch.msgpack`, each changed page whole: they read as before,
+    with the XOR batches written after them on top, a checkpoint of a later version goes
+    through them, and they are published as they were stored."""
+    import msgpack
+
+    recs = _records(1500, seed=71)
+    table, root = _owner_dir(tmp_path, recs)
+    owner = OwnerTable(root)
+    rng = random.Random(72)
+    copies = {1: table.pages.copy()}
+    for _ in range(3):
+        changes = _changes(rng, recs, 4)
+        version, _ = owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+        copies[version] = owner.pages().copy()
+    for v in (2, 3):  # as an earlier release wrote them
+        folder = root / f"v{v:06d}"
+        pages = [p for p, _, _ in owner.store.batch(v)]
+        (folder / "batch.msgpack").write_bytes(msgpack.packb(
+            [[p, "data", copies[v][p].tobytes()] for p in pages], use_bin_type=True))
+        (folder / "batch.bin").unlink()
+        assert [k for _, k, _ in owner.store.batch(v)] == ["data"] * len(pages)
+    reread = OwnerTable(root)
+    for v, pages in copies.items():
+        assert np.array_equal(reread.pages(v), pages), v
+    assert reread.store.checkpoint(4)
+    with Snapshot.open(root / "v000004" / "snapshot", verify=True) as snap:
+        assert np.array_equal(snap.read_verified(), copies[4])
 
 
 def test_a_checkpoint_killed_between_its_renames_is_made_again(tmp_path: Path) -> None:

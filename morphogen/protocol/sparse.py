@@ -1,0 +1,103 @@
+"""Page changes as the bytes that changed: a batch's data buffer with its zero runs left out.
+
+A block re-signs a few thousand pages but changes a few dozen bytes of each (a record's slot,
+a 32-byte hash in each tree page above it, the descriptor), so its XOR diffs are nearly all
+zeros. Sent and stored as whole pages, a block cost what it touched (4 KiB a page, more pages
+the larger the table); as runs of the bytes that differ it costs what it changed.
+
+Form (little-endian): ``u64 size`` (the dense buffer's length), ``u64 runs``, then ``runs``
+starts (u64, strictly increasing, each past the end of the run before), ``runs`` lengths
+(u32, each at least 1), then the runs' bytes back to back. Zero runs shorter than `GAP` bytes
+inside a change are kept (a run's 12 bytes of header cost more than they save).
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numba
+import numpy as np
+
+GAP = 12
+_HEAD = struct.Struct("<QQ")
+
+
+class SparseError(ValueError):
+    """Bytes that are not a sparse buffer, or not of the size expected."""
+
+
+@numba.njit(cache=True)
+def _runs(nz, gap):
+    """Starts and ends of the runs covering the nonzero positions `nz` (sorted), merging
+    runs closer than `gap`."""
+    starts = np.empty(len(nz), np.int64)
+    ends = np.empty(len(nz), np.int64)
+    k = 0
+    if len(nz):
+        starts[0] = nz[0]
+        ends[0] = nz[0] + 1
+        for i in range(1, len(nz)):
+            if nz[i] - ends[k] < gap:
+                ends[k] = nz[i] + 1
+            else:
+                k += 1
+                starts[k] = nz[i]
+                ends[k] = nz[i] + 1
+        k += 1
+    return starts[:k], ends[:k]
+
+
+@numba.njit(cache=True)
+def _gather(buf, starts, ends, out):
+    at = 0
+    for r in range(len(starts)):
+        n = ends[r] - starts[r]
+        out[at:at + n] = buf[starts[r]:ends[r]]
+        at += n
+
+
+@numba.njit(cache=True)
+def _scatter(payload, starts, lengths, out):
+    at = 0
+    for r in range(len(starts)):
+        n = lengths[r]
+        out[starts[r]:starts[r] + n] = payload[at:at + n]
+        at += n
+
+
+def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
+    """The sparse form of `data`."""
+    buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) \
+        else np.ascontiguousarray(data, np.uint8).reshape(-1)
+    starts, ends = _runs(np.flatnonzero(buf).astype(np.int64), GAP)
+    lengths = (ends - starts).astype("<u4")
+    payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
+    _gather(buf, starts, ends, payload)
+    return b"".join((_HEAD.pack(len(buf), len(starts)), starts.astype("<u8").tobytes(),
+                     lengths.tobytes(), payload.tobytes()))
+
+
+def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
+    """The dense buffer of `size` bytes of a sparse form (SparseError when it is malformed or
+    of another size: the size comes from the caller, never from the bytes alone)."""
+    raw = memoryview(raw).cast("B")
+    if len(raw) < _HEAD.size:
+        raise SparseError(f"a sparse buffer starts with {_HEAD.size} bytes, got {len(raw)}")
+    total, runs = _HEAD.unpack_from(raw)
+    if total != size:
+        raise SparseError(f"the sparse buffer is of {total} bytes, {size} expected")
+    if runs > total or _HEAD.size + 12 * runs > len(raw):
+        raise SparseError(f"{runs} runs do not fit in {len(raw)} bytes")
+    starts = np.frombuffer(raw, "<u8", runs, _HEAD.size).astype(np.int64)
+    lengths = np.frombuffer(raw, "<u4", runs, _HEAD.size + 8 * runs).astype(np.int64)
+    body = _HEAD.size + 12 * runs
+    if runs:
+        ends = starts + lengths
+        if (int(lengths.min()) < 1 or int(starts[0]) < 0 or int(ends[-1]) > total
+                or bool((starts[1:] < ends[:-1]).any())):
+            raise SparseError("the runs overlap, are empty or leave the buffer")
+    if len(raw) - body != int(lengths.sum()):
+        raise SparseError(f"{len(raw) - body} bytes of runs, {int(lengths.sum())} named")
+    out = np.zeros(total, np.uint8)
+    _scatter(np.frombuffer(raw, np.uint8, len(raw) - body, body), starts, lengths, out)
+    return out.tobytes()

@@ -1,0 +1,203 @@
+"""Page changes as the bytes that changed (`morphogen.protocol.sparse`): the codec, the admin
+updates body that carries it and the party's log file that stores it. What is read back is
+the dense batch, byte for byte; anything malformed is refused with a clear error."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import numpy as np
+import pytest
+
+from morphogen.client.wire import encode_sparse_updates, encode_updates
+from morphogen.constants import PAGE_SIZE
+from morphogen.party import admin_wire
+from morphogen.protocol import sparse
+from morphogen.protocol.changes import ChangeBatch
+from morphogen.protocol.codec import MSGPACK_TYPE, WireError
+from morphogen.publication.records import (
+    BLOB_MAGIC,
+    SPARSE_MAGIC,
+    EpochLogError,
+    decode_part,
+    encode_batch,
+)
+
+
+def _diffs(rng: np.random.Generator, n: int, touched: int = 40) -> bytes:
+    """n XOR diffs that change `touched` scattered bytes each (slots, hashes)."""
+    dense = np.zeros((n, PAGE_SIZE), np.uint8)
+    for row in dense:
+        at = rng.integers(0, PAGE_SIZE - 48, touched // 8)
+        for a in at:
+            row[a:a + 8] = rng.integers(1, 256, 8)
+    return dense.tobytes()
+
+
+@pytest.mark.parametrize("shape", ["zeros", "dense", "scattered", "edges", "gaps"])
+def test_a_buffer_reads_back_whole(shape: str) -> None:
+    rng = np.random.default_rng(1)
+    buf = np.zeros(5 * PAGE_SIZE, np.uint8)
+    if shape == "dense":
+        buf[:] = rng.integers(1, 256, buf.size)
+    elif shape == "scattered":
+        buf[:] = np.frombuffer(_diffs(rng, 5), np.uint8)
+    elif shape == "edges":  # runs at the first and the last byte
+        buf[0], buf[-1] = 7, 9
+    elif shape == "gaps":  # zero gaps just under, at and over the merging gap
+        for at, gap in ((100, sparse.GAP - 1), (300, sparse.GAP), (500, sparse.GAP + 1)):
+            buf[at] = buf[at + gap + 1] = 5
+    packed = sparse.pack(buf)
+    assert sparse.unpack(packed, buf.size) == buf.tobytes()
+    if shape == "zeros":
+        assert len(packed) == 16  # the header alone
+
+
+def test_a_blocks_diffs_cost_what_changed() -> None:
+    dense = _diffs(np.random.default_rng(2), 1000)
+    assert len(sparse.pack(dense)) < len(dense) / 20
+
+
+def _damaged(packed: bytes, how: str) -> bytes:
+    total, runs = struct.unpack_from("<QQ", packed)
+    raw = bytearray(packed)
+    if how == "short":
+        return packed[:10]
+    if how == "size":
+        return struct.pack("<QQ", total + 1, runs) + packed[16:]
+    if how == "runs":  # more runs named than there are
+        return struct.pack("<QQ", total, runs + 1000) + packed[16:]
+    if how == "overlap":  # the second run starts inside the first
+        struct.pack_into("<Q", raw, 24, struct.unpack_from("<Q", raw, 16)[0])
+        return bytes(raw)
+    if how == "outside":  # the last run ends past the buffer
+        struct.pack_into("<Q", raw, 16 + 8 * (runs - 1), total)
+        return bytes(raw)
+    if how == "empty":  # a run of no bytes
+        struct.pack_into("<I", raw, 16 + 8 * runs, 0)
+        return bytes(raw)
+    if how == "extra":
+        return packed + b"\x01"
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["short", "size", "runs", "overlap", "outside", "empty",
+                                 "extra"])
+def test_a_malformed_buffer_is_refused(how: str) -> None:
+    dense = _diffs(np.random.default_rng(3), 3)
+    with pytest.raises(sparse.SparseError):
+        sparse.unpack(_damaged(sparse.pack(dense), how), len(dense))
+
+
+def _changes(rng: np.random.Generator, n: int) -> list[tuple[int, str, bytes]]:
+    dense = _diffs(rng, n)
+    out = []
+    for i in range(n):
+        kind = "data" if i % 5 == 0 else "diff"
+        raw = dense[i * PAGE_SIZE:(i + 1) * PAGE_SIZE]
+        out.append((int(rng.integers(0, 900)), kind, raw[:100] if kind == "data" else raw))
+    return out
+
+
+def test_the_sparse_body_is_the_same_batch_as_the_list_body() -> None:
+    changes = _changes(np.random.default_rng(4), 50)
+    as_list = admin_wire.parse_updates(encode_updates(changes), MSGPACK_TYPE, num_pages=1000,
+                                       max_updates=64)
+    body = encode_sparse_updates(changes)
+    as_runs = admin_wire.parse_updates(body, MSGPACK_TYPE, num_pages=1000, max_updates=64)
+    assert np.array_equal(as_runs.pages, as_list.pages)
+    assert np.array_equal(as_runs.replace, as_list.replace)
+    assert as_runs.data == as_list.data and as_runs.digest == as_list.digest
+    assert len(body) < len(encode_updates(changes)) / 10
+
+
+def _sparse_body(pages: bytes, replace: bytes, data: bytes, **extra) -> bytes:
+    return msgpack.packb({"batch": {"pages": pages, "replace": replace, "data": data,
+                                    **extra}}, use_bin_type=True)
+
+
+@pytest.mark.parametrize("case,status,message", [
+    ("outside", 400, "update 1: page 1000 is outside the matrix of 1000 pages"),
+    ("negative", 400, "update 0: page -1 is outside"),
+    ("too_many", 400, "a request holds 1..2 updates, got 3"),
+    ("none", 400, "a request holds 1..2 updates, got 0"),
+    ("lengths", 400, "batch.pages is 8 bytes a change"),
+    ("flags", 400, "batch.replace holds 0 (diff) or 1 (data)"),
+    ("size", 400, "batch.data: the sparse buffer is of"),
+    ("corrupt", 400, "batch.data:"),
+    ("field", 422, ""),
+])
+def test_a_bad_sparse_body_is_refused(case: str, status: int, message: str) -> None:
+    dense = _diffs(np.random.default_rng(5), 2)
+    pages, flags, data = np.array([3, 4], "<i8").tobytes(), b"\0\0", sparse.pack(dense)
+    max_updates = 2
+    if case == "outside":
+        pages = np.array([3, 1000], "<i8").tobytes()
+    elif case == "negative":
+        pages = np.array([-1, 4], "<i8").tobytes()
+    elif case == "too_many":
+        pages, flags = np.array([1, 2, 3], "<i8").tobytes(), b"\0\0\0"
+        data = sparse.pack(dense + bytes(PAGE_SIZE))
+    elif case == "none":
+        pages, flags, data = b"", b"", sparse.pack(b"")
+    elif case == "lengths":
+        pages = pages[:-1]
+    elif case == "flags":
+        flags = b"\0\2"
+    elif case == "size":
+        data = sparse.pack(dense[:PAGE_SIZE])
+    elif case == "corrupt":
+        data = _damaged(data, "overlap")
+    body = _sparse_body(pages, flags, data, **({"extra": 1} if case == "field" else {}))
+    with pytest.raises(WireError) as err:
+        admin_wire.parse_updates(body, MSGPACK_TYPE, num_pages=1000, max_updates=max_updates)
+    assert err.value.status == status
+    assert message in err.value.message
+
+
+def test_the_log_stores_a_batch_of_diffs_as_its_changed_bytes() -> None:
+    rng = np.random.default_rng(6)
+    dense = _diffs(rng, 300)
+    batch = ChangeBatch(rng.integers(0, 1 << 20, 300).astype(np.int64),
+                        rng.random(300) < 0.1, dense)
+    raw = b"".join(encode_batch(batch))
+    assert raw[:4] == SPARSE_MAGIC and len(raw) < len(dense) / 10
+    back = decode_part(raw, "p")
+    assert back.data == batch.data and back.digest == batch.digest
+    # random pages gain nothing from runs: stored whole, as before
+    whole = ChangeBatch(np.arange(3, dtype=np.int64), np.ones(3, bool),
+                        rng.integers(0, 256, 3 * PAGE_SIZE, np.uint8).tobytes())
+    raw = b"".join(encode_batch(whole))
+    assert raw[:4] == BLOB_MAGIC and decode_part(raw, "p").data == whole.data
+    # a damaged sparse file is refused, named
+    head = 16 + 9 * 300
+    for bad in (raw[:0] + b"".join(encode_batch(batch))[:head + 5],
+                b"".join(encode_batch(batch))[:head] + _damaged(sparse.pack(dense), "runs")):
+        with pytest.raises(EpochLogError, match="p: .*corrupt"):
+            decode_part(bad, "p")
+
+
+@pytest.mark.parametrize("says", [True, False, None])
+def test_the_admin_client_sends_the_form_the_party_takes(says: bool | None) -> None:
+    import httpx
+
+    from morphogen.client.admin import AdminClient
+
+    bodies: list[dict] = []
+
+    def route(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            status = {"admin_max_updates": 64}
+            if says is not None:
+                status["admin_sparse_updates"] = says
+            return httpx.Response(200, json=status)
+        bodies.append(msgpack.unpackb(request.content, raw=False))
+        return httpx.Response(200, json={"epoch_id": 2, "identity": "0x" + "ab" * 16})
+
+    changes = _changes(np.random.default_rng(7), 10)
+    with AdminClient("http://a", "t" * 32, transport=httpx.MockTransport(route)) as client:
+        client.updates(changes, "pub-1")
+        client.updates(changes, "pub-2", max_per_request=4)  # in parts, each its form
+    assert len(bodies) == 1 + 3
+    assert all(("batch" in b) == bool(says) and ("updates" in b) != bool(says) for b in bodies)
