@@ -48,6 +48,7 @@ MAINNET = {"accounts": 388_000_000, "storage": 1_560_000_000, "codes": 2_400_000
 BLOCK = 3_000
 SHAPE = {"account": 0.30, "new_account": 0.02, "slot": 0.53, "new_slot": 0.12, "clear": 0.03}
 REQUEST_PAGES = 1024  # a party's default admin_max_updates
+SPARSE_PAGES = 16384  # and admin_max_sparse_updates
 OLD_FULL_EVERY = 8
 ROOM = 1.25
 
@@ -124,6 +125,7 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
     from morphogen.keyword.descriptor import Anchor
     from morphogen.keyword.owner import OwnerTable, create_owner_dir
     from morphogen.keyword.publishing import ROTATE_ABOVE
+    from morphogen.protocol.codec import admin_body_bytes
 
     owner_dir = root / policy
     create_owner_dir(table, owner_dir, full_every=OLD_FULL_EVERY if policy == "before" else 0)
@@ -171,9 +173,16 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
         elif policy == "before":  # whole pages, in the log as they came
             party_in += n * 4096
             party_log += n * (4096 + 9)
-        else:  # what goes over the wire and into each party's log: the bytes that changed
-            party_in += sum(len(encode_sparse_updates(batch[i:i + REQUEST_PAGES]))
-                            for i in range(0, n, REQUEST_PAGES))
+        else:  # what goes over the wire and into each party's log: the bytes that changed,
+            # in one body where a party's defaults take it (AdminClient.updates), else parts
+            body = encode_sparse_updates(batch)
+            if n <= SPARSE_PAGES and len(body) <= admin_body_bytes(REQUEST_PAGES):
+                parts = 1
+                forms[-1] = "updates/1"
+                party_in += len(body)
+            else:
+                party_in += sum(len(encode_sparse_updates(batch[i:i + REQUEST_PAGES]))
+                                for i in range(0, n, REQUEST_PAGES))
             staged = sum(_blob_bytes(batch[i:i + REQUEST_PAGES])
                          for i in range(0, n, REQUEST_PAGES)) if parts > 1 else 0
             party_log += staged + _blob_bytes(batch)  # the parts, then the batch's file

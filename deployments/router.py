@@ -261,8 +261,8 @@ class Router:
         # pages are checked against the page count of the epoch they apply to, under the
         # admin lock (admin_updates): a cached layout may predate a rotation
         changes = admin_wire.parse_updates(
-            body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates
-        )
+            body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates,
+            max_sparse=self._cfg.admin_max_sparse_updates)
         if part is not None:
             return _json_response(
                 await self._party.admin.updates_part(changes, pub, parent, *part))

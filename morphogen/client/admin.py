@@ -70,6 +70,7 @@ class AdminClient:
         self._http = connect()
         self._max_updates: int | None = None
         self._sparse: bool | None = sparse
+        self._max_sparse = (0, 0)  # (pages, body bytes) of one body of changed bytes
 
     def __repr__(self) -> str:
         return f"AdminClient({str(self._http.base_url)!r})"
@@ -130,6 +131,10 @@ class AdminClient:
         if max_per_request is None or len(changes) <= max_per_request:
             return self._send(ADMIN_UPDATES_PATH, body=self._updates_body(changes),
                               publication=publication, parent=parent)
+        whole = self._one_sparse_body(changes)
+        if whole is not None:  # a block's diffs: thousands of pages in one small body
+            return self._send(ADMIN_UPDATES_PATH, body=whole, publication=publication,
+                              parent=parent)
         return self._in_parts(changes, publication or f"pub-{secrets.token_hex(12)}", parent,
                               max_per_request)
 
@@ -159,6 +164,17 @@ class AdminClient:
             send(i)
         return send(len(chunks) - 1)
 
+    def _one_sparse_body(self, changes: Sequence[tuple[int, str, bytes]]) -> bytes | None:
+        """All of `changes` as one body of changed bytes, where the party takes that many
+        pages in one and the body fits its limit; else None (they go in parts)."""
+        if self.encoding != "msgpack" or not self.sparse():
+            return None
+        pages, body_bytes = self._max_sparse
+        if len(changes) > pages:
+            return None
+        body = encode_sparse_updates(changes)
+        return body if len(body) <= body_bytes else None
+
     def _updates_body(self, changes: Sequence[tuple[int, str, bytes]]) -> bytes:
         if self.encoding == "msgpack" and self.sparse():
             return encode_sparse_updates(changes)
@@ -181,8 +197,8 @@ class AdminClient:
                           parent=parent)
 
     def max_updates(self) -> int:
-        """The most updates this party takes in one request (its status says; a party of an
-        earlier version does not, and takes the default)."""
+        """The most updates this party takes in one request in the form this client sends
+        (its status says; a party of an earlier version does not, and takes the default)."""
         if self._max_updates is None:
             self._capabilities(self.status())
         assert self._max_updates is not None
@@ -190,6 +206,8 @@ class AdminClient:
 
     def _capabilities(self, status: dict) -> None:
         self._max_updates = int(status.get("admin_max_updates") or MAX_ADMIN_UPDATES)
+        self._max_sparse = (int(status.get("admin_max_sparse_updates") or 0),
+                            int(status.get("admin_max_body_bytes") or 0))
         if self._sparse is None:
             self._sparse = bool(status.get("admin_sparse_updates"))
 

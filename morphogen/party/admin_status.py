@@ -44,8 +44,11 @@ async def party_status(publisher: Publisher) -> dict[str, Any]:
         "recent_publications": recent,
         # the largest batch one publication may carry here: a bigger one goes as a rotation
         "admin_max_updates": cfg.admin_updates_cap(),
-        # takes a batch as its changed bytes (msgpack `{"batch": ..}`, admin_wire)
+        # takes a batch as its changed bytes (msgpack `{"batch": ..}`, admin_wire), up to
+        # this many pages a request
         "admin_sparse_updates": True,
+        "admin_max_sparse_updates": cfg.admin_max_sparse_updates,
+        "admin_max_body_bytes": cfg.admin_body_limit(),
         "wanted_identity": None if party.want is None else party.want.digest,
         "shards": [
             {**{k: i.get(k) for k in keep},

@@ -80,14 +80,17 @@ def _bad_update(message: str) -> WireError:
 
 
 def parse_updates(
-    body: bytes, content_type: str | None, *, num_pages: int, max_updates: int
+    body: bytes, content_type: str | None, *, num_pages: int, max_updates: int,
+    max_sparse: int | None = None,
 ) -> ChangeBatch:
     """Decode and check an updates body; raises WireError (messages name positions and page
-    numbers, never page contents)."""
+    numbers, never page contents). `max_sparse`: the cap of a body of changed bytes
+    (default `max_updates`), whose size does not grow 4 KiB a page."""
     encoding = request_encoding(content_type)
     data = decode_body(body, encoding)
     if encoding != JSON and isinstance(data, dict) and "batch" in data:
-        return _sparse_updates(data, num_pages=num_pages, max_updates=max_updates)
+        return _sparse_updates(data, num_pages=num_pages,
+                               max_updates=max_updates if max_sparse is None else max_sparse)
     model: type[BaseModel] = _HexUpdates if encoding == JSON else _BinUpdates
     try:
         parsed = model.model_validate(data)

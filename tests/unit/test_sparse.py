@@ -178,8 +178,13 @@ def test_the_log_stores_a_batch_of_diffs_as_its_changed_bytes() -> None:
             decode_part(bad, "p")
 
 
-@pytest.mark.parametrize("says", [True, False, None])
-def test_the_admin_client_sends_the_form_the_party_takes(says: bool | None) -> None:
+@pytest.mark.parametrize("says,sparse_cap,body_cap", [
+    (True, None, None), (False, None, None), (None, None, None),
+    (True, 10, 0),  # the batch in one body of changed bytes, just within the body limit
+    (True, 9, 0),  # more pages than such a body may carry: parts
+    (True, 10, -1),  # a body over the party's limit: parts
+])
+def test_the_admin_client_sends_the_form_the_party_takes(says, sparse_cap, body_cap) -> None:
     import httpx
 
     from morphogen.client.admin import AdminClient
@@ -191,6 +196,9 @@ def test_the_admin_client_sends_the_form_the_party_takes(says: bool | None) -> N
             status = {"admin_max_updates": 64}
             if says is not None:
                 status["admin_sparse_updates"] = says
+            if sparse_cap is not None:
+                limit = len(encode_sparse_updates(changes)) + body_cap
+                status.update(admin_max_sparse_updates=sparse_cap, admin_max_body_bytes=limit)
             return httpx.Response(200, json=status)
         bodies.append(msgpack.unpackb(request.content, raw=False))
         return httpx.Response(200, json={"epoch_id": 2, "identity": "0x" + "ab" * 16})
@@ -198,6 +206,9 @@ def test_the_admin_client_sends_the_form_the_party_takes(says: bool | None) -> N
     changes = _changes(np.random.default_rng(7), 10)
     with AdminClient("http://a", "t" * 32, transport=httpx.MockTransport(route)) as client:
         client.updates(changes, "pub-1")
-        client.updates(changes, "pub-2", max_per_request=4)  # in parts, each its form
-    assert len(bodies) == 1 + 3
+        client.updates(changes, "pub-2", max_per_request=4)  # over the request's cap
+    one = says and sparse_cap == 10 and body_cap == 0
+    assert len(bodies) == 1 + (1 if one else 3)
     assert all(("batch" in b) == bool(says) and ("updates" in b) != bool(says) for b in bodies)
+    if one:
+        assert len(bodies[1]["batch"]["pages"]) == 8 * 10
