@@ -58,6 +58,7 @@ from morphogen.keyword.overlapped import Legs, OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable
 from morphogen.keyword.pages import tag_of
 from morphogen.keyword.publishing import Published, publish
+from morphogen.protocol import sparse
 from morphogen.storage.durable import write_atomic
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class Follower:
         owner.checkpoints_in_background()  # a full copy never holds up a block
         # the process holds the pages and keys a block touches, not the table's
         owner.map_working_pages()
+        sparse.warm()  # a block's batch is stored and sent as its changed bytes
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep

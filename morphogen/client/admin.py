@@ -197,8 +197,9 @@ class AdminClient:
                           parent=parent)
 
     def max_updates(self) -> int:
-        """The most updates this party takes in one request in the form this client sends
-        (its status says; a party of an earlier version does not, and takes the default)."""
+        """The most updates this party takes in one request of whole pages (its status says; a
+        party of an earlier version does not, and takes the default). A batch of changed
+        bytes may carry more: `updates` sends it in one request where the party takes it."""
         if self._max_updates is None:
             self._capabilities(self.status())
         assert self._max_updates is not None

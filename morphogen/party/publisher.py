@@ -44,6 +44,7 @@ from morphogen.party.publications import (
 )
 from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
+from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch, joined
 from morphogen.protocol.codec import BATCH_HEADER, ErrorCode, WireError
 from morphogen.protocol.identity import EpochIdentity
@@ -97,6 +98,8 @@ class Publisher:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewers: set[asyncio.Task[None]] = set()
         self._compacting: asyncio.Task[None] | None = None
+        if party.cfg.admin_supported:
+            sparse.warm()  # batches are parsed and logged as their changed bytes
 
     # ------------------------------------------------------------------ shards
 

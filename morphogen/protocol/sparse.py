@@ -101,3 +101,9 @@ def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
     out = np.zeros(total, np.uint8)
     _scatter(np.frombuffer(raw, np.uint8, len(raw) - body, body), starts, lengths, out)
     return out.tobytes()
+
+
+def warm() -> None:
+    """Load (or compile) the kernels now: a process that will publish calls it as it starts,
+    so that its first batch does not wait for them."""
+    unpack(pack(np.arange(64, dtype=np.uint8)), 64)
