@@ -19,6 +19,7 @@ import numba
 import numpy as np
 
 GAP = 12
+LONGEST = (1 << 32) - 1  # a run's length is a u32: a longer stretch of changes is split
 _HEAD = struct.Struct("<QQ")
 
 
@@ -27,9 +28,9 @@ class SparseError(ValueError):
 
 
 @numba.njit(cache=True)
-def _runs(nz, gap):
+def _runs(nz, gap, longest):
     """Starts and ends of the runs covering the nonzero positions `nz` (sorted), merging
-    runs closer than `gap`."""
+    runs closer than `gap`, none longer than `longest`."""
     starts = np.empty(len(nz), np.int64)
     ends = np.empty(len(nz), np.int64)
     k = 0
@@ -37,7 +38,7 @@ def _runs(nz, gap):
         starts[0] = nz[0]
         ends[0] = nz[0] + 1
         for i in range(1, len(nz)):
-            if nz[i] - ends[k] < gap:
+            if nz[i] - ends[k] < gap and nz[i] + 1 - starts[k] <= longest:
                 ends[k] = nz[i] + 1
             else:
                 k += 1
@@ -69,7 +70,7 @@ def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
     """The sparse form of `data`."""
     buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) \
         else np.ascontiguousarray(data, np.uint8).reshape(-1)
-    starts, ends = _runs(np.flatnonzero(buf).astype(np.int64), GAP)
+    starts, ends = _runs(np.flatnonzero(buf).astype(np.int64), GAP, LONGEST)
     lengths = (ends - starts).astype("<u4")
     payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
     _gather(buf, starts, ends, payload)

@@ -54,6 +54,14 @@ def test_a_buffer_reads_back_whole(shape: str) -> None:
         assert len(packed) == 16  # the header alone
 
 
+def test_a_stretch_longer_than_a_run_is_split(monkeypatch) -> None:
+    monkeypatch.setattr(sparse, "LONGEST", 100)
+    buf = np.random.default_rng(9).integers(1, 256, 1000).astype(np.uint8)
+    packed = sparse.pack(buf)
+    assert struct.unpack_from("<QQ", packed)[1] == 10
+    assert sparse.unpack(packed, buf.size) == buf.tobytes()
+
+
 def test_a_blocks_diffs_cost_what_changed() -> None:
     dense = _diffs(np.random.default_rng(2), 1000)
     assert len(sparse.pack(dense)) < len(dense) / 20
