@@ -98,8 +98,7 @@ class Publisher:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._renewers: set[asyncio.Task[None]] = set()
         self._compacting: asyncio.Task[None] | None = None
-        if party.cfg.admin_supported:
-            sparse.warm()  # batches are parsed and logged as their changed bytes
+        sparse.warm()  # batches are parsed and logged as their changed bytes
 
     # ------------------------------------------------------------------ shards
 
