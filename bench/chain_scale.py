@@ -219,11 +219,10 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
 
 def _blob_bytes(batch) -> int:
     """The bytes of a party's log file of `batch` (`publication.records.encode_batch`)."""
-    from morphogen.protocol.changes import ChangeBatch, PageUpdate, PageWrite
+    from morphogen.protocol.changes import ChangeBatch
     from morphogen.publication.records import encode_batch
 
-    changes = [PageWrite(p, d) if k == "data" else PageUpdate(p, d) for p, k, d in batch]
-    return sum(len(x) for x in encode_batch(ChangeBatch.from_changes(changes)))
+    return sum(len(x) for x in encode_batch(ChangeBatch.from_triples(batch)))
 
 
 def _anon(psutil) -> int:

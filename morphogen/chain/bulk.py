@@ -235,14 +235,21 @@ def _put_rows(src, dest, out):
             out[dest[k], :] = src[k]
 
 
+def destinations(total: int, order: np.ndarray) -> np.ndarray:
+    """Row of the concatenation -> row of the result (-1: left out), for `gathered`: one map
+    serves every field of a table, whose ranges hold the same rows in each."""
+    dest = np.full(total, -1, np.int64)
+    dest[order] = np.arange(len(order), dtype=np.int64)
+    return dest
+
+
 def gathered(parts: Sequence[dict], name: str, order: np.ndarray, width: int,
-             dtype=np.uint8) -> np.ndarray:
+             dtype=np.uint8, dest: np.ndarray | None = None) -> np.ndarray:
     """`_cat(parts, name)[order]` without the concatenation: each range's rows read in turn
     and written to their places, on every core (the concatenation and the gather were the
-    funnel's two largest copies)."""
-    total = sum(len(p[name]) for p in parts)
-    dest = np.full(total, -1, np.int64)  # row of the concatenation -> row of the result
-    dest[order] = np.arange(len(order), dtype=np.int64)
+    funnel's two largest copies). `dest`: `destinations` of `order`, where made already."""
+    if dest is None:
+        dest = destinations(sum(len(p[name]) for p in parts), order)
     out = np.empty((len(order), width), dtype)
     at = 0
     for p in parts:
@@ -281,7 +288,9 @@ def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, 
     for name, prefix, order in (("accounts", "acc", acc), ("storage", "sto", sto),
                                 ("code", "code", code)):
         width = KEY_SIZES[name]
-        out[name] = tuple(gathered(parts, f"{prefix}_{field}", order, w, dt) for field, w, dt in (
+        dest = destinations(sum(len(p[f"{prefix}_keys"]) for p in parts), order)
+        out[name] = tuple(gathered(parts, f"{prefix}_{field}", order, w, dt, dest)
+                          for field, w, dt in (
             ("keys", width, np.uint8), ("vals", VALUE_SIZES[name], np.uint8),
             ("tags", TAG_SIZE, np.uint8), ("hash", 3, np.uint64)))
     return out

@@ -25,6 +25,7 @@ from morphogen.constants import (
     MAX_DOMAIN_BITS,
     PAGE_SIZE,
 )
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import (
     BATCH_PATH,
     JSON_TYPE,
@@ -372,18 +373,11 @@ def encode_sparse_updates(changes: Sequence[tuple[int, str, bytes]]) -> bytes:
     bytes (`morphogen.protocol.sparse`): a batch of XOR diffs costs what it changed, not 4 KiB
     a page. Parties that say `admin_sparse_updates` in their status take it."""
     from morphogen.protocol import sparse  # compiled kernels: only a publisher needs them
-    pages = np.fromiter((int(p) for p, _, _ in changes), "<i8", len(changes))
-    flags = bytearray(len(changes))
-    dense = bytearray(len(changes) * PAGE_SIZE)
-    for i, (_, kind, raw) in enumerate(changes):
-        if kind not in ("diff", "data"):
-            raise ValueError("an update is a 'diff' (XOR) or a 'data' (replacement)")
-        if len(raw) > PAGE_SIZE or (kind == "diff" and len(raw) != PAGE_SIZE):
-            raise ValueError(f"a diff is {PAGE_SIZE} bytes and a page at most {PAGE_SIZE}")
-        flags[i] = kind == "data"
-        dense[i * PAGE_SIZE:i * PAGE_SIZE + len(raw)] = raw
-    return msgpack.packb({"batch": {"pages": pages.tobytes(), "replace": bytes(flags),
-                                    "data": sparse.pack(dense)}}, use_bin_type=True)
+
+    batch = ChangeBatch.from_triples(changes)
+    return msgpack.packb({"batch": {"pages": batch.pages.astype("<i8").tobytes(),
+                                    "replace": batch.replace.astype(np.uint8).tobytes(),
+                                    "data": sparse.pack(batch.data)}}, use_bin_type=True)
 
 
 def encode_updates(changes: Sequence[tuple[int, str, bytes]], encoding: str = "msgpack") -> bytes:

@@ -40,6 +40,7 @@ from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.key_index import KeyIndex, slots_for
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.protocol import sparse
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.snapshot.manifest import DATA_FILE
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
@@ -75,23 +76,10 @@ def _unpack(path: Path) -> object:
 
 
 def _write_batch(path: Path, batch: Batch) -> None:
-    dense = bytearray(len(batch) * PAGE_SIZE)
-    for i, (_, _, data) in enumerate(batch):
-        dense[i * PAGE_SIZE:i * PAGE_SIZE + len(data)] = data
-    _pack(path, {"pages": np.array([p for p, _, _ in batch], "<i8").tobytes(),
-                 "data": bytes(k == "data" for _, k, _ in batch),
-                 "bytes": sparse.pack(dense)})
-
-
-def apply_batch(pages: np.ndarray, batch: Batch) -> None:
-    """`batch` applied to `pages` in place, as a party applies it: a diff XORed in, a page
-    (zero-padded) written over."""
-    for page, kind, data in batch:
-        if kind == "diff":
-            pages[page] ^= np.frombuffer(data, np.uint8)
-        else:
-            pages[page] = 0
-            pages[page, :len(data)] = np.frombuffer(data, np.uint8)
+    whole = ChangeBatch.from_triples(batch)
+    _pack(path, {"pages": whole.pages.astype("<i8").tobytes(),
+                 "data": whole.replace.astype(np.uint8).tobytes(),
+                 "bytes": sparse.pack(whole.data)})
 
 
 def _apply_batch(pages: np.ndarray, batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
@@ -162,13 +150,9 @@ class VersionStore:
             dense = sparse.unpack(doc["bytes"], len(where) * PAGE_SIZE)  # type: ignore[index]
             return where, whole, np.frombuffer(dense, np.uint8).reshape(-1, PAGE_SIZE)
         if (folder / OLD_BATCH).is_file():
-            items = _unpack(folder / OLD_BATCH)
-            rows = np.zeros((len(items), PAGE_SIZE), np.uint8)  # type: ignore[arg-type]
-            for i, (_, _, d) in enumerate(items):  # type: ignore[union-attr]
-                rows[i, :len(d)] = np.frombuffer(d, np.uint8)
-            return (np.array([int(p) for p, _, _ in items], np.int64),  # type: ignore[union-attr]
-                    np.array([k == "data" for _, k, _ in items], bool),  # type: ignore[union-attr]
-                    rows)
+            old = ChangeBatch.from_triples(_unpack(folder / OLD_BATCH))  # type: ignore[arg-type]
+            return (old.pages, old.replace,
+                    np.frombuffer(old.data, np.uint8).reshape(-1, PAGE_SIZE))
         raise VersionGone(f"version {version} is no longer kept ({folder / BATCH} is gone)")
 
     def batch_bytes(self, version: int) -> int:

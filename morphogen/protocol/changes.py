@@ -80,6 +80,23 @@ class ChangeBatch:
             blob[i * PAGE_SIZE : i * PAGE_SIZE + len(raw)] = raw
         return cls(pages, replace, bytes(blob))
 
+    @classmethod
+    def from_triples(cls, changes: Sequence[tuple[int, str, bytes]]) -> ChangeBatch:
+        """`(page, "diff" | "data", bytes)` triples, as the admin client takes them and the
+        owner's versions hold them (ValueError for another kind, a diff of another size than
+        a page, or data longer than one)."""
+        pages = np.fromiter((int(p) for p, _, _ in changes), np.int64, len(changes))
+        replace = np.zeros(len(changes), bool)
+        blob = bytearray(len(changes) * PAGE_SIZE)
+        for i, (_, kind, raw) in enumerate(changes):
+            if kind not in ("diff", "data"):
+                raise ValueError("an update is a 'diff' (XOR) or a 'data' (replacement)")
+            if len(raw) > PAGE_SIZE or (kind == "diff" and len(raw) != PAGE_SIZE):
+                raise ValueError(f"a diff is {PAGE_SIZE} bytes and a page at most {PAGE_SIZE}")
+            replace[i] = kind == "data"
+            blob[i * PAGE_SIZE:i * PAGE_SIZE + len(raw)] = raw
+        return cls(pages, replace, bytes(blob))
+
     def __len__(self) -> int:
         return int(self.pages.shape[0])
 

@@ -27,6 +27,7 @@ from morphogen.chain.export import BlockRef, ExportHeader, write_export
 from morphogen.chain.progress import Progress
 from morphogen.chain.state import word_bytes
 from morphogen.chain.traces import _block_changes, _diff
+from tests.web.server import reply_json
 
 TIP = "0x" + "aa" * 32
 A, B, C = "0x" + "01" * 20, "0x" + "02" * 20, "0x" + "03" * 20
@@ -56,12 +57,7 @@ class FakeNode(http.server.BaseHTTPRequestHandler):
             reply["error"] = answer
         else:
             reply["result"] = answer(request["params"]) if callable(answer) else answer
-        body = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        reply_json(self, reply)
 
     def log_message(self, *args: object) -> None:
         pass

@@ -16,6 +16,7 @@ import pytest
 from morphogen.chain.export import AccountState, read_accounts, read_header
 from morphogen.chain.node_export import ExportMismatch, export_from_node
 from morphogen.chain.rpc import ChainError, EthRpc
+from tests.web.server import reply_json
 
 CODE = bytes.fromhex("600754600052602060" + "00f3")
 STATE = {  # checksummed, as geth's `Address.String()` writes them
@@ -85,12 +86,7 @@ def fake_geth() -> Iterator[tuple[str, FakeGeth]]:
         def do_POST(self) -> None:  # noqa: N802 - the standard library's name
             body = json.loads(self.rfile.read(int(self.headers["content-length"])))
             replies = [self.reply(r) for r in (body if isinstance(body, list) else [body])]
-            data = json.dumps(replies if isinstance(body, list) else replies[0]).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply_json(self, replies if isinstance(body, list) else replies[0])
 
         def reply(self, request: dict) -> dict:
             out = {"jsonrpc": "2.0", "id": request["id"]}

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _kw import answers, lookup, proof_of
+from _party_world import apply_batch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.constants import PAGE_SIZE
@@ -30,7 +31,7 @@ from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
 from morphogen.keyword.tree import FANOUT, leaf_hash, node_hash
 from morphogen.keyword.verify import ANSWER_FAILED, check, plan
-from morphogen.keyword.versions import apply_batch
+from morphogen.protocol.changes import ChangeBatch
 
 VECTORS = Path(__file__).parents[1] / "vectors" / "cuckoo_vectors.json"
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -299,7 +300,7 @@ def test_inserts_changes_and_deletes_make_a_new_version(tmp_path: Path, layout: 
     # the batch turns version 1 into version 2 exactly, descriptor page included
     before = table.pages.copy()
     assert {kind for _, kind, _ in batch} == {"diff"}  # each page XOR the page before
-    apply_batch(before, batch)
+    before = apply_batch(before, ChangeBatch.from_triples(batch))
     assert np.array_equal(before, pages)
     assert batch[-1][0] == desc.geometry.descriptor_page
     assert [v for v, _, _ in owner.unpublished()] == [2]

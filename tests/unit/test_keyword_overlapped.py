@@ -12,13 +12,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _party_world import apply_batch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.keyword import build_table
 from morphogen.keyword.overlapped import OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import Form, publish
-from morphogen.keyword.versions import apply_batch
+from morphogen.protocol.changes import ChangeBatch
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 
@@ -39,7 +40,7 @@ class Party:
             return {"identity": self.log[pub], "duplicate": True}
         if parent is not None and parent != self.head:
             raise Refused(f"{pub}: parent {parent}, head {self.head}")
-        apply_batch(self.pages, batch)
+        self.pages = apply_batch(self.pages, ChangeBatch.from_triples(batch))
         self.head = hashlib.sha256((self.head + pub).encode()).hexdigest()[:16]
         self.log[pub] = self.head
         self.applied.append(pub)

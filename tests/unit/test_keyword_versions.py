@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _kw import lookup
+from _party_world import apply_batch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from morphogen.keyword import KeywordTable, build_table
@@ -18,7 +19,8 @@ from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
 from morphogen.keyword.records import RecordError
-from morphogen.keyword.versions import VersionGone, apply_batch
+from morphogen.keyword.versions import VersionGone
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.snapshot.reader import Snapshot
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -180,7 +182,7 @@ class FakeParties:
 
     def updates(self, pub, batch):
         def apply_to(party: FakeParty) -> None:
-            apply_batch(party.pages, batch)
+            party.pages = apply_batch(party.pages, ChangeBatch.from_triples(batch))
         return self._both(pub, "updates", apply_to)
 
     def snapshot(self, pub, path):

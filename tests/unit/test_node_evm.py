@@ -17,7 +17,7 @@ from morphogen.chain.state import EMPTY_CODE_HASH, keccak256
 from morphogen.chain.token_code import balance_slot, token_code, token_storage
 from morphogen.wallet import node_evm
 from tests.chain_node import need_node_evm
-from tests.web.server import serving_with
+from tests.web.server import reply_json, serving_with
 
 TOKEN = "0x" + "70" * 20
 HOLDER = bytes.fromhex("11" * 20)
@@ -51,12 +51,7 @@ def _loopback(asked: list[str], code: bytes = CODE):
                                     "error": {"code": -32002, "message": "no private answer"}})
                     continue
                 answers.append({"jsonrpc": "2.0", "id": r["id"], "result": result})
-            body = json.dumps(answers).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            reply_json(self, answers)
 
     return serving_with(Handler)
 

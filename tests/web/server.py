@@ -1,9 +1,11 @@
 """A static file server on loopback that answers ranged GETs (``Range: bytes=a-b`` → 206), as
 a web server or a CDN in front of a bucket does, for the ``http(s)://`` snapshot tests.
-Python's own `http.server` ignores ranges, so it cannot stand in for one."""
+Python's own `http.server` ignores ranges, so it cannot stand in for one. Fake nodes serve
+their own handlers through `serving_with` and answer with `reply_json`."""
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from collections.abc import Iterator
@@ -54,6 +56,16 @@ def _handler(root: Path) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(data)
 
     return Handler
+
+
+def reply_json(handler: BaseHTTPRequestHandler, doc: object) -> None:
+    """Answer `handler`'s request with `doc` as JSON (200): a fake node's reply."""
+    body = json.dumps(doc).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
 
 
 def serving(root: Path) -> AbstractContextManager[str]:
