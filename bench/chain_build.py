@@ -157,11 +157,27 @@ def _warm(dump: str) -> int:
 
 
 def single_process(export: Path, out: Path, key) -> tuple[float, float]:
+    """The one-process build in a process of its own, as `chain build` runs (its millions of
+    small objects are then none of the imports' heap)."""
+    import multiprocessing
+
+    from cryptography.hazmat.primitives import serialization
+
+    raw = key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                            serialization.NoEncryption())
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_single_build, (str(export), str(out), raw))
+
+
+def _single_build(export: str, out: str, raw_key: bytes) -> tuple[float, float]:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     from morphogen.chain import read_header, state_records
     from morphogen.chain.tables import build_chain_tables
     from morphogen.keyword.descriptor import Anchor
     from morphogen.keyword.owner import create_owner_dir
 
+    key = Ed25519PrivateKey.from_private_bytes(raw_key)
     t, cpu = time.perf_counter(), time.process_time()
     header = read_header(export)
     anchor = Anchor(header.chain_id, header.block.number, header.block.hash)

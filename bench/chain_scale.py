@@ -181,9 +181,11 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
                 forms[-1] = "updates/1"
                 party_in += len(body)
             else:
-                party_in += sum(len(encode_sparse_updates(batch[i:i + REQUEST_PAGES]))
+                triples = batch.triples()
+                party_in += sum(len(encode_sparse_updates(triples[i:i + REQUEST_PAGES]))
                                 for i in range(0, n, REQUEST_PAGES))
-            staged = sum(_blob_bytes(batch[i:i + REQUEST_PAGES])
+            triples = batch.triples() if parts > 1 else []
+            staged = sum(_blob_bytes(triples[i:i + REQUEST_PAGES])
                          for i in range(0, n, REQUEST_PAGES)) if parts > 1 else 0
             party_log += staged + _blob_bytes(batch)  # the parts, then the batch's file
         _log(f"  {policy}: block {b + 1}/{blocks}: {n} pages, {'full' if full else 'diff'} "
@@ -222,7 +224,8 @@ def _blob_bytes(batch) -> int:
     from morphogen.protocol.changes import ChangeBatch
     from morphogen.publication.records import encode_batch
 
-    return sum(len(x) for x in encode_batch(ChangeBatch.from_triples(batch)))
+    whole = batch if isinstance(batch, ChangeBatch) else ChangeBatch.from_triples(batch)
+    return sum(len(x) for x in encode_batch(whole))
 
 
 def _anon(psutil) -> int:

@@ -21,7 +21,9 @@ rate is what `bench/chain_build.py` reports as the funnel.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -31,6 +33,7 @@ from morphogen.chain.dumps import LineError, parse_account, read_range
 from morphogen.chain.state import EMPTY_CODE_HASH, code_chunks, keccak256
 from morphogen.chain.tables import TABLES, VALUE_SIZES, buckets_for, table_draws
 from morphogen.constants import PAGE_SIZE
+from morphogen.keyword import radix
 from morphogen.keyword.build import KeywordTable, join_tables, place_table
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.hashing import seeded_hashes
@@ -157,7 +160,7 @@ def _less(keys, a, b):
     return False
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, nogil=True)
 def _merge(keys, left, right):
     out = np.empty(len(left) + len(right), np.int64)
     i = j = k = 0
@@ -177,13 +180,16 @@ def _merge(keys, left, right):
 
 def merge_sorted(keys: np.ndarray, runs: Sequence[int]) -> np.ndarray:
     """The order of `keys` (rows, compared as bytes) given that they are `runs` sorted runs
-    of those lengths, back to back: pairwise merges, log2(runs) passes."""
+    of those lengths, back to back: pairwise merges, log2(runs) passes, the merges of a pass
+    on every core (the merge lets go of the interpreter's lock)."""
     bounds = np.concatenate([[0], np.cumsum(runs)]).astype(np.int64)
     parts = [np.arange(bounds[i], bounds[i + 1], dtype=np.int64) for i in range(len(runs))]
     parts = [p for p in parts if len(p)] or [np.zeros(0, np.int64)]
-    while len(parts) > 1:
-        parts = [_merge(keys, parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
-                 for i in range(0, len(parts), 2)]
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        while len(parts) > 1:
+            pairs = [pool.submit(_merge, keys, parts[i], parts[i + 1])
+                     for i in range(0, len(parts) - 1, 2)]
+            parts = [f.result() for f in pairs] + ([parts[-1]] if len(parts) % 2 else [])
     return parts[0]
 
 
@@ -201,15 +207,27 @@ def _segments(starts, lengths, order):
     return out
 
 
+@numba.njit(cache=True)
+def _first_repeat(rows):
+    # one pass, no row-sized temporaries: rows differ in their first bytes almost always
+    for i in range(1, rows.shape[0]):
+        for j in range(rows.shape[1]):
+            if rows[i, j] != rows[i - 1, j]:
+                break
+        else:
+            return i
+    return -1
+
+
 def _refuse_repeats(keys: np.ndarray, tags: np.ndarray, what: str) -> None:
     if len(keys) > 1:
-        same = np.nonzero((keys[1:] == keys[:-1]).all(axis=1))[0]
-        if len(same):
-            raise RecordError(f"{what} 0x{keys[same[0]].tobytes().hex()} twice in the dump")
+        same = _first_repeat(np.ascontiguousarray(keys))
+        if same >= 0:
+            raise RecordError(f"{what} 0x{keys[same].tobytes().hex()} twice in the dump")
     if len(tags) > 1:
         # sort on 64 bits of each tag, then compare the whole tags of the few equal neighbours
         head = np.ascontiguousarray(tags[:, :8]).view(np.uint64).reshape(-1)
-        ranked = np.sort(head)
+        _, ranked = radix.argsort(head)
         alike = np.unique(ranked[1:][ranked[1:] == ranked[:-1]])
         for value in alike:  # rare: find the few records of each such value
             same = np.nonzero(head == value)[0]
@@ -219,7 +237,11 @@ def _refuse_repeats(keys: np.ndarray, tags: np.ndarray, what: str) -> None:
                 a, b = pairs[0]
                 raise RecordError(f"{what}: keys 0x{keys[a].tobytes().hex()} and "
                                   f"0x{keys[b].tobytes().hex()} have the same 128-bit tag")
-    if len(tags) and (tags == np.frombuffer(EMPTY_TAG, np.uint8)).all(axis=1).any():
+        # the empty-slot marker is zeros: such a tag's first 64 bits sort first
+        if ranked[0] == 0 and (tags[head == 0] == np.frombuffer(EMPTY_TAG, np.uint8)).all(
+                axis=1).any():
+            raise RecordError(f"{what}: a key's tag is all zeros (the empty-slot marker)")
+    elif len(tags) and (tags == np.frombuffer(EMPTY_TAG, np.uint8)).all(axis=1).any():
         raise RecordError(f"{what}: a key's tag is all zeros (the empty-slot marker)")
 
 

@@ -23,6 +23,7 @@ from morphogen.client.wire import (
     encode_updates,
 )
 from morphogen.constants import PAGE_SIZE
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
     ADMIN_STATUS_PATH,
@@ -120,14 +121,15 @@ class AdminClient:
             raise err
         return resp.json()
 
-    def updates(self, changes: Sequence[tuple[int, str, bytes]],
+    def updates(self, changes: Sequence[tuple[int, str, bytes]] | ChangeBatch,
                 publication: str | None = None, parent: str | None = None, *,
                 max_per_request: int | None = None) -> dict:
         """Publish the next epoch with these changes; `{"epoch_id", "identity", "applied",
         "publication"}` (`"duplicate": true` when `publication` was committed before). With
         `parent`, the party applies it only on that identity (409 parent_mismatch else).
         More changes than `max_per_request` (the party's `admin_max_updates`) go as one
-        publication in several requests, published whole by the last."""
+        publication in several requests, published whole by the last. `changes`: triples,
+        or a `ChangeBatch` (packed once for every party it is sent to)."""
         if max_per_request is None or len(changes) <= max_per_request:
             return self._send(ADMIN_UPDATES_PATH, body=self._updates_body(changes),
                               publication=publication, parent=parent)
@@ -135,6 +137,8 @@ class AdminClient:
         if whole is not None:  # a block's diffs: thousands of pages in one small body
             return self._send(ADMIN_UPDATES_PATH, body=whole, publication=publication,
                               parent=parent)
+        if isinstance(changes, ChangeBatch):
+            changes = changes.triples()
         return self._in_parts(changes, publication or f"pub-{secrets.token_hex(12)}", parent,
                               max_per_request)
 
@@ -164,7 +168,8 @@ class AdminClient:
             send(i)
         return send(len(chunks) - 1)
 
-    def _one_sparse_body(self, changes: Sequence[tuple[int, str, bytes]]) -> bytes | None:
+    def _one_sparse_body(self, changes: Sequence[tuple[int, str, bytes]] | ChangeBatch
+                         ) -> bytes | None:
         """All of `changes` as one body of changed bytes, where the party takes that many
         pages in one and the body fits its limit; else None (they go in parts)."""
         if self.encoding != "msgpack" or not self.sparse():
@@ -175,7 +180,7 @@ class AdminClient:
         body = encode_sparse_updates(changes)
         return body if len(body) <= body_bytes else None
 
-    def _updates_body(self, changes: Sequence[tuple[int, str, bytes]]) -> bytes:
+    def _updates_body(self, changes: Sequence[tuple[int, str, bytes]] | ChangeBatch) -> bytes:
         if self.encoding == "msgpack" and self.sparse():
             return encode_sparse_updates(changes)
         return encode_updates(changes, self.encoding)

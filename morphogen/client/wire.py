@@ -368,20 +368,22 @@ def _tables(doc: Any) -> dict[str, TableInfo]:
             for name, t in (doc.get("tables") or {}).items()}
 
 
-def encode_sparse_updates(changes: Sequence[tuple[int, str, bytes]]) -> bytes:
+def encode_sparse_updates(changes: Sequence[tuple[int, str, bytes]] | ChangeBatch) -> bytes:
     """The msgpack body of `POST /admin/updates` holding the same changes as their changed
     bytes (`morphogen.protocol.sparse`): a batch of XOR diffs costs what it changed, not 4 KiB
-    a page. Parties that say `admin_sparse_updates` in their status take it."""
-    from morphogen.protocol import sparse  # compiled kernels: only a publisher needs them
-
-    batch = ChangeBatch.from_triples(changes)
+    a page. Parties that say `admin_sparse_updates` in their status take it. A `ChangeBatch`
+    is packed once, whatever the number of parties it is sent to."""
+    batch = changes if isinstance(changes, ChangeBatch) else ChangeBatch.from_triples(changes)
     return msgpack.packb({"batch": {"pages": batch.pages.astype("<i8").tobytes(),
                                     "replace": batch.replace.astype(np.uint8).tobytes(),
-                                    "data": sparse.pack(batch.data)}}, use_bin_type=True)
+                                    "data": batch.packed}}, use_bin_type=True)
 
 
-def encode_updates(changes: Sequence[tuple[int, str, bytes]], encoding: str = "msgpack") -> bytes:
+def encode_updates(changes: Sequence[tuple[int, str, bytes]] | ChangeBatch,
+                   encoding: str = "msgpack") -> bytes:
     """The body of `POST /admin/updates` for `(page, "diff" | "data", bytes)` triples."""
+    if isinstance(changes, ChangeBatch):
+        changes = changes.triples()
     items: list[dict[str, Any]] = []
     for page, kind, raw in changes:
         if kind not in ("diff", "data"):

@@ -34,6 +34,7 @@ from pathlib import Path
 import numba
 import numpy as np
 
+from morphogen.keyword import radix
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import TAG_SIZE
 
@@ -312,8 +313,7 @@ def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int) -> np.nd
     bits = max(1, int(slots - 1).bit_length())
     shift = np.uint64(64 - bits)
     packed = (homes << shift) | (words[:, 0] >> np.uint64(bits))
-    order = np.argsort(packed)  # unstable is fine: equal keys take the lexsort below
-    ranked = packed[order]
+    order, ranked = radix.argsort(packed)
     if len(ranked) > 1 and bool((ranked[1:] == ranked[:-1]).any()):
         return np.lexsort((words[:, 1], words[:, 0], homes))
     return order

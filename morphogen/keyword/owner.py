@@ -46,6 +46,7 @@ from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import public_bytes
 from morphogen.keyword.tree import FANOUT, rehash, root_of
 from morphogen.keyword.versions import VersionStore
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.storage.durable import write_atomic
 
 log = logging.getLogger(__name__)
@@ -247,7 +248,7 @@ class OwnerTable:
     def apply(self, changes: Iterable[Change], signing_key: Ed25519PrivateKey,
               rng: Callable[[int], int] | None = None, *, changes_id: str | None = None,
               anchor: Anchor | None = None, note: dict | None = None,
-              ) -> tuple[int, list[tuple[int, str, bytes]]]:
+              ) -> tuple[int, ChangeBatch]:
         """Apply `changes` in order to a copy of the current version and make it the next
         version. Returns (new version, its page-update batch). Nothing is written when any
         change fails (a full table, an absent key to delete, a wrong value size).
@@ -262,7 +263,7 @@ class OwnerTable:
         with self._lock:
             self.reload()
             if changes_id is not None and self.state.get("last_changes") == changes_id:
-                return self.current, []
+                return self.current, ChangeBatch.from_triples([])
             pages, keys = self._working()  # changed in place: dropped below if this fails
             if self._mapped:  # changed in place on disk too: rebuilt if this does not finish
                 working.mark(self.root, self.current, clean=False)
@@ -281,7 +282,7 @@ class OwnerTable:
                changes: Iterable[Change],
                signing_key: Ed25519PrivateKey, rng: Callable[[int], int],
                changes_id: str | None, anchor: Anchor | None, note: dict | None,
-               ) -> tuple[int, list[tuple[int, str, bytes]]]:
+               ) -> tuple[int, ChangeBatch]:
         parts = parts_of(pages)
         if any(public_bytes(signing_key.public_key()) != p.descriptor.public_key
                for p in parts):
@@ -297,7 +298,7 @@ class OwnerTable:
         for change in changes:  # in the order given: a later change of a key wins
             editors[_part(parts, change.table, change.where).name].apply(change)
         if not any(e.dirty for e in editors.values()) and anchor is None:
-            return self.current, []
+            return self.current, ChangeBatch.from_triples([])
         # (a new anchor alone is a version: a block that changed nothing here still moves
         # what the table reflects, and clients bounding blocks or age need to see it)
         # Every keyword table of the matrix moves to the new version, changed or not, so
@@ -311,7 +312,9 @@ class OwnerTable:
         # each page as its XOR with the page before: a few dozen bytes of a 4 KiB page change
         # (a slot, a hash a tree level, the descriptor), so stored and sent as the bytes that
         # changed, a block costs what it changed rather than what it touched
-        batch = [(i, "diff", (pages[i] ^ before[i]).tobytes()) for i in changed]
+        at = np.asarray(changed, np.int64)
+        was = np.stack([before[i] for i in changed]) if changed else pages[at]
+        batch = ChangeBatch(at, np.zeros(len(at), bool), (pages[at] ^ was).tobytes())
         key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
         key_dels = {t for e in editors.values() for t in e.key_dels}
         version = self.current + 1

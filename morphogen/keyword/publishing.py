@@ -40,7 +40,7 @@ import numpy as np
 
 from morphogen.keyword.descriptor import tables_of
 from morphogen.keyword.owner import RESIZED, OwnerTable
-from morphogen.keyword.versions import Batch
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.writer import write_snapshot
 from morphogen.storage.location import is_remote
@@ -57,7 +57,7 @@ class Parties(Protocol):
         `cluster.parties.HttpParties`)."""
         ...
 
-    def updates(self, publication: str, batch: Batch) -> Sequence[dict]: ...
+    def updates(self, publication: str, batch: ChangeBatch) -> Sequence[dict]: ...
 
     def snapshot(self, publication: str, path: str) -> Sequence[dict]: ...
 
@@ -118,7 +118,7 @@ def stage_snapshot(owner: OwnerTable, version: int, snapshot_dir: str) -> str:
     return uri
 
 
-def _choose(owner: OwnerTable, version: int, batch: Batch, parties: Parties,
+def _choose(owner: OwnerTable, version: int, batch: ChangeBatch, parties: Parties,
             snapshot_dir: str | None) -> dict:
     modes = owner.state.setdefault(MODES, {})
     chosen = modes.get(str(version))
@@ -169,7 +169,7 @@ class Form:
 
     version: int
     publication: str
-    batch: Batch
+    batch: ChangeBatch  # read from the owner's file: it keeps the changed bytes it holds
     mode: str  # "updates" or "rotation"
     path: str = ""  # the snapshot a rotation sends
 
@@ -187,7 +187,7 @@ def next_form(owner: OwnerTable, parties: Parties, snapshot_dir: str | None,
         version = max(owner.published, after) + 1
         if version > owner.current:
             return None
-        pub, batch = owner.publication_id(version), owner.store.batch(version)
+        pub, batch = owner.publication_id(version), owner.store.changes(version)
         chosen = _choose(owner, version, batch, parties, snapshot_dir)
         if chosen["mode"] != "rotation":
             return Form(version, pub, batch, "updates")

@@ -39,7 +39,6 @@ from morphogen.keyword.descriptor import parts_of, tables_of
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.key_index import KeyIndex, slots_for
 from morphogen.keyword.layout import TAG_SIZE
-from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.snapshot.manifest import DATA_FILE
 from morphogen.snapshot.reader import Snapshot
@@ -75,11 +74,11 @@ def _unpack(path: Path) -> object:
     return msgpack.unpackb(path.read_bytes(), raw=False)
 
 
-def _write_batch(path: Path, batch: Batch) -> None:
-    whole = ChangeBatch.from_triples(batch)
+def _write_batch(path: Path, batch: Batch | ChangeBatch) -> None:
+    whole = batch if isinstance(batch, ChangeBatch) else ChangeBatch.from_triples(batch)
     _pack(path, {"pages": whole.pages.astype("<i8").tobytes(),
                  "data": whole.replace.astype(np.uint8).tobytes(),
-                 "bytes": sparse.pack(whole.data)})
+                 "bytes": whole.packed})
 
 
 def _apply_batch(pages: np.ndarray, batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
@@ -111,7 +110,7 @@ class VersionStore:
 
     def write(self, version: int, pages: np.ndarray, *, full: bool,
               keys: Mapping[bytes, bytes], key_puts: dict[bytes, bytes], key_dels: set[bytes],
-              batch: Batch | None) -> Path:
+              batch: Batch | ChangeBatch | None) -> Path:
         """Write `version` (full: the pages and every key; else the batch and the key
         changes) and rename it into place; returns its directory. A `KeyIndex` as `keys` is
         copied as files (synced first); any other mapping is indexed afresh."""
@@ -135,25 +134,27 @@ class VersionStore:
 
     def batch(self, version: int) -> Batch:
         """`version`'s changes as (page, "diff" | "data", 4096 bytes)."""
-        where, whole, rows = self.batch_arrays(version)
-        return [(p, "data" if w else "diff", rows[i].tobytes())
-                for i, (p, w) in enumerate(zip(where.tolist(), whole.tolist(), strict=True))]
+        return self.changes(version).triples()
 
-    def batch_arrays(self, version: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """`version`'s changes as arrays: pages, whether each is a whole page (else an XOR
-        diff), and the (n, 4096) bytes."""
+    def changes(self, version: int) -> ChangeBatch:
+        """`version`'s changes as one batch, which keeps the changed bytes it was read as
+        (what a publication sends)."""
         folder = vdir(self.root, version)
         if (folder / BATCH).is_file():
             doc = _unpack(folder / BATCH)
             where = np.frombuffer(doc["pages"], "<i8").astype(np.int64)  # type: ignore[index]
             whole = np.frombuffer(doc["data"], np.uint8).astype(bool)  # type: ignore[index]
-            dense = sparse.unpack(doc["bytes"], len(where) * PAGE_SIZE)  # type: ignore[index]
-            return where, whole, np.frombuffer(dense, np.uint8).reshape(-1, PAGE_SIZE)
+            return ChangeBatch.from_packed(where, whole, doc["bytes"])  # type: ignore[index]
         if (folder / OLD_BATCH).is_file():
-            old = ChangeBatch.from_triples(_unpack(folder / OLD_BATCH))  # type: ignore[arg-type]
-            return (old.pages, old.replace,
-                    np.frombuffer(old.data, np.uint8).reshape(-1, PAGE_SIZE))
+            return ChangeBatch.from_triples(_unpack(folder / OLD_BATCH))  # type: ignore[arg-type]
         raise VersionGone(f"version {version} is no longer kept ({folder / BATCH} is gone)")
+
+    def batch_arrays(self, version: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`version`'s changes as arrays: pages, whether each is a whole page (else an XOR
+        diff), and the (n, 4096) bytes."""
+        batch = self.changes(version)
+        return (batch.pages, batch.replace,
+                np.frombuffer(batch.data, np.uint8).reshape(-1, PAGE_SIZE))
 
     def batch_bytes(self, version: int) -> int:
         """What `version`'s batch takes on disk."""

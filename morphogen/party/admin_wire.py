@@ -148,10 +148,9 @@ def _sparse_updates(data: dict, *, num_pages: int, max_updates: int) -> ChangeBa
     if int(flags.max()) > 1:
         raise _bad_update("batch.replace holds 0 (diff) or 1 (data) a change")
     try:
-        dense = sparse.unpack(batch.data, n * PAGE_SIZE)
+        return ChangeBatch.from_packed(pages, flags.astype(bool), batch.data)
     except sparse.SparseError as exc:
         raise _bad_update(f"batch.data: {exc}") from None
-    return ChangeBatch(pages, flags.astype(bool), dense)
 
 
 def publication_id(header: str | None) -> str | None:

@@ -97,8 +97,43 @@ class ChangeBatch:
             blob[i * PAGE_SIZE:i * PAGE_SIZE + len(raw)] = raw
         return cls(pages, replace, bytes(blob))
 
+    @classmethod
+    def from_packed(cls, pages: np.ndarray, replace: np.ndarray,
+                    packed: bytes | bytearray | memoryview) -> ChangeBatch:
+        """The batch whose data's sparse form (`morphogen.protocol.sparse`) is `packed`
+        (SparseError when it is malformed or of another size); it keeps that form, to send
+        on as it came."""
+        from morphogen.protocol import sparse  # compiled kernels: only a publisher's
+
+        batch = cls(pages, replace, sparse.unpack(packed, len(pages) * PAGE_SIZE))
+        batch.__dict__["packed"] = bytes(packed)
+        return batch
+
+    @cached_property
+    def packed(self) -> bytes:
+        """The data's sparse form: a block's XOR diffs are a few dozen changed bytes a page."""
+        from morphogen.protocol import sparse
+
+        return sparse.pack(self.data)
+
+    def __reduce__(self) -> tuple:
+        # between processes (a router's batch to each shard) as the changed bytes where that
+        # is smaller: whole pages would cross once a shard, 4 KiB each, however little changed
+        known = {k: self.__dict__[k] for k in ("digest",) if k in self.__dict__}
+        packed = self.packed
+        if len(packed) < len(self.data):
+            return _unpickle_packed, (self.pages, self.replace, packed, known)
+        return _unpickle, (self.pages, self.replace, self.data, known)
+
     def __len__(self) -> int:
         return int(self.pages.shape[0])
+
+    def triples(self) -> list[tuple[int, str, bytes]]:
+        """`(page, "diff" | "data", 4096 bytes)` of each change, in order (`from_triples`)."""
+        view = memoryview(self.data)
+        return [(page, "data" if whole else "diff", bytes(view[i * PAGE_SIZE:(i + 1) * PAGE_SIZE]))
+                for i, (page, whole) in enumerate(zip(self.pages.tolist(),
+                                                      self.replace.tolist(), strict=True))]
 
     @cached_property
     def digest(self) -> str:
@@ -119,6 +154,19 @@ class ChangeBatch:
             page = int(self.pages[i])
             out.append(PageWrite(page, raw) if self.replace[i] else PageUpdate(page, raw))
         return out
+
+
+def _unpickle(pages: np.ndarray, replace: np.ndarray, data: bytes, known: dict) -> ChangeBatch:
+    batch = ChangeBatch(pages, replace, data)
+    batch.__dict__.update(known)
+    return batch
+
+
+def _unpickle_packed(pages: np.ndarray, replace: np.ndarray, packed: bytes,
+                     known: dict) -> ChangeBatch:
+    batch = ChangeBatch.from_packed(pages, replace, packed)
+    batch.__dict__.update(known)
+    return batch
 
 
 def joined(batches: Sequence[ChangeBatch]) -> ChangeBatch:

@@ -28,24 +28,29 @@ class SparseError(ValueError):
 
 
 @numba.njit(cache=True)
-def _runs(nz, gap, longest):
-    """Starts and ends of the runs covering the nonzero positions `nz` (sorted), merging
-    runs closer than `gap`, none longer than `longest`."""
-    starts = np.empty(len(nz), np.int64)
-    ends = np.empty(len(nz), np.int64)
-    k = 0
-    if len(nz):
-        starts[0] = nz[0]
-        ends[0] = nz[0] + 1
-        for i in range(1, len(nz)):
-            if nz[i] - ends[k] < gap and nz[i] + 1 - starts[k] <= longest:
-                ends[k] = nz[i] + 1
+def _runs(buf, words, gap, longest):
+    """Starts and ends of the runs covering the nonzero bytes of `buf`, merging runs closer
+    than `gap`, none longer than `longest`: one pass, eight zero bytes at a time (`words`:
+    `buf`'s whole 8-byte words), never an index of every changed byte."""
+    n = len(buf)
+    bound = n // (gap + 1) + n // longest + 2  # runs are at least `gap` zeros apart
+    starts = np.empty(bound, np.int64)
+    ends = np.empty(bound, np.int64)
+    k = -1
+    i = 0
+    while i < n:
+        if i % 8 == 0 and i // 8 < len(words) and words[i // 8] == 0:
+            i += 8
+            continue
+        if buf[i] != 0:
+            if k >= 0 and i - ends[k] < gap and i + 1 - starts[k] <= longest:
+                ends[k] = i + 1
             else:
                 k += 1
-                starts[k] = nz[i]
-                ends[k] = nz[i] + 1
-        k += 1
-    return starts[:k], ends[:k]
+                starts[k] = i
+                ends[k] = i + 1
+        i += 1
+    return starts[:k + 1].copy(), ends[:k + 1].copy()
 
 
 @numba.njit(cache=True)
@@ -70,7 +75,8 @@ def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
     """The sparse form of `data`."""
     buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) \
         else np.ascontiguousarray(data, np.uint8).reshape(-1)
-    starts, ends = _runs(np.flatnonzero(buf).astype(np.int64), GAP, LONGEST)
+    whole = len(buf) // 8 * 8
+    starts, ends = _runs(buf, buf[:whole].view(np.uint64), GAP, LONGEST)
     lengths = (ends - starts).astype("<u4")
     payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
     _gather(buf, starts, ends, payload)

@@ -407,7 +407,7 @@ def encode_batch(batch: ChangeBatch) -> tuple[bytes, ...]:
     block's XOR diffs are nearly all zeros), or as whole pages where that is no larger."""
     pages = np.ascontiguousarray(batch.pages, "<i8").tobytes()
     flags = np.ascontiguousarray(batch.replace, np.uint8).tobytes()
-    packed = sparse.pack(batch.data)
+    packed = batch.packed
     if len(packed) < len(batch.data):
         return _BLOB.pack(SPARSE_MAGIC, PAGE_SIZE, len(batch)), pages, flags, packed
     return _BLOB.pack(BLOB_MAGIC, PAGE_SIZE, len(batch)), pages, flags, batch.data

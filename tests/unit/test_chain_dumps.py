@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from morphogen.chain import anvil_dump, bulk, dumps
 from morphogen.chain.export import AccountState, BlockRef, ExportHeader, state_records, write_export
 from morphogen.chain.tables import build_chain_tables
+from morphogen.keyword import radix
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.records import RecordError
 from tests.unit._chain_dump import geth_dump
@@ -138,6 +139,39 @@ def test_an_address_twice_is_refused(tmp_path):
     parts = encoded(path, 200, seed=1)
     with pytest.raises(RecordError, match="twice"):
         bulk.assemble(parts, seed=1, signing_key=KEY, anchor=ANCHOR, created=1000)
+
+
+@pytest.mark.parametrize("fault", ["key", "tag", "zero_tag", None])
+def test_repeats_are_found_among_many_records(fault):
+    # past the size where the tags are sorted on every core
+    rng = np.random.default_rng(3)
+    n = radix.SMALL + 1000
+    keys = np.sort(rng.integers(0, 2**63, n, dtype=np.int64)).view(np.uint8).reshape(n, 8)
+    keys = np.ascontiguousarray(keys[:, ::-1])  # big-endian: byte order is number order
+    tags = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    if fault == "key":
+        keys[n - 7] = keys[n - 8]
+    elif fault == "tag":
+        tags[n - 3] = tags[11]
+    elif fault == "zero_tag":
+        tags[500] = 0
+    if fault is None:
+        bulk._refuse_repeats(keys, tags, "storage key")
+        return
+    says = {"key": f"storage key 0x{keys[n - 7].tobytes().hex()} twice",
+            "tag": "have the same 128-bit tag", "zero_tag": "all zeros"}[fault]
+    with pytest.raises(RecordError, match=says):
+        bulk._refuse_repeats(keys, tags, "storage key")
+
+
+def test_many_sorted_runs_merge_into_one_order():
+    rng = np.random.default_rng(5)
+    runs = [int(r) for r in rng.integers(0, 300, 37)]
+    rows = [np.sort(rng.integers(0, 2**40, r)).astype(">u8").view(np.uint8).reshape(r, 8)
+            for r in runs]
+    keys = np.concatenate(rows)
+    order = bulk.merge_sorted(keys, runs)
+    assert np.array_equal(order, np.argsort(keys.view(">u8").reshape(-1), kind="stable"))
 
 
 def test_line_ranges_cover_the_file_at_line_starts(tmp_path):

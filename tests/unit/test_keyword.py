@@ -22,6 +22,7 @@ from morphogen.keyword import (
     build_table,
     candidates,
     read_records,
+    tree,
 )
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.editor import read_changes
@@ -31,7 +32,6 @@ from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.pages import free_slot, slot_of, tag_of
 from morphogen.keyword.tree import FANOUT, leaf_hash, node_hash
 from morphogen.keyword.verify import ANSWER_FAILED, check, plan
-from morphogen.protocol.changes import ChangeBatch
 
 VECTORS = Path(__file__).parents[1] / "vectors" / "cuckoo_vectors.json"
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -104,6 +104,23 @@ def test_rows_not_dividing_a_page_or_too_small_for_a_slot_are_refused() -> None:
 def _big(recs: dict[bytes, bytes]):
     # two buckets a page: thousands of records span more than 128 data pages, two tree levels
     return build_table(recs.items(), value_size=32, signing_key=KEY, layout="row", row_size=2048)
+
+
+def test_a_tree_hashed_on_every_core_is_the_tree_hashed_page_by_page() -> None:
+    rng = np.random.default_rng(2)
+    data = rng.integers(0, 256, (2 * tree.PARALLEL_PAGES + 77, PAGE_SIZE), dtype=np.uint8)
+    levels = tree.build(data)
+    assert [len(x) for x in levels] == tree.level_sizes(len(data))
+    below = [leaf_hash(p) for p in data]
+    for level in levels:
+        assert level.reshape(-1)[:32 * len(below)].tobytes() == b"".join(below)
+        below = [node_hash(p) for p in level]
+    # the paths of changed pages rewritten in place equal a tree built anew
+    changed = sorted({int(i) for i in rng.integers(0, len(data), 3 * tree.PARALLEL_PAGES)})
+    data[changed, :8] ^= 0xA5
+    written = tree.rehash(levels, data, changed)
+    assert all(np.array_equal(a, b) for a, b in zip(levels, tree.build(data), strict=True))
+    assert written[0] == {p // FANOUT for p in changed}
 
 
 def test_the_tree_has_a_level_per_128_pages_and_proves_pages_read_privately() -> None:
@@ -299,10 +316,10 @@ def test_inserts_changes_and_deletes_make_a_new_version(tmp_path: Path, layout: 
     assert lookup(pages, desc, deleted) == [None] * 10
     # the batch turns version 1 into version 2 exactly, descriptor page included
     before = table.pages.copy()
-    assert {kind for _, kind, _ in batch} == {"diff"}  # each page XOR the page before
-    before = apply_batch(before, ChangeBatch.from_triples(batch))
+    assert not batch.replace.any()  # each page XOR the page before
+    before = apply_batch(before, batch)
     assert np.array_equal(before, pages)
-    assert batch[-1][0] == desc.geometry.descriptor_page
+    assert batch.pages[-1] == desc.geometry.descriptor_page
     assert [v for v, _, _ in owner.unpublished()] == [2]
 
 

@@ -87,9 +87,9 @@ def test_pages_of_two_versions_never_mix(tmp_path: Path) -> None:
     assert version == 2
     v1, v2 = owner.pages(1), owner.pages(2)
     g = table.descriptor.geometry
-    data = [i for i, _, _ in batch if i < g.data_pages]
-    tree = [i for i, _, _ in batch if g.data_pages <= i < g.descriptor_page]
-    assert data and len(tree) >= 2 and batch[-1][0] == g.descriptor_page  # paths in the batch
+    data = [i for i in batch.pages.tolist() if i < g.data_pages]
+    tree = [i for i in batch.pages.tolist() if g.data_pages <= i < g.descriptor_page]
+    assert data and len(tree) >= 2 and batch.pages[-1] == g.descriptor_page  # paths in it
     assert KeywordClient(TablePir(v2), PUB).get_many(changed) == [bytes(32)] * 4
     for mixed in (
         np.concatenate([v1[:g.data_pages], v2[g.data_pages:]]),  # old data, new tree + root
@@ -188,10 +188,11 @@ def test_a_block_that_changes_nothing_is_still_a_version(tmp_path: Path) -> None
     recs = records(200, seed=8)
     create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY), tmp_path / "o")
     owner = OwnerTable(tmp_path / "o")
-    assert owner.apply([], KEY) == (1, [])  # nothing to say: no version
+    version, batch = owner.apply([], KEY)
+    assert version == 1 and len(batch) == 0  # nothing to say: no version
     version, batch = owner.apply([], KEY, anchor=Anchor(1, 7, H))
     # the descriptor page alone
-    assert version == 2 and [i for i, _, _ in batch] == [owner.pages().shape[0] - 1]
+    assert version == 2 and batch.pages.tolist() == [owner.pages().shape[0] - 1]
     kc = KeywordClient(TablePir(owner.pages()), PUB, min_block=7)
     key = sorted(recs)[0]
     assert kc.get(key) == recs[key] and kc.seen_block == 7

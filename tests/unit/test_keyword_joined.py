@@ -82,7 +82,7 @@ def test_one_apply_moves_every_table_to_the_same_version_and_block(tmp_path: Pat
     assert {d.version for d in descs} == {2} and {d.anchor for d in descs} == {block}
     # code changed nothing, yet its descriptor moved with the others (in the same batch)
     code = parts_of(pages)[2]
-    assert code.first + code.span - 1 in [i for i, _, _ in batch]
+    assert code.first + code.span - 1 in batch.pages.tolist()
     assert _client(pages, "accounts").get(acct) == b"\1" * 72
     assert _client(pages, "storage").get(word) is None
     assert owner.descriptor("storage").records == len(recs["storage"]) - 1

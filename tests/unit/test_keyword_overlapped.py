@@ -40,7 +40,7 @@ class Party:
             return {"identity": self.log[pub], "duplicate": True}
         if parent is not None and parent != self.head:
             raise Refused(f"{pub}: parent {parent}, head {self.head}")
-        self.pages = apply_batch(self.pages, ChangeBatch.from_triples(batch))
+        self.pages = apply_batch(self.pages, batch)
         self.head = hashlib.sha256((self.head + pub).encode()).hexdigest()[:16]
         self.log[pub] = self.head
         self.applied.append(pub)
@@ -183,7 +183,8 @@ def test_a_party_moved_by_another_publisher_refuses_and_b_never_gets_it(tmp_path
     pub.push()
     pub.wait()
     a, b = parties.parties
-    a.take("another-publisher", [], a.head)  # moved A between our publications
+    # moved A between our publications
+    a.take("another-publisher", ChangeBatch.from_triples([]), a.head)
     rng = random.Random(5)
     key = next(iter(OwnerTable(owner.root).records()))[0]
     owner.apply([Change("put", key, rng.randbytes(32))], KEY, rng=rng.randrange)

@@ -20,7 +20,6 @@ from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
 from morphogen.keyword.publishing import ROTATE_ABOVE, PublishError, publish
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.versions import VersionGone
-from morphogen.protocol.changes import ChangeBatch
 from morphogen.snapshot.reader import Snapshot
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
@@ -182,7 +181,7 @@ class FakeParties:
 
     def updates(self, pub, batch):
         def apply_to(party: FakeParty) -> None:
-            party.pages = apply_batch(party.pages, ChangeBatch.from_triples(batch))
+            party.pages = apply_batch(party.pages, batch)
         return self._both(pub, "updates", apply_to)
 
     def snapshot(self, pub, path):

@@ -212,11 +212,50 @@ def test_the_admin_client_sends_the_form_the_party_takes(says, sparse_cap, body_
         return httpx.Response(200, json={"epoch_id": 2, "identity": "0x" + "ab" * 16})
 
     changes = _changes(np.random.default_rng(7), 10)
-    with AdminClient("http://a", "t" * 32, transport=httpx.MockTransport(route)) as client:
-        client.updates(changes, "pub-1")
-        client.updates(changes, "pub-2", max_per_request=4)  # over the request's cap
+    # as triples, and as one batch (what a publisher sends both parties, packed once)
+    for sent in (ChangeBatch.from_triples(changes), changes):
+        bodies.clear()
+        with AdminClient("http://a", "t" * 32, transport=httpx.MockTransport(route)) as client:
+            client.updates(sent, "pub-1")
+            client.updates(sent, "pub-2", max_per_request=4)  # over the request's cap
+        if isinstance(sent, ChangeBatch):
+            from_batch = list(bodies)
+    # the same batches (a replacement sent from a batch is its page zero-padded: the same)
+    def parsed(body: dict) -> tuple:
+        got = admin_wire.parse_updates(msgpack.packb(body, use_bin_type=True), MSGPACK_TYPE,
+                                       num_pages=1000, max_updates=100, max_sparse=100)
+        return got.pages.tolist(), got.replace.tolist(), got.data
+
+    assert [parsed(b) for b in bodies] == [parsed(b) for b in from_batch]
     one = says and sparse_cap == 10 and body_cap == 0
     assert len(bodies) == 1 + (1 if one else 3)
     assert all(("batch" in b) == bool(says) and ("updates" in b) != bool(says) for b in bodies)
     if one:
         assert len(bodies[1]["batch"]["pages"]) == 8 * 10
+
+
+@pytest.mark.parametrize("shape", ["diffs", "random"])
+def test_a_batch_crosses_processes_as_its_changed_bytes(shape: str) -> None:
+    """A router hands each shard the batch pickled: a block's diffs as their changed bytes,
+    random pages whole; the same batch and digest arrive either way."""
+    import pickle
+
+    rng = np.random.default_rng(9)
+    n = 64
+    data = (_diffs(rng, n) if shape == "diffs"
+            else rng.integers(0, 256, n * PAGE_SIZE, dtype=np.uint8).tobytes())
+    batch = ChangeBatch(np.arange(n, dtype=np.int64) * 3, np.zeros(n, bool), data)
+    digest = batch.digest
+    raw = pickle.dumps(batch, protocol=5)
+    back = pickle.loads(raw)
+    assert np.array_equal(back.pages, batch.pages) and np.array_equal(back.replace, batch.replace)
+    assert back.data == batch.data and back.digest == digest
+    if shape == "diffs":
+        assert len(raw) < len(data) / 10 and back.packed == batch.packed
+    else:
+        assert len(raw) > len(data)
+    # a batch parsed from a body of changed bytes keeps them: sent on without packing again
+    body = encode_sparse_updates(batch)
+    parsed = admin_wire.parse_updates(body, MSGPACK_TYPE, num_pages=1000, max_updates=n)
+    assert "packed" in parsed.__dict__ and parsed.data == batch.data
+    assert parsed.digest == digest
