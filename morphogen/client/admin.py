@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import msgpack
-import numpy as np
 
 from morphogen.client.drivers import PirError, _error_from_response
 from morphogen.client.wire import (
@@ -22,7 +21,6 @@ from morphogen.client.wire import (
     encode_sparse_updates,
     encode_updates,
 )
-from morphogen.constants import PAGE_SIZE
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import (
     ADMIN_SNAPSHOT_PATH,
@@ -36,7 +34,6 @@ from morphogen.protocol.codec import (
     PART_HEADER,
     PUBLICATION_HEADER,
 )
-from morphogen.protocol.identity import batch_digest
 
 
 class AdminClient:
@@ -137,14 +134,14 @@ class AdminClient:
         if whole is not None:  # a block's diffs: thousands of pages in one small body
             return self._send(ADMIN_UPDATES_PATH, body=whole, publication=publication,
                               parent=parent)
-        if isinstance(changes, ChangeBatch):
-            changes = changes.triples()
-        return self._in_parts(changes, publication or f"pub-{secrets.token_hex(12)}", parent,
+        batch = changes if isinstance(changes, ChangeBatch) else ChangeBatch.from_triples(changes)
+        return self._in_parts(batch, publication or f"pub-{secrets.token_hex(12)}", parent,
                               max_per_request)
 
-    def _in_parts(self, changes: Sequence[tuple[int, str, bytes]], publication: str,
-                  parent: str | None, per_request: int) -> dict:
-        digest = changes_digest(changes)
+    def _in_parts(self, batch: ChangeBatch, publication: str, parent: str | None,
+                  per_request: int) -> dict:
+        digest = batch.digest
+        changes = batch.triples()
         chunks = [changes[i:i + per_request] for i in range(0, len(changes), per_request)]
 
         def send(i: int) -> dict:
@@ -227,10 +224,7 @@ class AdminClient:
 
 def changes_digest(changes: Sequence[tuple[int, str, bytes]]) -> str:
     """The digest a party computes of these changes as one batch (`ChangeBatch.digest`)."""
-    pages = np.fromiter((int(p) for p, _, _ in changes), np.int64, len(changes))
-    replace = np.fromiter((k == "data" for _, k, _ in changes), np.uint8, len(changes))
-    data = b"".join(bytes(raw).ljust(PAGE_SIZE, b"\0") for _, _, raw in changes)
-    return batch_digest(pages, replace, data)
+    return ChangeBatch.from_triples(changes).digest
 
 
 def ingress_miss(resp: httpx.Response) -> bool:

@@ -373,7 +373,8 @@ class OwnerTable:
                 blocks.append(copy)
             new_pages = np.concatenate(blocks)
             version = self.current + 1
-            batch = [(i, "data", new_pages[i].tobytes()) for i in range(len(new_pages))]
+            batch = ChangeBatch(np.arange(len(new_pages), dtype=np.int64),
+                                np.ones(len(new_pages), bool), new_pages.tobytes())
             self.store.write(version, new_pages, full=True, keys=keys, key_puts={},
                              key_dels=set(), batch=batch)
             self.state["current"] = version

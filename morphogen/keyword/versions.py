@@ -74,11 +74,10 @@ def _unpack(path: Path) -> object:
     return msgpack.unpackb(path.read_bytes(), raw=False)
 
 
-def _write_batch(path: Path, batch: Batch | ChangeBatch) -> None:
-    whole = batch if isinstance(batch, ChangeBatch) else ChangeBatch.from_triples(batch)
-    _pack(path, {"pages": whole.pages.astype("<i8").tobytes(),
-                 "data": whole.replace.astype(np.uint8).tobytes(),
-                 "bytes": whole.packed})
+def _write_batch(path: Path, batch: ChangeBatch) -> None:
+    _pack(path, {"pages": batch.pages.astype("<i8").tobytes(),
+                 "data": batch.replace.astype(np.uint8).tobytes(),
+                 "bytes": batch.packed})
 
 
 def _apply_batch(pages: np.ndarray, batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
@@ -110,7 +109,7 @@ class VersionStore:
 
     def write(self, version: int, pages: np.ndarray, *, full: bool,
               keys: Mapping[bytes, bytes], key_puts: dict[bytes, bytes], key_dels: set[bytes],
-              batch: Batch | ChangeBatch | None) -> Path:
+              batch: ChangeBatch | None) -> Path:
         """Write `version` (full: the pages and every key; else the batch and the key
         changes) and rename it into place; returns its directory. A `KeyIndex` as `keys` is
         copied as files (synced first); any other mapping is indexed afresh."""
