@@ -169,6 +169,10 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
+        # a cancelled task may still be writing its range: the caller removes the work
+        # directory (a refused dump's) only once none is, or a range written meanwhile stays
+        if pending:
+            ray.wait(list(pending), num_returns=len(pending), timeout=60)
     return files, manifest["seed"]
 
 
