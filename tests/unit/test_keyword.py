@@ -106,9 +106,9 @@ def _big(recs: dict[bytes, bytes]):
     return build_table(recs.items(), value_size=32, signing_key=KEY, layout="row", row_size=2048)
 
 
-def test_a_tree_hashed_on_every_core_is_the_tree_hashed_page_by_page() -> None:
+def test_a_tree_hashed_in_one_pass_is_the_tree_hashed_page_by_page() -> None:
     rng = np.random.default_rng(2)
-    data = rng.integers(0, 256, (2 * tree.PARALLEL_PAGES + 77, PAGE_SIZE), dtype=np.uint8)
+    data = rng.integers(0, 256, (64 * FANOUT + 77, PAGE_SIZE), dtype=np.uint8)
     levels = tree.build(data)
     assert [len(x) for x in levels] == tree.level_sizes(len(data))
     below = [leaf_hash(p) for p in data]
@@ -116,11 +116,15 @@ def test_a_tree_hashed_on_every_core_is_the_tree_hashed_page_by_page() -> None:
         assert level.reshape(-1)[:32 * len(below)].tobytes() == b"".join(below)
         below = [node_hash(p) for p in level]
     # the paths of changed pages rewritten in place equal a tree built anew
-    changed = sorted({int(i) for i in rng.integers(0, len(data), 3 * tree.PARALLEL_PAGES)})
+    changed = sorted({int(i) for i in rng.integers(0, len(data), 3 * 4096)})
     data[changed, :8] ^= 0xA5
     written = tree.rehash(levels, data, changed)
     assert all(np.array_equal(a, b) for a, b in zip(levels, tree.build(data), strict=True))
     assert written[0] == {p // FANOUT for p in changed}
+    # pages given as a strided view, or none
+    assert tree._hashes(data[::3][:50], True).tobytes() == b"".join(
+        leaf_hash(p) for p in data[::3][:50])
+    assert tree._hashes(data[:0], False).shape == (0, tree.HASH_SIZE)
 
 
 def test_the_tree_has_a_level_per_128_pages_and_proves_pages_read_privately() -> None:
