@@ -358,11 +358,11 @@ class ShardState:
         staged meanwhile. Returns the number of updates folded.
 
         On the CPU engines the updates are XORed into the shard's own pages in place, under
-        the scan gate (morphogen.party.host_fold: 4 KiB written an update, whatever the
-        shard's size); an engine that scans a copy of its own gets private copies of the
-        touched chunks instead. On a GPU shard they are written into the device copy in place
-        (morphogen.party.device_fold), which a commit of updates already does, so little is
-        left pending there.
+        the scan gate (morphogen.party.host_fold: the words an update changes written,
+        whatever the shard's size); an engine that scans a copy of its own gets private
+        copies of the touched chunks instead. On a GPU shard they are written into the device
+        copy in place (morphogen.party.device_fold), which a commit of updates already does, so
+        little is left pending there.
         """
         with self._lock:
             base = self.current

@@ -3,7 +3,8 @@
 In place, where it can (`plan_in_place`, `write_in_place`): a shard's pages are its own copy
 (`read_verified`'s, never the file's mapping), and the CPU engines scan those very arrays, so a
 fold XORs each pending update into its page and swaps in the same segments without the updates:
-4 KiB written a page updated, whatever the shard's size, and no segment split. The write
+only the 8-byte words an update changes are written (a block's diff is a few dozen bytes of its
+page), whatever the shard's size, and no segment split. The write
 changes what every version sharing those segments reads, so, as on a GPU shard
 (morphogen.party.device_fold), it runs under the scan gate's write side: the scans in flight
 (on the version with the updates pending) finish first, and every later scan reads the folded
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import numba
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
@@ -46,7 +48,8 @@ def _owner(pages: np.ndarray) -> np.ndarray | None:
     return arr
 
 
-Writes = list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (owner, its rows, their diffs)
+# (owner, its rows, the pending diffs, which of them go to those rows)
+Writes = list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
 def plan_in_place(base: Version) -> Writes:
@@ -71,8 +74,28 @@ def plan_in_place(base: Version) -> Writes:
             raise ValueError("a segment's pages are not an array of this process's own")
         rows += (seg.pages.__array_interface__["data"][0]
                  - owner.__array_interface__["data"][0]) // PAGE_SIZE
-        out.append((owner, rows, diffs[mine]))
+        out.append((owner, rows, diffs, mine))
     return out
+
+
+@numba.njit(cache=True)
+def _xor_changed_words(owner, rows, diffs, which):
+    """owner[rows[i]] ^= diffs[which[i]], in order, writing only the words a diff changes: a
+    diff is read once from front to back, and a page it leaves alone is never touched."""
+    for i in range(rows.shape[0]):
+        r = rows[i]
+        d = which[i]
+        for j in range(diffs.shape[1]):
+            x = diffs[d, j]
+            if x != 0:
+                owner[r, j] ^= x
+
+
+def _words(arr: np.ndarray) -> np.ndarray | None:
+    """`arr` (n, 4096) uint8 as (n, 512) uint64 where its memory allows, else None."""
+    if arr.flags.c_contiguous and arr.ctypes.data % 8 == 0:
+        return arr.view(np.uint64)
+    return None
 
 
 def write_in_place(base: Version, writes: Writes, c: int,
@@ -80,14 +103,17 @@ def write_in_place(base: Version, writes: Writes, c: int,
     """XOR `plan_in_place(base)` into the pages and `swap` in the version without the pending
     updates (the caller holds the scan gate's write side). Chunks of `c` pages written are
     added to `folded` (what `info()` counts)."""
-    for owner, rows, diffs in writes:
+    for owner, rows, diffs, mine in writes:
         was = owner.flags.writeable
         owner.flags.writeable = True
         try:
-            if np.unique(rows).size == rows.size:
-                owner[rows] ^= diffs
+            into, words = _words(owner), _words(diffs)
+            if into is not None and words is not None:
+                _xor_changed_words(into, rows, words, mine)
+            elif np.unique(rows).size == rows.size:
+                owner[rows] ^= diffs[mine]
             else:  # a page updated twice: both diffs, in any order (XOR commutes)
-                np.bitwise_xor.at(owner, rows, diffs)
+                np.bitwise_xor.at(owner, rows, diffs[mine])
         finally:
             owner.flags.writeable = was
     pages = base._pending_arrays[0]

@@ -243,15 +243,20 @@ def test_a_fold_writes_the_updates_into_the_pages_scans_read_and_nothing_else(sn
     d1, d2 = (rng.integers(0, 256, 4096, np.uint8) for _ in range(2))
     state.prepare_updates(2, [PageUpdate(7, d1.tobytes()), PageWrite(150, b"\x09" * 10)])
     state.commit(2)
-    state.prepare_updates(3, [PageUpdate(7, d2.tobytes()), PageUpdate(299, d1.tobytes())])
+    # a block's diff: a few changed bytes (the first and the last of the page), the rest zero
+    sparse = np.zeros(4096, np.uint8)
+    sparse[[0, 1000, 4095]] = (0x81, 0x01, 0xFE)
+    state.prepare_updates(3, [PageUpdate(7, d2.tobytes()), PageUpdate(299, d1.tobytes()),
+                              PageUpdate(40, sparse.tobytes())])
     state.commit(3)
     model[7] ^= d1 ^ d2
+    model[40] ^= sparse
     model[150] = 0
     model[150, :10] = 9
     model[299] ^= d1
     before = state.current
     arrays = [s.pages for s in before.segments]
-    assert state.fold_pending() == 4
+    assert state.fold_pending() == 5
     after = state.current
     assert after.pending == () and after.identity == before.identity
     assert after.segments == before.segments  # the same Segment objects: no copy, no split
@@ -259,7 +264,7 @@ def test_a_fold_writes_the_updates_into_the_pages_scans_read_and_nothing_else(sn
     got = np.concatenate([np.asarray(s.pages) for s in after.segments])
     assert np.array_equal(got, model)
     assert all(not s.pages.flags.writeable for s in after.segments)
-    assert after.folded == {0, 150 // 32, 299 // 32}
-    keys = keys_for([7, 150, 299, 0])
+    assert after.folded == {0, 40 // 32, 150 // 32, 299 // 32}
+    keys = keys_for([7, 40, 150, 299, 0])
     assert np.array_equal(state.scan(keys)[1], expected(model, 0, NUM_PAGES, keys))
     assert state.fold_pending() == 0
