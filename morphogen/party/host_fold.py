@@ -75,6 +75,13 @@ def plan_in_place(base: Version) -> Writes:
         rows += (seg.pages.__array_interface__["data"][0]
                  - owner.__array_interface__["data"][0]) // PAGE_SIZE
         out.append((owner, rows, diffs, mine))
+    words = _words(diffs)
+    if out and words is not None:
+        # compiled (or loaded from numba's cache) here, not under the scan gate, where a first
+        # fold's compilation would hold every scan of the shard; the pages are read-only until
+        # then, so a writable array of their type stands in for them
+        _, rows, _, mine = out[0]
+        _xor_changed_words(np.zeros((1, PAGE_SIZE // 8), np.uint64), rows[:0], words, mine[:0])
     return out
 
 
