@@ -4,11 +4,11 @@ In place, where it can (`plan_in_place`, `write_in_place`): a shard's pages are 
 (`read_verified`'s, never the file's mapping), and the CPU engines scan those very arrays, so a
 fold XORs each pending update into its page and swaps in the same segments without the updates:
 only the 8-byte words an update changes are written (a block's diff is a few dozen bytes of its
-page), whatever the shard's size, and no segment split. The write
-changes what every version sharing those segments reads, so, as on a GPU shard
-(morphogen.party.device_fold), it runs under the scan gate's write side: the scans in flight
-(on the version with the updates pending) finish first, and every later scan reads the folded
-version, whose answers are the same bytes.
+page), whatever the shard's size, and no segment split. The write changes what every version
+sharing those segments reads, so, as on a GPU shard (morphogen.party.device_fold), it runs
+under the scan gate's write side: the scans in flight (on the version with the updates
+pending) finish first, and every later scan reads the folded version, whose answers are the
+same bytes.
 
 Otherwise (`fold_on_host`: an engine that scans a copy of its own), every touched chunk becomes
 a private copy and the untouched runs around it become segments of their own (views of the
