@@ -14,7 +14,7 @@ from functools import cached_property
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.protocol.identity import batch_digest
+from morphogen.protocol.identity import batch_digest, batch_digest_chunks
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,9 @@ class ChangeBatch:
     data: bytes  # n * 4096 bytes
 
     def __post_init__(self) -> None:
-        n = int(self.pages.shape[0]) if self.pages.ndim == 1 else -1
-        if n < 0 or self.replace.shape != (n,):
-            raise ValueError("pages and replace must be two arrays of the same length")
+        n = _checked_count(self.pages, self.replace)
         if len(self.data) != n * PAGE_SIZE:
             raise ValueError(f"{n} changes need {n * PAGE_SIZE} bytes of data")
-        if n and int(self.pages.min()) < 0:
-            raise ValueError("page numbers are non-negative")
 
     @classmethod
     def from_changes(cls, changes: Sequence[Change]) -> ChangeBatch:
@@ -105,8 +101,15 @@ class ChangeBatch:
         on as it came."""
         from morphogen.protocol import sparse  # compiled kernels: only a publisher's
 
-        batch = cls(pages, replace, sparse.unpack(packed, len(pages) * PAGE_SIZE))
-        batch.__dict__["packed"] = bytes(packed)
+        n = _checked_count(pages, replace)
+        raw = bytes(packed)
+        sparse.check(raw, n * PAGE_SIZE)
+        # its whole pages are made only if asked for: a router that logs the runs and hands
+        # them on to its shards, or a follower that sends them to both parties, never does
+        batch = object.__new__(_Packed)
+        object.__setattr__(batch, "pages", pages)
+        object.__setattr__(batch, "replace", replace)
+        batch.__dict__["packed"] = raw
         return batch
 
     @cached_property
@@ -121,7 +124,7 @@ class ChangeBatch:
         # is smaller: whole pages would cross once a shard, 4 KiB each, however little changed
         known = {k: self.__dict__[k] for k in ("digest",) if k in self.__dict__}
         packed = self.packed
-        if len(packed) < len(self.data):
+        if len(packed) < len(self) * PAGE_SIZE:
             return _unpickle_packed, (self.pages, self.replace, packed, known)
         return _unpickle, (self.pages, self.replace, self.data, known)
 
@@ -139,6 +142,12 @@ class ChangeBatch:
     def digest(self) -> str:
         """What the epoch identity's update chain hashes: the whole batch, whatever part of it
         a shard holds, so every shard of a party derives the same identity."""
+        if "data" not in self.__dict__:  # changed bytes not unpacked: hashed a piece at a time
+            from morphogen.protocol import sparse
+
+            size = len(self) * PAGE_SIZE
+            return batch_digest_chunks(self.pages, self.replace, size,
+                                       sparse.dense_chunks(self.packed, size))
         return batch_digest(self.pages, self.replace, self.data)
 
     def max_page(self) -> int:
@@ -154,6 +163,28 @@ class ChangeBatch:
             page = int(self.pages[i])
             out.append(PageWrite(page, raw) if self.replace[i] else PageUpdate(page, raw))
         return out
+
+
+class _Packed(ChangeBatch):
+    """A batch that came as its changed bytes (`ChangeBatch.from_packed`, checked then): its
+    whole pages are unpacked the first time they are read."""
+
+    @cached_property
+    def data(self) -> bytes:  # type: ignore[override]
+        from morphogen.protocol import sparse
+
+        return sparse.unpack(self.packed, len(self) * PAGE_SIZE)
+
+
+def _checked_count(pages: np.ndarray, replace: np.ndarray) -> int:
+    """The number of changes of a batch's page and flag arrays (ValueError when they do not
+    make one)."""
+    n = int(pages.shape[0]) if pages.ndim == 1 else -1
+    if n < 0 or replace.shape != (n,):
+        raise ValueError("pages and replace must be two arrays of the same length")
+    if n and int(pages.min()) < 0:
+        raise ValueError("page numbers are non-negative")
+    return n
 
 
 def _unpickle(pages: np.ndarray, replace: np.ndarray, data: bytes, known: dict) -> ChangeBatch:

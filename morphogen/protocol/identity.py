@@ -22,6 +22,7 @@ its `digest` so a client can check what it was answered from.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,12 +42,27 @@ def _hash(*parts: bytes) -> bytes:
 
 def batch_digest(pages: np.ndarray, replace: np.ndarray, data: bytes | memoryview) -> str:
     """Hex digest of one update batch in transit (page numbers, replace flags, page bytes)."""
-    return _hash(
-        b"morphogen-updates-v1",
-        np.ascontiguousarray(pages, dtype="<i8").tobytes(),
-        np.ascontiguousarray(replace, dtype=np.uint8).tobytes(),
-        bytes(data),
-    ).hex()
+    data = memoryview(data).cast("B")
+    return batch_digest_chunks(pages, replace, len(data), [data])
+
+
+def batch_digest_chunks(pages: np.ndarray, replace: np.ndarray, size: int,
+                        chunks: Iterable[bytes | memoryview]) -> str:
+    """`batch_digest` of the batch whose `size` bytes of page data come as `chunks` in order
+    (a batch of changed bytes hashed without unpacking it whole)."""
+    h = hashlib.blake2b(digest_size=32)
+    for p in (b"morphogen-updates-v1", np.ascontiguousarray(pages, dtype="<i8").tobytes(),
+              np.ascontiguousarray(replace, dtype=np.uint8).tobytes()):
+        h.update(len(p).to_bytes(8, "little"))
+        h.update(p)
+    h.update(int(size).to_bytes(8, "little"))
+    seen = 0
+    for c in chunks:
+        h.update(c)
+        seen += len(c)
+    if seen != size:
+        raise ValueError(f"{seen} bytes of page data, {size} named")
+    return h.digest().hex()
 
 
 @dataclass(frozen=True)

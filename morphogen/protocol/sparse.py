@@ -14,6 +14,7 @@ inside a change are kept (a run's 12 bytes of header cost more than they save).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 
 import numba
 import numpy as np
@@ -84,9 +85,9 @@ def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
                      lengths.tobytes(), payload.tobytes()))
 
 
-def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
-    """The dense buffer of `size` bytes of a sparse form (SparseError when it is malformed or
-    of another size: the size comes from the caller, never from the bytes alone)."""
+def _parsed(raw: bytes | bytearray | memoryview, size: int
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, lengths, payload) of a sparse form of `size` bytes, checked whole."""
     raw = memoryview(raw).cast("B")
     if len(raw) < _HEAD.size:
         raise SparseError(f"a sparse buffer starts with {_HEAD.size} bytes, got {len(raw)}")
@@ -105,12 +106,62 @@ def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
             raise SparseError("the runs overlap, are empty or leave the buffer")
     if len(raw) - body != int(lengths.sum()):
         raise SparseError(f"{len(raw) - body} bytes of runs, {int(lengths.sum())} named")
-    out = np.zeros(total, np.uint8)
-    _scatter(np.frombuffer(raw, np.uint8, len(raw) - body, body), starts, lengths, out)
+    return starts, lengths, np.frombuffer(raw, np.uint8, len(raw) - body, body)
+
+
+def check(raw: bytes | bytearray | memoryview, size: int) -> None:
+    """SparseError unless `raw` is a sparse form of `size` bytes (what `unpack` would take)."""
+    _parsed(raw, size)
+
+
+def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
+    """The dense buffer of `size` bytes of a sparse form (SparseError when it is malformed or
+    of another size: the size comes from the caller, never from the bytes alone)."""
+    starts, lengths, payload = _parsed(raw, size)
+    out = np.zeros(size, np.uint8)
+    _scatter(payload, starts, lengths, out)
     return out.tobytes()
+
+
+@numba.njit(cache=True)
+def _scatter_window(payload, starts, ends, offsets, first, lo, hi, out):
+    """The runs' bytes that fall in [lo, hi) into out[0:hi - lo] (zeroed by the caller), from
+    run `first` on; returns the first run that may reach past `hi`."""
+    r = first
+    while r < len(starts) and ends[r] <= lo:
+        r += 1
+    k = r
+    while k < len(starts) and starts[k] < hi:
+        a = max(starts[k], lo)
+        b = min(ends[k], hi)
+        at = offsets[k] + a - starts[k]
+        out[a - lo:b - lo] = payload[at:at + b - a]
+        k += 1
+    return r
+
+
+def dense_chunks(raw: bytes | bytearray | memoryview, size: int,
+                 chunk: int = 1 << 20) -> Iterator[memoryview]:
+    """The dense buffer of a sparse form, `chunk` bytes at a time (the last one shorter), never
+    whole: each chunk is a view of one buffer, rewritten for the next, so it is read (hashed)
+    before the next is asked for. SparseError, before the first chunk, as `unpack`."""
+    starts, lengths, payload = _parsed(raw, size)
+    ends = starts + lengths
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    buf = np.zeros(min(chunk, size), np.uint8)
+    view = memoryview(buf)
+    first = 0
+    for lo in range(0, size, chunk):
+        hi = min(size, lo + chunk)
+        buf[:hi - lo] = 0
+        first = _scatter_window(payload, starts, ends, offsets, first, lo, hi, buf)
+        yield view[:hi - lo]
 
 
 def warm() -> None:
     """Load (or compile) the kernels now: a process that will publish calls it as it starts,
     so that its first batch does not wait for them."""
-    unpack(pack(np.arange(64, dtype=np.uint8)), 64)
+    raw = pack(np.arange(64, dtype=np.uint8))
+    unpack(raw, 64)
+    for _ in dense_chunks(raw, 64, 16):
+        pass

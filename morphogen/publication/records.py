@@ -408,7 +408,7 @@ def encode_batch(batch: ChangeBatch) -> tuple[bytes, ...]:
     pages = np.ascontiguousarray(batch.pages, "<i8").tobytes()
     flags = np.ascontiguousarray(batch.replace, np.uint8).tobytes()
     packed = batch.packed
-    if len(packed) < len(batch.data):
+    if len(packed) < len(batch) * PAGE_SIZE:
         return _BLOB.pack(SPARSE_MAGIC, PAGE_SIZE, len(batch)), pages, flags, packed
     return _BLOB.pack(BLOB_MAGIC, PAGE_SIZE, len(batch)), pages, flags, batch.data
 

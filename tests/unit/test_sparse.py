@@ -94,8 +94,26 @@ def _damaged(packed: bytes, how: str) -> bytes:
                                  "extra"])
 def test_a_malformed_buffer_is_refused(how: str) -> None:
     dense = _diffs(np.random.default_rng(3), 3)
+    bad = _damaged(sparse.pack(dense), how)
     with pytest.raises(sparse.SparseError):
-        sparse.unpack(_damaged(sparse.pack(dense), how), len(dense))
+        sparse.unpack(bad, len(dense))
+    with pytest.raises(sparse.SparseError):
+        next(sparse.dense_chunks(bad, len(dense)))  # before any chunk
+    with pytest.raises(sparse.SparseError):
+        ChangeBatch.from_packed(np.arange(3, dtype=np.int64), np.zeros(3, bool), bad)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 4096, 6000, 1 << 20])
+def test_the_dense_buffer_comes_a_chunk_at_a_time(chunk: int) -> None:
+    """Runs cut by a chunk's edge, runs longer than a chunk, and chunks with no run: the
+    chunks in order are the dense buffer."""
+    rng = np.random.default_rng(4)
+    buf = np.frombuffer(_diffs(rng, 6), np.uint8).copy()
+    buf[5000:17000] = rng.integers(1, 256, 12000)  # longer than most chunks
+    buf[-1] = 3
+    packed = sparse.pack(buf)
+    got = b"".join(bytes(c) for c in sparse.dense_chunks(packed, buf.size, chunk))
+    assert got == buf.tobytes()
 
 
 def _changes(rng: np.random.Generator, n: int) -> list[tuple[int, str, bytes]]:
@@ -257,5 +275,11 @@ def test_a_batch_crosses_processes_as_its_changed_bytes(shape: str) -> None:
     # a batch parsed from a body of changed bytes keeps them: sent on without packing again
     body = encode_sparse_updates(batch)
     parsed = admin_wire.parse_updates(body, MSGPACK_TYPE, num_pages=1000, max_updates=n)
-    assert "packed" in parsed.__dict__ and parsed.data == batch.data
-    assert parsed.digest == digest
+    assert "packed" in parsed.__dict__
+    # and makes its whole pages only when they are read: its digest comes from the changed
+    # bytes, and so do its log file and its pickled form where those are the smaller
+    assert parsed.digest == digest and "data" not in parsed.__dict__
+    encode_batch(parsed)
+    again = pickle.loads(pickle.dumps(parsed, protocol=5))
+    assert ("data" in parsed.__dict__) == (shape == "random")
+    assert again.digest == digest and again.data == parsed.data == batch.data
