@@ -32,12 +32,17 @@ EMPTY_CHAIN = "00" * 32
 DIGEST_BYTES = 16
 
 
-def _hash(*parts: bytes) -> bytes:
+def _hasher(*parts: bytes) -> hashlib.blake2b:
+    """BLAKE2b-256 having absorbed each part after its length (8 bytes, little-endian)."""
     h = hashlib.blake2b(digest_size=32)
     for p in parts:
         h.update(len(p).to_bytes(8, "little"))
         h.update(p)
-    return h.digest()
+    return h
+
+
+def _hash(*parts: bytes) -> bytes:
+    return _hasher(*parts).digest()
 
 
 def batch_digest(pages: np.ndarray, replace: np.ndarray, data: bytes | memoryview) -> str:
@@ -50,12 +55,9 @@ def batch_digest_chunks(pages: np.ndarray, replace: np.ndarray, size: int,
                         chunks: Iterable[bytes | memoryview]) -> str:
     """`batch_digest` of the batch whose `size` bytes of page data come as `chunks` in order
     (a batch of changed bytes hashed without unpacking it whole)."""
-    h = hashlib.blake2b(digest_size=32)
-    for p in (b"morphogen-updates-v1", np.ascontiguousarray(pages, dtype="<i8").tobytes(),
-              np.ascontiguousarray(replace, dtype=np.uint8).tobytes()):
-        h.update(len(p).to_bytes(8, "little"))
-        h.update(p)
-    h.update(int(size).to_bytes(8, "little"))
+    h = _hasher(b"morphogen-updates-v1", np.ascontiguousarray(pages, dtype="<i8").tobytes(),
+                np.ascontiguousarray(replace, dtype=np.uint8).tobytes())
+    h.update(int(size).to_bytes(8, "little"))  # the data's length, as `_hasher` puts it
     seen = 0
     for c in chunks:
         h.update(c)

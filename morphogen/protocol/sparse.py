@@ -63,15 +63,6 @@ def _gather(buf, starts, ends, out):
         at += n
 
 
-@numba.njit(cache=True)
-def _scatter(payload, starts, lengths, out):
-    at = 0
-    for r in range(len(starts)):
-        n = lengths[r]
-        out[starts[r]:starts[r] + n] = payload[at:at + n]
-        at += n
-
-
 def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
     """The sparse form of `data`."""
     buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) \
@@ -86,8 +77,9 @@ def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
 
 
 def _parsed(raw: bytes | bytearray | memoryview, size: int
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(starts, lengths, payload) of a sparse form of `size` bytes, checked whole."""
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(starts, ends, payload offsets, payload) of the runs of a sparse form of `size` bytes,
+    checked whole."""
     raw = memoryview(raw).cast("B")
     if len(raw) < _HEAD.size:
         raise SparseError(f"a sparse buffer starts with {_HEAD.size} bytes, got {len(raw)}")
@@ -99,14 +91,14 @@ def _parsed(raw: bytes | bytearray | memoryview, size: int
     starts = np.frombuffer(raw, "<u8", runs, _HEAD.size).astype(np.int64)
     lengths = np.frombuffer(raw, "<u4", runs, _HEAD.size + 8 * runs).astype(np.int64)
     body = _HEAD.size + 12 * runs
-    if runs:
-        ends = starts + lengths
-        if (int(lengths.min()) < 1 or int(starts[0]) < 0 or int(ends[-1]) > total
-                or bool((starts[1:] < ends[:-1]).any())):
-            raise SparseError("the runs overlap, are empty or leave the buffer")
+    ends = starts + lengths
+    if runs and (int(lengths.min()) < 1 or int(starts[0]) < 0 or int(ends[-1]) > total
+                 or bool((starts[1:] < ends[:-1]).any())):
+        raise SparseError("the runs overlap, are empty or leave the buffer")
     if len(raw) - body != int(lengths.sum()):
         raise SparseError(f"{len(raw) - body} bytes of runs, {int(lengths.sum())} named")
-    return starts, lengths, np.frombuffer(raw, np.uint8, len(raw) - body, body)
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    return starts, ends, offsets, np.frombuffer(raw, np.uint8, len(raw) - body, body)
 
 
 def check(raw: bytes | bytearray | memoryview, size: int) -> None:
@@ -117,9 +109,9 @@ def check(raw: bytes | bytearray | memoryview, size: int) -> None:
 def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
     """The dense buffer of `size` bytes of a sparse form (SparseError when it is malformed or
     of another size: the size comes from the caller, never from the bytes alone)."""
-    starts, lengths, payload = _parsed(raw, size)
+    starts, ends, offsets, payload = _parsed(raw, size)
     out = np.zeros(size, np.uint8)
-    _scatter(payload, starts, lengths, out)
+    _scatter_window(payload, starts, ends, offsets, 0, 0, size, out)
     return out.tobytes()
 
 
@@ -145,9 +137,7 @@ def dense_chunks(raw: bytes | bytearray | memoryview, size: int,
     """The dense buffer of a sparse form, `chunk` bytes at a time (the last one shorter), never
     whole: each chunk is a view of one buffer, rewritten for the next, so it is read (hashed)
     before the next is asked for. SparseError, before the first chunk, as `unpack`."""
-    starts, lengths, payload = _parsed(raw, size)
-    ends = starts + lengths
-    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    starts, ends, offsets, payload = _parsed(raw, size)
     buf = np.zeros(min(chunk, size), np.uint8)
     view = memoryview(buf)
     first = 0
