@@ -1,8 +1,9 @@
 """Scan engines: one contract (`base.py`), several backends giving identical bytes.
 
 - `reference`: NumPy, the oracle; `cpu`: numba, a fused DPF-expand and AND-XOR pass (v1 keys)
-  or leaf expansion and conditional page XORs (packed keys, `_cpu_packed_kernel`); an engine's
-  `key_formats` names the formats it scans (`key_formats()`: v1 alone when it names none);
+  or leaf expansion and page XORs into buckets named by the keys' bits (packed keys,
+  `_cpu_packed_kernel`); an engine's `key_formats` names the formats it scans
+  (`key_formats()`: v1 alone when it names none);
 - `gpu`: CuPy over two CUDA kernels, `sliced` (tensor cores over bit-sliced pages, the default)
   and `fused` (integer AND-XOR), each with packed-key kernels: `gpu.py` is the engine,
   `gpu_shard` a shard's pages on the device, scanned and written,

@@ -1,23 +1,24 @@
-"""The CPU scan kernel for packed keys (numba, multi-threaded): a conditional XOR of whole pages.
+"""The CPU scan kernel for packed keys (numba, multi-threaded): pages XORed into buckets named by
+the keys' bits.
 
 A packed key's leaf holds the selection bits of 128 pages, so a worker expands each key's
-leaves for a tile of pages (one PRG call per 128 pages per key, a few microseconds a tile) and
-then streams the tile's pages once, eight at a time: for each key one loop over the page words
-XORs into its accumulator the eight pages masked by the key's eight bits (`0 - bit`, all ones
-or zero). A page's mask is the same for all its words, so no even/odd split is needed.
+leaves for a tile of pages (one PRG call per 128 pages per key, a few microseconds a tile).
 
-Eight pages a pass, not one: with a page at a time each selected key costs a load and a store
-of its 4 KiB accumulator (from L2 once the keys' accumulators outgrow L1); eight pages share
-one. Measured on 2 cores, 24 keys: 1.8x the branchy one-page-at-a-time loop, and as fast
-for 3 keys. Keys go two to a pass (`_xor_masked8x2`), so each page word is loaded once per
-two keys: 3 keys on one core from 0.75 to 0.9 of NumPy's read rate. Branch-free, so the work
-does not depend on the keys' bits either.
+The keys are cut into groups of at most eight. A page's bits under a group's keys form a
+pattern (0..255), and the page is XORed into that group's bucket for the pattern: one whole-page
+XOR a group, however many of its keys select the page. After the pass, key b of a group is the
+XOR of the buckets whose pattern has bit b set, which a fold gets in two row XORs a bucket
+(`_fold`). 24 keys cost three page XORs a page instead of twelve; a key XORing the pages it
+selects into its own accumulator costs half a page XOR a page, and the method of Four Russians
+over eight pages 2.75 plus a quarter a key.
 
-With many keys (`many_keys` and more) the eight pages are first combined into two tables of
-the 16 XORs of each half (the method of Four Russians: 22 page XORs a group, once), and each
-key then XORs in two table rows: two ALU ops a word a key instead of sixteen. Measured (one
-core, 16 k pages, against the two-keys-a-pass loop): 48 keys 2.0x, 24 keys 1.4x, 12 even,
-3 keys 0.5x; hence `PACKED_TABLE_KEYS` (cpu.py).
+Every page is XORed into one bucket of each group whatever its bits (pattern 0's bucket is
+simply never read), so the work does not depend on the keys' bits.
+
+Patterns come eight pages at a time: each key of a group gives the byte of its leaf word that
+covers the eight pages, the bytes stacked as the rows of an 8x8 bit matrix whose transpose
+(`_transpose8`) has the eight pages' patterns as its rows: a few ALU operations for eight
+pages, where bit by bit the patterns alone took a fifth of the pass at 24 keys.
 """
 
 from __future__ import annotations
@@ -30,170 +31,167 @@ from morphogen.protocol._dpf_jit import eval_range_into
 
 LEAF_SHIFT = 7
 LEAF_PAGES = 1 << LEAF_SHIFT
+# A group's keys: 2^8 buckets of 4 KiB (1 MiB) a group.
+MAX_GROUP_KEYS = 8
+
+_M1 = np.uint64(0x00AA00AA00AA00AA)
+_M2 = np.uint64(0x0000CCCC0000CCCC)
+_M3 = np.uint64(0x00000000F0F0F0F0)
 
 
 @nb.njit(inline="always", cache=True)
-def _xor_masked(acc, page, m):
+def _xor_into(dst, src):
     for i in range(U64_PER_PAGE):
-        acc[i] ^= page[i] & m
+        dst[i] ^= src[i]
 
 
 @nb.njit(inline="always", cache=True)
-def _xor_masked8(acc, q0, q1, q2, q3, q4, q5, q6, q7, bits):
-    z = np.uint64(0)
-    one = np.uint64(1)
-    m0 = z - (bits & one)
-    m1 = z - ((bits >> np.uint64(1)) & one)
-    m2 = z - ((bits >> np.uint64(2)) & one)
-    m3 = z - ((bits >> np.uint64(3)) & one)
-    m4 = z - ((bits >> np.uint64(4)) & one)
-    m5 = z - ((bits >> np.uint64(5)) & one)
-    m6 = z - ((bits >> np.uint64(6)) & one)
-    m7 = z - ((bits >> np.uint64(7)) & one)
-    for i in range(U64_PER_PAGE):
-        acc[i] ^= ((q0[i] & m0) ^ (q1[i] & m1) ^ (q2[i] & m2) ^ (q3[i] & m3)
-                   ^ (q4[i] & m4) ^ (q5[i] & m5) ^ (q6[i] & m6) ^ (q7[i] & m7))
+def _transpose8(x):
+    """The 8x8 bit matrix with element (r, c) at bit 8r + c, transposed."""
+    t = (x ^ (x >> np.uint64(7))) & _M1
+    x = x ^ t ^ (t << np.uint64(7))
+    t = (x ^ (x >> np.uint64(14))) & _M2
+    x = x ^ t ^ (t << np.uint64(14))
+    t = (x ^ (x >> np.uint64(28))) & _M3
+    return x ^ t ^ (t << np.uint64(28))
 
 
 @nb.njit(inline="always", cache=True)
-def _masks8(bits):
-    z = np.uint64(0)
-    one = np.uint64(1)
-    return (z - (bits & one), z - ((bits >> np.uint64(1)) & one),
-            z - ((bits >> np.uint64(2)) & one), z - ((bits >> np.uint64(3)) & one),
-            z - ((bits >> np.uint64(4)) & one), z - ((bits >> np.uint64(5)) & one),
-            z - ((bits >> np.uint64(6)) & one), z - ((bits >> np.uint64(7)) & one))
+def _fold(acc, bk, base, k0, size):
+    """acc[k0 + b] = XOR of the group's buckets bk[base + pattern] whose pattern has bit b.
+
+    Top bit first: its key takes the upper half's XOR, then the upper half is folded onto the
+    lower, which keeps every lower bit's XOR. The buckets are consumed.
+    """
+    for b in range(size - 1, -1, -1):
+        half = 1 << b
+        a = acc[k0 + b]
+        a[:] = 0
+        for pat in range(half, 2 * half):
+            _xor_into(a, bk[base + pat])
+        for pat in range(half):
+            _xor_into(bk[base + pat], bk[base + half + pat])
 
 
-@nb.njit(inline="always", cache=True)
-def _xor_masked8x2(acc0, acc1, q0, q1, q2, q3, q4, q5, q6, q7, bits0, bits1):
-    """`_xor_masked8` for two keys in one pass: each page word is loaded once for both."""
-    a0, a1, a2, a3, a4, a5, a6, a7 = _masks8(bits0)
-    b0, b1, b2, b3, b4, b5, b6, b7 = _masks8(bits1)
-    for i in range(U64_PER_PAGE):
-        x0 = q0[i]
-        x1 = q1[i]
-        x2 = q2[i]
-        x3 = q3[i]
-        x4 = q4[i]
-        x5 = q5[i]
-        x6 = q6[i]
-        x7 = q7[i]
-        acc0[i] ^= ((x0 & a0) ^ (x1 & a1) ^ (x2 & a2) ^ (x3 & a3)
-                    ^ (x4 & a4) ^ (x5 & a5) ^ (x6 & a6) ^ (x7 & a7))
-        acc1[i] ^= ((x0 & b0) ^ (x1 & b1) ^ (x2 & b2) ^ (x3 & b3)
-                    ^ (x4 & b4) ^ (x5 & b5) ^ (x6 & b6) ^ (x7 & b7))
-
-
-@nb.njit(inline="always", cache=True)
-def _copy_row(dst, src):
-    for i in range(U64_PER_PAGE):
-        dst[i] = src[i]
-
-
-@nb.njit(inline="always", cache=True)
-def _xor_row(dst, x, y):
-    for i in range(U64_PER_PAGE):
-        dst[i] = x[i] ^ y[i]
-
-
-@nb.njit(inline="always", cache=True)
-def _half_table(t, a, b, c, d):
-    """t[j] = XOR of the pages (a, b, c, d) whose bit is set in j; one row a loop (a loop
-    writing all sixteen rows at once does not vectorise)."""
-    for i in range(U64_PER_PAGE):
-        t[0, i] = 0
-    _copy_row(t[1], a)
-    _copy_row(t[2], b)
-    _xor_row(t[3], a, b)
-    _copy_row(t[4], c)
-    for j in range(5, 8):
-        _xor_row(t[j], t[j - 4], c)
-    _copy_row(t[8], d)
-    for j in range(9, 16):
-        _xor_row(t[j], t[j - 8], d)
-
-
-@nb.njit(inline="always", cache=True)
-def _build_tables(tab, q0, q1, q2, q3, q4, q5, q6, q7):
-    """tab[h, j] = XOR of the pages of half h (q0..q3, q4..q7) whose bit is set in j."""
-    _half_table(tab[0], q0, q1, q2, q3)
-    _half_table(tab[1], q4, q5, q6, q7)
-
-
-@nb.njit(inline="always", cache=True)
-def _xor_rows(acc, r0, r1):
-    for i in range(U64_PER_PAGE):
-        acc[i] ^= r0[i] ^ r1[i]
+@nb.njit(cache=True)
+def _scan_share(
+    pages, first_page, levels, roots, root_ts, cws, tcws, finals, tile, acc, leaves, leaves64,
+    sa, sta, sb, stb, bk, group_keys, group_rows, rows, lo, hi,
+):
+    """One worker's pages [lo, hi) into its buckets `bk`, then its keys folded into `acc`."""
+    n_keys = roots.shape[0]
+    groups = group_rows.shape[0]
+    bk[:rows, :] = 0
+    pat8 = np.zeros(groups, np.uint64)
+    pos = lo
+    while pos < hi:
+        g = first_page + pos
+        end = min(hi, pos + (tile - g % tile))
+        leaf0 = g >> LEAF_SHIFT
+        leaf1 = ((first_page + end - 1) >> LEAF_SHIFT) + 1
+        for k in range(n_keys):
+            eval_range_into(
+                roots[k], root_ts[k], cws[k], tcws[k], finals[k], levels, leaf0, leaf1,
+                leaves[k], sa, sta, sb, stb,
+            )
+        p = pos
+        while p < end:
+            gp = first_page + p
+            li = (gp >> LEAF_SHIFT) - leaf0
+            bit = gp & (LEAF_PAGES - 1)
+            word = bit >> 6
+            shift = np.uint64(bit & 63)
+            if gp & 7 == 0 and p + 8 <= end:
+                # eight pages in one byte of each key's leaf word
+                for j in range(groups):
+                    k0 = group_keys[j]
+                    x = np.uint64(0)
+                    for k in range(k0, group_keys[j + 1]):
+                        byte = (leaves64[k, li, word] >> shift) & np.uint64(0xFF)
+                        x |= byte << np.uint64(8 * (k - k0))
+                    pat8[j] = _transpose8(x)
+                for i in range(8):
+                    page = pages[p + i]
+                    s = np.uint64(8 * i)
+                    for j in range(groups):
+                        row = group_rows[j] + np.int64((pat8[j] >> s) & np.uint64(0xFF))
+                        _xor_into(bk[row], page)
+                p += 8
+            else:
+                page = pages[p]
+                for j in range(groups):
+                    k0 = group_keys[j]
+                    pat = np.uint64(0)
+                    for k in range(k0, group_keys[j + 1]):
+                        b = (leaves64[k, li, word] >> shift) & np.uint64(1)
+                        pat |= b << np.uint64(k - k0)
+                    _xor_into(bk[group_rows[j] + np.int64(pat)], page)
+                p += 1
+        pos = end
+    for j in range(groups):
+        k0 = group_keys[j]
+        _fold(acc, bk, group_rows[j], k0, group_keys[j + 1] - k0)
 
 
 @nb.njit(parallel=True, cache=True)
 def scan_packed(
     pages, first_page, levels, roots, root_ts, cws, tcws, finals,
-    tile, acc, leaves, leaves64, sa, sta, sb, stb, out, tables, many_keys,
+    tile, acc, leaves, leaves64, sa, sta, sb, stb, out, buckets, group_keys, group_rows,
 ):
     """out[k] (512 u64) = XOR of pages[i] over the i whose bit of key k is set.
 
     pages: (n, 512) u64; `tile` a multiple of 128 pages (tiles are leaf-aligned in global
-    numbering). Per worker w: acc[w] (>=K, 512) u64, leaves/leaves64[w] (>=K, tile/128 + 1,
-    4|2) u32|u64 views of one buffer, sa/sb[w] (4, L) u32 and sta/stb[w] (L,) u32 scratch.
+    numbering). Groups: keys group_keys[j]..group_keys[j+1]-1 (at most 8), their buckets rows
+    group_rows[j]..+2^size of buckets[w]. Per worker w: acc[w] (>=K, 512) u64, buckets[w]
+    (>=rows, 512) u64, leaves/leaves64[w] (>=K, tile/128 + 1, 4|2) u32|u64 views of one
+    buffer, sa/sb[w] (4, L) u32 and sta/stb[w] (L,) u32 scratch.
     """
     n = pages.shape[0]
     n_keys = roots.shape[0]
+    groups = group_rows.shape[0]
+    rows = group_rows[groups - 1] + (1 << (group_keys[groups] - group_keys[groups - 1]))
     workers = acc.shape[0]
     for w in nb.prange(workers):
-        a = acc[w]
-        a[:n_keys, :] = 0
         lo, hi = _worker_bounds(first_page, n, tile, workers, w)
-        pos = lo
-        while pos < hi:
-            g = first_page + pos
-            end = min(hi, pos + (tile - g % tile))
-            leaf0 = g >> LEAF_SHIFT
-            leaf1 = ((first_page + end - 1) >> LEAF_SHIFT) + 1
-            for k in range(n_keys):
-                eval_range_into(
-                    roots[k], root_ts[k], cws[k], tcws[k], finals[k], levels, leaf0, leaf1,
-                    leaves[w, k], sa[w], sta[w], sb[w], stb[w],
-                )
-            p = pos
-            while p < end:
-                gp = first_page + p
-                li = (gp >> LEAF_SHIFT) - leaf0
-                bit = gp & (LEAF_PAGES - 1)
-                word = bit >> 6
-                shift = np.uint64(bit & 63)
-                if gp & 7 == 0 and p + 8 <= end:
-                    # eight pages in one byte of one leaf word
-                    q0, q1, q2, q3 = pages[p], pages[p + 1], pages[p + 2], pages[p + 3]
-                    q4, q5, q6, q7 = pages[p + 4], pages[p + 5], pages[p + 6], pages[p + 7]
-                    if n_keys >= many_keys:
-                        tab = tables[w]
-                        _build_tables(tab, q0, q1, q2, q3, q4, q5, q6, q7)
-                        for k in range(n_keys):
-                            byte = (leaves64[w, k, li, word] >> shift) & np.uint64(0xFF)
-                            _xor_rows(a[k], tab[0, byte & np.uint64(15)],
-                                      tab[1, byte >> np.uint64(4)])
-                    else:
-                        for k in range(0, n_keys - 1, 2):
-                            _xor_masked8x2(a[k], a[k + 1], q0, q1, q2, q3, q4, q5, q6, q7,
-                                           leaves64[w, k, li, word] >> shift,
-                                           leaves64[w, k + 1, li, word] >> shift)
-                        if n_keys % 2:
-                            k = n_keys - 1
-                            _xor_masked8(a[k], q0, q1, q2, q3, q4, q5, q6, q7,
-                                         leaves64[w, k, li, word] >> shift)
-                    p += 8
-                else:
-                    page = pages[p]
-                    for k in range(n_keys):
-                        m = np.uint64(0) - ((leaves64[w, k, li, word] >> shift) & np.uint64(1))
-                        _xor_masked(a[k], page, m)
-                    p += 1
-            pos = end
+        if hi <= lo:  # no pages (a shard smaller than the workers' tiles): no buckets either
+            acc[w, :n_keys, :] = 0
+        else:
+            _scan_share(
+                pages, first_page, levels, roots, root_ts, cws, tcws, finals, tile, acc[w],
+                leaves[w], leaves64[w], sa[w], sta[w], sb[w], stb[w], buckets[w], group_keys,
+                group_rows, rows, lo, hi,
+            )
     for k in range(n_keys):
         for i in range(U64_PER_PAGE):
             x = np.uint64(0)
             for w in range(workers):
                 x ^= acc[w, k, i]
             out[k, i] = x
+
+
+def plan_groups(n_keys: int, pages_per_worker: int, max_group_keys: int = MAX_GROUP_KEYS):
+    """(group_keys, group_rows) for a call: the fewest groups of at most `max_group_keys` keys,
+    or more and smaller ones where the shard is so small that clearing and folding the buckets
+    (about three row passes a bucket) would cost more than the XORs they save.
+
+    Groups are as even as possible (at 12 keys 6 + 6, 128 buckets, not 8 + 4, 272).
+    """
+    cap = max(1, min(int(max_group_keys), MAX_GROUP_KEYS))
+    best = None
+    for count in range(-(-n_keys // cap), n_keys + 1):
+        q, r = divmod(n_keys, count)
+        sizes = [q + 1] * r + [q] * (count - r)
+        rows = sum(1 << s for s in sizes)
+        cost = pages_per_worker * count + 3 * rows
+        if best is None or cost < best[0]:
+            best = (cost, sizes)
+    sizes = best[1]
+    group_keys = np.zeros(len(sizes) + 1, np.int64)
+    group_keys[1:] = np.cumsum(sizes)
+    group_rows = np.zeros(len(sizes), np.int64)
+    group_rows[1:] = np.cumsum([1 << s for s in sizes[:-1]])
+    return group_keys, group_rows
+
+
+def rows_needed(group_keys: np.ndarray, group_rows: np.ndarray) -> int:
+    return int(group_rows[-1]) + (1 << int(group_keys[-1] - group_keys[-2]))

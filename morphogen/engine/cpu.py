@@ -21,9 +21,6 @@ DEFAULT_TILE_PAGES = 512
 # Pages a packed-key tile covers (a multiple of 128): its leaves are 8 PRG calls a key and
 # the tile's pages are XORed while they are still in L2.
 PACKED_TILE_PAGES = 1024
-# From this many keys a call, packed scans combine each eight pages into tables first
-# (`_cpu_packed_kernel`): slower for a few keys, up to twice as fast for a full batch.
-PACKED_TABLE_KEYS = 12
 
 # numba's thread pool is per process and runs one parallel region at a time (its default
 # workqueue layer aborts on concurrent entry), so every CPU scan in the process takes turns.
@@ -51,7 +48,15 @@ class _Workspace:
             np.uint32,
         )
         self.leaves64 = self.leaves.view(np.uint64)
-        self.tables = np.zeros((workers, 2, 16, _cpu_kernel.U64_PER_PAGE), np.uint64)
+        # packed scans' buckets (`_cpu_packed_kernel`), made on the first packed scan: up to
+        # 1 MiB a worker for each eight keys, which a v1-only server never needs
+        self.buckets = np.zeros((workers, 0, _cpu_kernel.U64_PER_PAGE), np.uint64)
+
+    def bucket_rows(self, rows: int) -> np.ndarray:
+        if self.buckets.shape[1] < rows:
+            workers = self.buckets.shape[0]
+            self.buckets = np.zeros((workers, rows, _cpu_kernel.U64_PER_PAGE), np.uint64)
+        return self.buckets
 
 
 class CpuShard:
@@ -87,11 +92,18 @@ class CpuShard:
             numba.set_num_threads(eng.threads)
             try:
                 if isinstance(b, PackedKeyBatch):
+                    # a worker's share is whole tiles: a shard under a tile is one worker's
+                    share = max(-(-self.num_pages // eng.threads),
+                                min(self.num_pages, PACKED_TILE_PAGES))
+                    group_keys, group_rows = _cpu_packed_kernel.plan_groups(
+                        k, share, eng.packed_group_keys)
+                    buckets = ws.bucket_rows(
+                        _cpu_packed_kernel.rows_needed(group_keys, group_rows))
                     _cpu_packed_kernel.scan_packed(
                         self._pages, self.first_page, b.levels,
                         b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw,
                         PACKED_TILE_PAGES, ws.acc, ws.leaves, ws.leaves64,
-                        ws.sa, ws.sta, ws.sb, ws.stb, ws.out, ws.tables, eng.packed_table_keys,
+                        ws.sa, ws.sta, ws.sb, ws.stb, ws.out, buckets, group_keys, group_rows,
                     )
                     return ws.out[:k].view(np.uint8).copy()
                 _cpu_kernel.scan_pages(
@@ -117,7 +129,7 @@ class CpuEngine:
         threads: int | None = None,
         tile_pages: int = DEFAULT_TILE_PAGES,
         max_keys: int = MAX_KEYS_PER_SCAN,
-        packed_table_keys: int = PACKED_TABLE_KEYS,
+        packed_group_keys: int = _cpu_packed_kernel.MAX_GROUP_KEYS,
     ) -> None:
         limit = numba.config.NUMBA_NUM_THREADS
         self.threads = max(1, min(int(threads or limit), limit))
@@ -130,7 +142,11 @@ class CpuEngine:
             raise ValueError("max_keys must be at least 1")
         self.tile_pages = tile_pages
         self.max_keys = max_keys
-        self.packed_table_keys = max(1, int(packed_table_keys))
+        if not 1 <= packed_group_keys <= _cpu_packed_kernel.MAX_GROUP_KEYS:
+            raise ValueError(
+                f"packed_group_keys must be in 1..{_cpu_packed_kernel.MAX_GROUP_KEYS}")
+        # keys a bucket group of a packed scan holds at most (fewer only to test the kernel)
+        self.packed_group_keys = int(packed_group_keys)
         # Scanners loaded from one engine share its workspace (they take turns on the pool
         # anyway): a shard split into many copy-on-write segments must not multiply buffers.
         self.lock = _POOL_LOCK

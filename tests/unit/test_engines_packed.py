@@ -20,10 +20,10 @@ def _pairs(rng, d, n):
     return out
 
 
-@pytest.fixture(params=["cpu", "cpu-few-keys", "cpu-tables"])
+@pytest.fixture(params=["cpu", "cpu-few-keys", "cpu-groups-of-1", "cpu-groups-of-3"])
 def cpu(request):
-    if request.param == "cpu-tables":  # the Four Russians pass for any number of keys
-        return engine.create("cpu", packed_table_keys=1)
+    if request.param.startswith("cpu-groups-of-"):  # many bucket groups, uneven ones too
+        return engine.create("cpu", packed_group_keys=int(request.param[-1]))
     return engine.create("cpu") if request.param == "cpu" else engine.create("cpu", max_keys=5)
 
 
@@ -37,6 +37,7 @@ def cpu(request):
         (300, 1000, 0, 12),
         (1500, 129, 0, 3),  # crosses a 1024-page tile, unaligned to 8 and to 128
         (520, 7, 2, 40),
+        (4096, 0, 0, 20),  # groups of 7, 7 and 6 keys
     ],
 )
 def test_cpu_equals_reference(cpu, num_pages, first_page, extra_bits, n_keys):
@@ -91,3 +92,33 @@ def test_engines_name_the_formats_they_scan():
     with pytest.raises(KeyFormatUnsupported, match="gpu engine does not scan packed"):
         check_format(V1Only(), batch)
     check_format(engine.create("cpu"), batch)
+
+
+def test_bit_transpose_gives_each_pages_pattern():
+    from morphogen.engine._cpu_packed_kernel import _transpose8
+
+    rng = np.random.default_rng(9)
+    for x in [0, (1 << 64) - 1, 1, 1 << 63, *map(int, rng.integers(0, 1 << 63, 50, np.uint64))]:
+        got = int(_transpose8(np.uint64(x)))
+        want = 0
+        for r in range(8):
+            for c in range(8):
+                want |= ((x >> (8 * r + c)) & 1) << (8 * c + r)
+        assert got == want
+
+
+@pytest.mark.parametrize("n_keys", [1, 3, 8, 9, 12, 24, 96])
+def test_bucket_groups_fit_and_adapt_to_the_shard(n_keys):
+    from morphogen.engine._cpu_packed_kernel import plan_groups, rows_needed
+
+    for pages_per_worker, cap in ((1 << 20, 8), (16, 8), (1 << 20, 3)):
+        keys, rows = plan_groups(n_keys, pages_per_worker, cap)
+        sizes = np.diff(keys)
+        assert keys[0] == 0 and keys[-1] == n_keys
+        assert sizes.min() >= 1 and sizes.max() <= cap and sizes.max() - sizes.min() <= 1
+        assert list(rows) == [sum(1 << int(s) for s in sizes[:j]) for j in range(len(sizes))]
+        assert rows_needed(keys, rows) == sum(1 << int(s) for s in sizes)
+        if pages_per_worker == 1 << 20:  # a large shard: the fewest XORs a page
+            assert len(sizes) == -(-n_keys // cap)
+    # a tiny shard gives up XORs a page for fewer buckets to clear and fold
+    assert len(plan_groups(24, 16)[0]) - 1 > 3
