@@ -53,6 +53,7 @@ from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
 from morphogen.chain.tables import TABLES
 from morphogen.chain.traces import Tracer
+from morphogen.keyword import hashing
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.overlapped import Legs, OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable
@@ -108,6 +109,7 @@ class Follower:
         # the process holds the pages and keys a block touches, not the table's
         owner.map_working_pages()
         sparse.warm()  # a block's batch is stored and sent as its changed bytes
+        hashing.warm()  # and its keys' buckets found in one call
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep

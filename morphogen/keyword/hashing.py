@@ -170,3 +170,9 @@ def candidates_many(flat: np.ndarray, offsets: np.ndarray, seeds: Sequence[int],
     out = np.empty((len(offsets) - 1, NUM_CANDIDATES), dtype=np.uint64)
     _candidates_many(flat, offsets, np.asarray(seeds, dtype=np.uint64), num_buckets, out)
     return out.astype(np.int64)
+
+
+def warm() -> None:
+    """Load (or compile) the batch kernel now: a follower calls it as it starts, so that its
+    first block does not wait for it."""
+    candidates_many(*pack_keys([bytes(20)] * 2), (1, 2, 3), 64)

@@ -152,6 +152,7 @@ def warm() -> None:
     """Load (or compile) the kernels now: a process that will publish calls it as it starts,
     so that its first batch does not wait for them."""
     raw = pack(np.arange(64, dtype=np.uint8))
+    pack(bytes(range(64)))  # bytes come as a read-only array: numba's other signature
     unpack(raw, 64)
     for _ in dense_chunks(raw, 64, 16):
         pass

@@ -1,0 +1,36 @@
+"""A follower's start loads the kernels its blocks call: after `warm()`, a block's calls (a batch
+packed from bytes and from an array, keys' buckets found in one call) compile nothing more."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+import numpy as np
+from morphogen.keyword import hashing
+from morphogen.protocol import sparse
+
+kernels = (sparse._runs, sparse._gather, sparse._scatter_window, hashing._candidates_many)
+sparse.warm()
+hashing.warm()
+before = [len(k.signatures) for k in kernels]
+assert all(before), before
+data = np.random.default_rng(1).integers(0, 2, 3 * 4096, np.uint8)
+raw = sparse.pack(data.tobytes())  # as the owner's batch: the XOR's bytes
+sparse.pack(data)
+sparse.unpack(raw, len(data))
+for _ in sparse.dense_chunks(raw, len(data), 4096):
+    pass
+keys = [bytes([i]) * 20 for i in range(50)] + [bytes([i]) * 52 for i in range(50)]
+hashing.candidates_many(*hashing.pack_keys(keys), (5, 6, 7), 1000)
+after = [len(k.signatures) for k in kernels]
+assert after == before, (before, after)
+"""
+
+
+def test_a_blocks_kernels_are_loaded_at_start() -> None:
+    # a fresh interpreter: this one's kernels may have been compiled by other tests
+    done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
