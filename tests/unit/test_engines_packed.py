@@ -20,10 +20,13 @@ def _pairs(rng, d, n):
     return out
 
 
-@pytest.fixture(params=["cpu", "cpu-few-keys", "cpu-groups-of-1", "cpu-groups-of-3"])
+@pytest.fixture(params=["cpu", "cpu-few-keys", "cpu-groups-of-1", "cpu-groups-of-3",
+                        "cpu-passes-of-16"])
 def cpu(request):
     if request.param.startswith("cpu-groups-of-"):  # many bucket groups, uneven ones too
         return engine.create("cpu", packed_group_keys=int(request.param[-1]))
+    if request.param == "cpu-passes-of-16":  # a batch in several passes over the pages
+        return engine.create("cpu", packed_pass_keys=16)
     return engine.create("cpu") if request.param == "cpu" else engine.create("cpu", max_keys=5)
 
 
