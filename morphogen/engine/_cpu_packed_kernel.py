@@ -136,20 +136,18 @@ def _scan_share(
 @nb.njit(parallel=True, cache=True)
 def scan_packed(
     pages, first_page, levels, roots, root_ts, cws, tcws, finals,
-    tile, acc, leaves, leaves64, sa, sta, sb, stb, out, buckets, group_keys, group_rows,
+    tile, acc, leaves, leaves64, sa, sta, sb, stb, out, buckets, group_keys, group_rows, rows,
 ):
     """out[k] (512 u64) = XOR of pages[i] over the i whose bit of key k is set.
 
     pages: (n, 512) u64; `tile` a multiple of 128 pages (tiles are leaf-aligned in global
     numbering). Groups: keys group_keys[j]..group_keys[j+1]-1 (at most 8), their buckets rows
-    group_rows[j]..+2^size of buckets[w]. Per worker w: acc[w] (>=K, 512) u64, buckets[w]
-    (>=rows, 512) u64, leaves/leaves64[w] (>=K, tile/128 + 1, 4|2) u32|u64 views of one
-    buffer, sa/sb[w] (4, L) u32 and sta/stb[w] (L,) u32 scratch.
+    group_rows[j]..+2^size of buckets[w], `rows` in all (`plan_groups`). Per worker w: acc[w]
+    (>=K, 512) u64, buckets[w] (>=rows, 512) u64, leaves/leaves64[w] (>=K, tile/128 + 1,
+    4|2) u32|u64 views of one buffer, sa/sb[w] (4, L) u32 and sta/stb[w] (L,) u32 scratch.
     """
     n = pages.shape[0]
     n_keys = roots.shape[0]
-    groups = group_rows.shape[0]
-    rows = group_rows[groups - 1] + (1 << (group_keys[groups] - group_keys[groups - 1]))
     workers = acc.shape[0]
     for w in nb.prange(workers):
         lo, hi = _worker_bounds(first_page, n, tile, workers, w)
@@ -170,9 +168,10 @@ def scan_packed(
 
 
 def plan_groups(n_keys: int, pages_per_worker: int, max_group_keys: int = MAX_GROUP_KEYS):
-    """(group_keys, group_rows) for a call: the fewest groups of at most `max_group_keys` keys,
-    or more and smaller ones where the shard is so small that clearing and folding the buckets
-    (about three row passes a bucket) would cost more than the XORs they save.
+    """(group_keys, group_rows, rows: the buckets in all) for a call: the fewest groups of at
+    most `max_group_keys` keys, or more and smaller ones where the shard is so small that
+    clearing and folding the buckets (about three row passes a bucket) would cost more than the
+    XORs they save.
 
     Groups are as even as possible (at 12 keys 6 + 6, 128 buckets, not 8 + 4, 272).
     """
@@ -184,14 +183,10 @@ def plan_groups(n_keys: int, pages_per_worker: int, max_group_keys: int = MAX_GR
         rows = sum(1 << s for s in sizes)
         cost = pages_per_worker * count + 3 * rows
         if best is None or cost < best[0]:
-            best = (cost, sizes)
-    sizes = best[1]
+            best = (cost, sizes, rows)
+    _, sizes, rows = best
     group_keys = np.zeros(len(sizes) + 1, np.int64)
     group_keys[1:] = np.cumsum(sizes)
     group_rows = np.zeros(len(sizes), np.int64)
     group_rows[1:] = np.cumsum([1 << s for s in sizes[:-1]])
-    return group_keys, group_rows
-
-
-def rows_needed(group_keys: np.ndarray, group_rows: np.ndarray) -> int:
-    return int(group_rows[-1]) + (1 << int(group_keys[-1] - group_keys[-2]))
+    return group_keys, group_rows, rows

@@ -102,15 +102,14 @@ class CpuShard:
                     # a worker's share is whole tiles: a shard under a tile is one worker's
                     share = max(-(-self.num_pages // eng.threads),
                                 min(self.num_pages, PACKED_TILE_PAGES))
-                    group_keys, group_rows = _cpu_packed_kernel.plan_groups(
+                    group_keys, group_rows, rows = _cpu_packed_kernel.plan_groups(
                         k, share, eng.packed_group_keys)
-                    buckets = ws.bucket_rows(
-                        _cpu_packed_kernel.rows_needed(group_keys, group_rows))
                     _cpu_packed_kernel.scan_packed(
                         self._pages, self.first_page, b.levels,
                         b.root_seed, b.root_t, b.cw, b.tcw, b.final_cw,
                         PACKED_TILE_PAGES, ws.acc, ws.leaves, ws.leaves64,
-                        ws.sa, ws.sta, ws.sb, ws.stb, ws.out, buckets, group_keys, group_rows,
+                        ws.sa, ws.sta, ws.sb, ws.stb, ws.out, ws.bucket_rows(rows),
+                        group_keys, group_rows, rows,
                     )
                     return ws.out[:k].view(np.uint8).copy()
                 _cpu_kernel.scan_pages(

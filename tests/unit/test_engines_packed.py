@@ -112,15 +112,15 @@ def test_bit_transpose_gives_each_pages_pattern():
 
 @pytest.mark.parametrize("n_keys", [1, 3, 8, 9, 12, 24, 96])
 def test_bucket_groups_fit_and_adapt_to_the_shard(n_keys):
-    from morphogen.engine._cpu_packed_kernel import plan_groups, rows_needed
+    from morphogen.engine._cpu_packed_kernel import plan_groups
 
     for pages_per_worker, cap in ((1 << 20, 8), (16, 8), (1 << 20, 3)):
-        keys, rows = plan_groups(n_keys, pages_per_worker, cap)
+        keys, rows, total = plan_groups(n_keys, pages_per_worker, cap)
         sizes = np.diff(keys)
         assert keys[0] == 0 and keys[-1] == n_keys
         assert sizes.min() >= 1 and sizes.max() <= cap and sizes.max() - sizes.min() <= 1
         assert list(rows) == [sum(1 << int(s) for s in sizes[:j]) for j in range(len(sizes))]
-        assert rows_needed(keys, rows) == sum(1 << int(s) for s in sizes)
+        assert total == sum(1 << int(s) for s in sizes)
         if pages_per_worker == 1 << 20:  # a large shard: the fewest XORs a page
             assert len(sizes) == -(-n_keys // cap)
     # a tiny shard gives up XORs a page for fewer buckets to clear and fold
