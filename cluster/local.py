@@ -195,11 +195,16 @@ def start(
     return LocalCluster(host, port, owns)
 
 
-def wait_routed(urls: list[str], timeout_s: float = 60.0) -> None:
+def wait_routed(urls: list[str], timeout_s: float = 60.0, settle: int = 5) -> None:
     """Until the HTTP ingress routes to each party at `urls`. `serve.run` returns once the
     replicas run, while the proxies learn a new route a moment later (HAProxy's reload, the
     Python proxy's long poll): a request in between gets the proxy's 404, so nothing is
-    announced ready, and no test talks to a party, before its route answers."""
+    announced ready, and no test talks to a party, before its route answers.
+
+    One answer is not enough: HAProxy reloads by starting a new process beside the old one,
+    and until the old one stops accepting, a new connection may still reach the config
+    without the route. So the route must answer `settle` times in a row, each on a
+    connection of its own, and any 404 starts the count again."""
     import time
 
     import httpx
@@ -207,15 +212,20 @@ def wait_routed(urls: list[str], timeout_s: float = 60.0) -> None:
     from morphogen.protocol.codec import HEALTH_PATH
 
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0, trust_env=False) as http:
+    # a connection a request: a kept-alive one stays with whichever process accepted it
+    with httpx.Client(timeout=5.0, trust_env=False,
+                      limits=httpx.Limits(max_keepalive_connections=0)) as http:
         for url in urls:
-            while True:
+            answered = 0
+            while answered < settle:
                 try:
                     # any answer but the proxy's 404 comes from the party's own router
-                    if http.get(url.rstrip("/") + HEALTH_PATH).status_code != 404:
-                        break
+                    routed = http.get(url.rstrip("/") + HEALTH_PATH).status_code != 404
                 except httpx.TransportError:
-                    pass
+                    routed = False
+                answered = answered + 1 if routed else 0
+                if answered >= settle:
+                    break
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{url} is not routed after {timeout_s:.0f} s")
                 time.sleep(0.05)
