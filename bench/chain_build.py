@@ -24,6 +24,8 @@ cores:
 with r_worker the encode rate of one worker (per CPU second), r_load the rate at which the one
 process reads the ranges in (it keeps up with the workers or they wait on it) and r_funnel its
 rate through placing and writing (per wall second, the slower of the imports), all measured here.
+The memory that one process needs: its peak during an import above what it held before, per
+record (`peak_bytes_per_record`), and that times R (`funnel_gib`).
 
     python bench/chain_build.py                    # 1 M, 4 M, 16 M records
     python bench/chain_build.py --sizes 1000000    # one size
@@ -33,6 +35,7 @@ Results: bench/results/chain_build.json and chain_build.png
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
@@ -187,16 +190,34 @@ def _single_build(export: str, out: str, raw_key: bytes) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - cpu
 
 
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
 def imported(dump: Path, out: Path, key, workers: int) -> tuple[float, dict]:
+    """One import's seconds and steps, with `peak_mib`: the most this process (the one
+    that reads the ranges in and runs the funnel) held at once during it, above what it held
+    before (its high-water mark reset first)."""
     from cluster.chain_import import import_dump
     from morphogen.keyword.descriptor import Anchor
 
     timings: dict = {}
+    gc.collect()
+    # what the heap keeps of earlier imports goes back to the system, so that this import's
+    # own arrays count (reusing the kept memory would hide them)
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark := resident now
+    before = _status_mib("VmRSS")
     t = time.perf_counter()
     import_dump(dump, out, signing_key=key, anchor=Anchor(1, 5, "0x" + "ab" * 32),
                 workers=workers, room=ROOM, min_records=0, seed=9, created=1000,
                 range_bytes=8 << 20, report=lambda line: None, timings=timings)
-    return time.perf_counter() - t, timings
+    seconds = time.perf_counter() - t
+    timings["peak_mib"] = _status_mib("VmHWM") - before
+    return seconds, timings
 
 
 def same_bytes(a: Path, b: Path) -> bool:
@@ -224,6 +245,11 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     ray.init(address="local", num_cpus=cores, include_dashboard=False, logging_level="WARNING",
              log_to_driver=False)
     ray_start_s = time.perf_counter() - t
+    # this process's own kernels (the funnel's) loaded before any timed import, by an import
+    # of a small dump: a first import would count their loading in its time and memory
+    write_dumps(make_state(2_000), work / "warm.jsonl", work / "warm-export.jsonl")
+    imported(work / "warm.jsonl", work / "warm-out", key, 1)
+    shutil.rmtree(work / "warm-out")
     rows = []
     for size in sizes:
         _log(f"[bench] {size:,} records: writing the dumps")
@@ -270,6 +296,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                 "load_rps": round(records / steps["load_s"]),
                 "funnel_rps": round(records / funnel),
                 "funnel_cpu_rps": round(records / steps["funnel_cpu_s"]),
+                "peak_bytes_per_record": round(steps["peak_mib"] * 2**20 / records),
                 "identical_to_single": same_bytes(work / f"import-{w}", work / "single")}
             _log(f"[bench] {w} workers: {row[f'w{w}']}")
         one, two = row["w1"], row.get("w2", row["w1"])
@@ -288,6 +315,9 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     r_worker = biggest["w1"]["encode_cpu_rps"]
     r_load = min(biggest[f"w{w}"]["load_rps"] for w in workers_list)
     r_funnel = min(biggest[f"w{w}"]["funnel_rps"] for w in workers_list)
+    # the process that runs the funnel holds the records it places: its peak a record, at
+    # the largest size, times the projected records
+    peak = max(biggest[f"w{w}"]["peak_bytes_per_record"] for w in workers_list)
     projection = {str(n): round((max(PROJECT_RECORDS / (n * PROJECT_CORES * r_worker),
                                      PROJECT_RECORDS / r_load)
                                  + PROJECT_RECORDS / r_funnel) / 60, 1)
@@ -295,7 +325,9 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     return {"machine_cpus": cores, "room": ROOM, "sizes": rows,
             "projection": {"records": PROJECT_RECORDS, "cores_per_node": PROJECT_CORES,
                            "formula": FORMULA, "r_worker": r_worker, "r_load": r_load,
-                           "r_funnel": r_funnel, "minutes_by_nodes": projection}}
+                           "r_funnel": r_funnel, "minutes_by_nodes": projection,
+                           "funnel_bytes_per_record": peak,
+                           "funnel_gib": round(PROJECT_RECORDS * peak / 2**30)}}
 
 
 def plot(result: dict, path: Path) -> None:

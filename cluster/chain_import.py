@@ -207,6 +207,7 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             body = dumps.info(dump).body
         t0 = time.monotonic()
         loaded: dict[int, dict] = {}
+        codes: set[bytes] = set()
         timings["load_s"] = 0.0
 
         def load(i: int, folder: str) -> None:
@@ -215,7 +216,9 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             # mapped ranges are the page cache's to evict, and at 16 M records placing from
             # them ran 1.8x slower than from memory
             t = time.monotonic()
-            loaded[i] = {f.stem: np.load(f) for f in Path(folder).glob("*.npy")}
+            part = {f.stem: np.load(f) for f in Path(folder).glob("*.npy")}
+            bulk.drop_seen_codes(part, codes)  # each code's records held once
+            loaded[i] = part
             timings["load_s"] += time.monotonic() - t
 
         try:

@@ -16,7 +16,10 @@ over the whole table, so it is sequential and order-dependent; everything before
 
 Costs: step 1 is per record, O(records / workers). Step 2 touches each record a few times
 (merge, gather, modulo, placement, slot writes) and hashes each page once for the tree; its
-rate is what `bench/chain_build.py` reports as the funnel.
+rate is what `bench/chain_build.py` reports as the funnel. Its memory is the records once and
+the pages: a range's arrays are dropped as they are gathered into the tables' order, a code's
+records are kept from one range only (`drop_seen_codes`, as the ranges are read in), and the
+hashes become the buckets where they lie.
 """
 
 from __future__ import annotations
@@ -150,6 +153,26 @@ def _code_records(first: dict[bytes, str], codes: dict[bytes, str]) -> dict[str,
             "code_chunks": np.array(chunks, np.int64)}
 
 
+CODE_FIELDS = ("code_keys", "code_vals", "code_tags", "code_hash")
+
+
+def drop_seen_codes(part: dict, seen: set[bytes]) -> None:
+    """Drop from a range's output the records of the codes that a range read in before it
+    already holds (`seen`: their hashes, which this adds to). A code is in every range with an
+    account that has it, and a popular one in nearly every range: kept once, not once a range.
+    The range keeps each code's hash and least address, so the tables' order is unchanged."""
+    ids, chunks = part["code_ids"], part["code_chunks"]
+    have = [ids[i].tobytes() in seen for i in range(len(ids))]
+    seen.update(ids[i].tobytes() for i in range(len(ids)) if not have[i])
+    if not any(have):
+        return
+    dup = np.asarray(have, bool)
+    rows = np.repeat(~dup, chunks)
+    for name in CODE_FIELDS:
+        part[name] = np.ascontiguousarray(part[name][rows])
+    part["code_chunks"] = np.where(dup, 0, chunks).astype(np.int64)
+
+
 # -- step 2 ------------------------------------------------------------------------------------
 
 @numba.njit(cache=True)
@@ -266,10 +289,13 @@ def destinations(total: int, order: np.ndarray) -> np.ndarray:
 
 
 def gathered(parts: Sequence[dict], name: str, order: np.ndarray, width: int,
-             dtype=np.uint8, dest: np.ndarray | None = None) -> np.ndarray:
+             dtype=np.uint8, dest: np.ndarray | None = None, *,
+             release: bool = False) -> np.ndarray:
     """`_cat(parts, name)[order]` without the concatenation: each range's rows read in turn
     and written to their places, on every core (the concatenation and the gather were the
-    funnel's two largest copies). `dest`: `destinations` of `order`, where made already."""
+    funnel's two largest copies). `dest`: `destinations` of `order`, where made already.
+    `release`: each range's array is dropped from its dict once its rows are copied, so that
+    the records are held once, not twice, while a table is gathered."""
     if dest is None:
         dest = destinations(sum(len(p[name]) for p in parts), order)
     out = np.empty((len(order), width), dtype)
@@ -278,16 +304,22 @@ def gathered(parts: Sequence[dict], name: str, order: np.ndarray, width: int,
         src = np.ascontiguousarray(p[name], dtype).reshape(-1, width)
         _put_rows(src, dest[at:at + len(src)], out)
         at += len(src)
+        if release:
+            del src
+            del p[name]
     return out
 
 
 def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
                                                         np.ndarray]]:
     """Each table's (keys, values, tags, hashes) in the export's order, from the ranges'
-    outputs in any order."""
+    outputs in any order. The ranges' record arrays are consumed: each is dropped from its
+    dict as soon as it is gathered, so the funnel holds the records once (at mainnet size the
+    difference is a second copy of some 200 GiB)."""
     acc_keys = _cat(parts, "acc_keys", 20)
     runs = [len(p["acc_keys"]) for p in parts]
     acc = merge_sorted(acc_keys, runs)
+    del acc_keys
     counts = np.concatenate([p["sto_counts"] for p in parts]) if parts else np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
     sto = _segments(starts, counts, acc)
@@ -304,18 +336,30 @@ def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, 
         code_id = ids[i].tobytes()
         if code_id not in seen:
             seen.add(code_id)
-            keep.append(i)
-    code = _segments(cstarts, chunks, np.asarray(keep, np.int64))
+            keep.append(code_id)
+    # a code's records are the same bytes in every range that has it: taken from one range
+    # that still holds them (`drop_seen_codes` leaves them in one only)
+    holder: dict[bytes, int] = {}
+    for i in np.flatnonzero(chunks):
+        holder.setdefault(ids[i].tobytes(), int(i))
+    code = _segments(cstarts, chunks, np.asarray([holder[c] for c in keep], np.int64))
     out = {}
     for name, prefix, order in (("accounts", "acc", acc), ("storage", "sto", sto),
                                 ("code", "code", code)):
         width = KEY_SIZES[name]
         dest = destinations(sum(len(p[f"{prefix}_keys"]) for p in parts), order)
-        out[name] = tuple(gathered(parts, f"{prefix}_{field}", order, w, dt, dest)
+        out[name] = tuple(gathered(parts, f"{prefix}_{field}", order, w, dt, dest, release=True)
                           for field, w, dt in (
             ("keys", width, np.uint8), ("vals", VALUE_SIZES[name], np.uint8),
             ("tags", TAG_SIZE, np.uint8), ("hash", 3, np.uint64)))
     return out
+
+
+@numba.njit(cache=True, parallel=True)
+def _buckets_in_place(hashes, buckets):
+    flat = hashes.reshape(-1)
+    for i in numba.prange(flat.size):
+        flat[i] = flat[i] % buckets
 
 
 def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.ndarray,
@@ -323,19 +367,28 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
                    anchor: Anchor, room: float, min_records: int, created: int | None,
                    out: np.ndarray | None = None) -> KeywordTable:
     """One table placed exactly as `build_chain_tables` places it (step 2), into `out` where
-    given (`table_pages` zeros)."""
+    given (`table_pages` zeros). `hashes` becomes the records' buckets in place."""
     _refuse_repeats(keys, tags, {"accounts": "address", "storage": "storage key",
                                  "code": "code chunk"}[name])
     draws = table_draws(seed, name)
     dataset = draws.token(DATASET_SIZE)
     planned = plan(seed)[name][1]
 
+    first = [hashes]
+
     def candidates(seeds: tuple[int, int, int], buckets: int) -> np.ndarray:
-        # the ranges hashed with the first seeds; a placement that fails draws others (rare)
-        h = hashes if tuple(seeds) == planned else seeds_hashes(keys, seeds)
-        return (h % np.uint64(buckets)).astype(np.int64)
+        # the ranges hashed with the first seeds; a placement that fails draws others (rare).
+        # Those hashes are asked for once: they become the buckets where they lie (no copy of
+        # 24 bytes a record, twice), and are dropped here
+        if tuple(seeds) == planned and first:
+            h = np.ascontiguousarray(first.pop(), np.uint64)
+        else:
+            h = seeds_hashes(keys, seeds)
+        _buckets_in_place(h, np.uint64(buckets))
+        return h.view(np.int64)
 
     size = VALUE_SIZES[name]
+    del hashes
     return place_table(
         keys, tags, values, candidates, dataset=dataset, value_size=size,
         signing_key=signing_key, draws=draws, numbering=(1, anchor, name), created=created,
@@ -357,7 +410,11 @@ def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey
         for name in TABLES]
     pages = np.zeros((sum(spans), PAGE_SIZE), np.uint8)
     ends = np.cumsum([0, *spans]).tolist()
-    return join_tables([assemble_table(name, *tables[name], seed=seed, signing_key=signing_key,
-                                       anchor=anchor, room=room, min_records=min_records,
-                                       created=created, out=pages[ends[i]:ends[i + 1]])
-                        for i, name in enumerate(TABLES)])
+    placed = []
+    for i, name in enumerate(TABLES):
+        # taken out of `tables` as it is placed: its values and hashes go once it is written
+        placed.append(assemble_table(name, *tables.pop(name), seed=seed,
+                                     signing_key=signing_key, anchor=anchor, room=room,
+                                     min_records=min_records, created=created,
+                                     out=pages[ends[i]:ends[i + 1]]))
+    return join_tables(placed)
