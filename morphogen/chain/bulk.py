@@ -378,8 +378,8 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
 
     def candidates(seeds: tuple[int, int, int], buckets: int) -> np.ndarray:
         # the ranges hashed with the first seeds; a placement that fails draws others (rare).
-        # Those hashes are asked for once: they become the buckets where they lie (no copy of
-        # 24 bytes a record, twice), and are dropped here
+        # Those hashes are asked for once: they become the buckets where they lie (before, a
+        # remainder and its conversion made two copies of 24 bytes a record)
         if tuple(seeds) == planned and first:
             h = np.ascontiguousarray(first.pop(), np.uint64)
         else:
@@ -388,7 +388,6 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
         return h.view(np.int64)
 
     size = VALUE_SIZES[name]
-    del hashes
     return place_table(
         keys, tags, values, candidates, dataset=dataset, value_size=size,
         signing_key=signing_key, draws=draws, numbering=(1, anchor, name), created=created,
