@@ -113,16 +113,18 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         words = items.tags.view("<u8").reshape(m, 2)
         homes = words[:, 0] % np.uint64(slots)
         order = _by_home_then_tag(words, homes, slots)
-        # in that order linear probing puts record i at max(home_i, position_{i-1} + 1): a
-        # running maximum of home_i - i, plus i
-        sequence = np.arange(m, dtype=np.int64)
-        at = np.maximum.accumulate(homes[order].astype(np.int64) - sequence) + sequence \
-            if m else sequence
-        table = np.zeros(slots, _SLOT_DTYPE)
+        at = _positions(homes, order)
+        del homes  # a build holds a table's records: its temporaries go as soon as they can
         lengths = items.lengths
         if m and int(lengths.max()) > MAX_KEY:
             raise ValueError(f"a key is bytes of at most {MAX_KEY}")
-        refs = ((items.offsets[:-1] + 1) << 16 | lengths).astype("<u8")
+        refs = items.offsets[:-1] + 1
+        refs <<= 16
+        refs |= lengths
+        heap = int(lengths.sum())
+        del lengths
+        refs = refs.view("<u8")  # offsets and lengths are not negative
+        table = np.zeros(slots, _SLOT_DTYPE)
         _fill(table.view(np.uint8).reshape(slots, SLOT), np.ascontiguousarray(items.tags),
               refs.view(np.uint8).reshape(m, 8), order, at)
         free = 0
@@ -137,7 +139,7 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         table.tofile(folder / SLOTS)
         del table
         items.write(folder / HEAP)
-        _write_meta(folder, slots, m, int(lengths.sum()))
+        _write_meta(folder, slots, m, heap)
         return cls(folder)
 
     @staticmethod
@@ -294,6 +296,22 @@ class KeyIndex(MutableMapping[bytes, bytes]):
             self._mm[i * SLOT:(i + 1) * SLOT] = tag + ref.to_bytes(8, "little")
 
 
+@numba.njit(cache=True)
+def _positions(homes, order):
+    """Where linear probing puts the records taken in `order`: each at its home or just past
+    the one before it, whichever is further (the slot count not applied: past the end is the
+    caller's)."""
+    at = np.empty(len(order), np.int64)
+    prev = np.int64(-1)
+    for k in range(len(order)):
+        pos = np.int64(homes[order[k]])
+        if k and prev + 1 > pos:
+            pos = prev + 1
+        at[k] = pos
+        prev = pos
+    return at
+
+
 @numba.njit(cache=True, parallel=True)
 def _fill(table, tags, refs, order, at):
     """Record order[k] into slot at[k], where that is inside the table (each slot once)."""
@@ -312,7 +330,8 @@ def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int) -> np.nd
     in those bits: rare), the sort by all three."""
     bits = max(1, int(slots - 1).bit_length())
     shift = np.uint64(64 - bits)
-    packed = (homes << shift) | (words[:, 0] >> np.uint64(bits))
+    packed = words[:, 0] >> np.uint64(bits)
+    packed |= homes << shift
     order, ranked = radix.argsort(packed)
     if len(ranked) > 1 and bool((ranked[1:] == ranked[:-1]).any()):
         return np.lexsort((words[:, 1], words[:, 0], homes))
