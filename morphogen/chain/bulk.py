@@ -162,8 +162,9 @@ def drop_seen_codes(part: dict, seen: set[bytes]) -> None:
     account that has it, and a popular one in nearly every range: kept once, not once a range.
     The range keeps each code's hash and least address, so the tables' order is unchanged."""
     ids, chunks = part["code_ids"], part["code_chunks"]
-    have = [ids[i].tobytes() in seen for i in range(len(ids))]
-    seen.update(ids[i].tobytes() for i in range(len(ids)) if not have[i])
+    hashes = [ids[i].tobytes() for i in range(len(ids))]
+    have = [h in seen for h in hashes]
+    seen.update(hashes)
     if not any(have):
         return
     dup = np.asarray(have, bool)
