@@ -5,7 +5,6 @@ the connection. Fake EVM processes (threads) run the runs: each holds until told
 
 from __future__ import annotations
 
-import itertools
 import json
 import queue
 import socket
@@ -13,6 +12,7 @@ import struct
 import threading
 
 import pytest
+from _evm_fakes import WAIT_S, FakeProcess, World, queue_runs
 
 from morphogen.wallet import Endpoint, RpcServer
 from morphogen.wallet.jsonrpc import TIMED_OUT
@@ -25,63 +25,6 @@ from morphogen.wallet.workers import (
     current_request,
 )
 
-WAIT_S = 30.0  # bounds every wait on a condition; none is expected to come near it
-
-
-class FakeProcess:
-    """An EVM process stand-in: a run's tx names it (`label`) and holds it until
-    `release[label]` is set (or the process is killed); every run started is in `ran`."""
-
-    pids = itertools.count(1000)
-
-    def __init__(self, world: World) -> None:
-        self.world, self.pid = world, next(self.pids)
-        self.conn = self
-        self._out: queue.Queue[dict] = queue.Queue()
-        self._killed = threading.Event()
-
-    def send(self, args: tuple) -> None:
-        label = args[2]["label"]
-        with self.world.lock:
-            self.world.ran.append(label)
-        threading.Thread(target=self._run, args=(label,), daemon=True).start()
-
-    def _run(self, label: str) -> None:
-        hold = self.world.release.setdefault(label, threading.Event())
-        while not hold.wait(0.01):
-            if self._killed.is_set():
-                return
-        self._out.put({"ok": True, "out": label.encode(), "reason": "", "gas": 1, "runs": 1})
-
-    def poll(self, timeout: float) -> bool:
-        try:
-            self._pending = self._out.get(timeout=timeout)
-        except queue.Empty:
-            return False
-        return True
-
-    def recv(self) -> dict:
-        return self._pending
-
-    def kill(self) -> None:
-        self._killed.set()
-        with self.world.lock:
-            self.world.killed += 1
-
-    def close(self) -> None:
-        pass
-
-
-class World:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.ran: list[str] = []
-        self.killed = 0
-        self.release: dict[str, threading.Event] = {}
-
-    def let(self, label: str) -> None:
-        self.release.setdefault(label, threading.Event()).set()
-
 
 @pytest.fixture
 def world():
@@ -93,31 +36,16 @@ def world():
     workers.close()
 
 
-def _runs(workers: CallWorkers, key: str, request: Request | None, labels: list[str],
-          results: dict) -> list[threading.Thread]:
-    def one(label: str) -> None:
-        with client(key, request):
-            try:
-                results[label] = workers.run("", {}, {"label": label}, False, WAIT_S)["out"]
-            except Cancelled as exc:
-                results[label] = exc
-
-    threads = [threading.Thread(target=one, args=(lab,)) for lab in labels]
-    for t in threads:
-        t.start()
-    return threads
-
-
 def test_a_given_up_requests_queued_runs_are_dropped_and_the_next_client_runs(world):
     w, workers = world
     gone = Request()
     results: dict = {}
     mine = [f"a{i}" for i in range(10)]
-    threads = _runs(workers, "a", gone, mine, results)
+    threads = queue_runs(workers, "a", gone, mine, results)
     assert workers.wait_for(lambda c: c["started"] == 1 and c["queued"] == 9, WAIT_S)
     gone.cancel(GONE)  # the client disconnected, a0 running
     assert workers.wait_for(lambda c: c["dropped"] == 9 and c["queued"] == 0, WAIT_S)
-    threads += _runs(workers, "b", Request(), ["b0"], results)
+    threads += queue_runs(workers, "b", Request(), ["b0"], results)
     w.let("a0")  # the run already started ends as it would have
     w.let("b0")
     for t in threads:
@@ -138,7 +66,7 @@ def test_past_its_deadline_a_request_runs_nothing_more_and_its_running_run_stops
     w, workers = world
     soon = Request(deadline_s=0.5)
     results: dict = {}
-    threads = _runs(workers, "a", soon, ["a0", "a1", "a2"], results)
+    threads = queue_runs(workers, "a", soon, ["a0", "a1", "a2"], results)
     for t in threads:
         t.join(WAIT_S)
     assert all(isinstance(results[x], Cancelled) for x in ("a0", "a1", "a2"))
@@ -146,7 +74,7 @@ def test_past_its_deadline_a_request_runs_nothing_more_and_its_running_run_stops
     assert w.ran == ["a0"] and w.killed == 1  # stopped with its process, not let end
     counts = workers.counts()
     assert counts["started"] == 1 and counts["stopped"] == 1 and counts["dropped"] == 2
-    threads = _runs(workers, "b", None, ["b0"], results)
+    threads = queue_runs(workers, "b", None, ["b0"], results)
     w.let("b0")
     threads[0].join(WAIT_S)
     assert results["b0"] == b"b0" and w.ran == ["a0", "b0"]
@@ -157,10 +85,10 @@ def test_runs_of_a_given_up_request_met_in_turn_are_dropped_unstarted(world):
     them when their turn comes."""
     w, workers = world
     results: dict = {}
-    threads = _runs(workers, "a", None, ["a0"], results)
+    threads = queue_runs(workers, "a", None, ["a0"], results)
     assert workers.wait_for(lambda c: c["started"] == 1, WAIT_S)
     late = Request(deadline_s=60)
-    threads += _runs(workers, "b", late, ["b0", "b1"], results)
+    threads += queue_runs(workers, "b", late, ["b0", "b1"], results)
     assert workers.wait_for(lambda c: c["queued"] == 2, WAIT_S)
     late.deadline = 0  # as if the time had passed, unnoticed by its waiting threads
     w.let("a0")

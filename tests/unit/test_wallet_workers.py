@@ -1,6 +1,7 @@
 """The EVM processes (real pyrevm, no loopback reads: every account a run touches is given up
 front): a gas estimate is the node's search in a few runs; a run past its time is stopped and
-its process replaced, the time counted from its start, not its queueing; clients take turns."""
+its process replaced, the time counted from its start, not its queueing (clients' turns:
+test_wallet_turns.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from morphogen.wallet.workers import (  # noqa: E402 - after the skip
     ESTIMATE_ERROR_RATIO,
     CallWorkers,
     RunTimedOut,
-    client,
     run_call,
 )
 
@@ -76,38 +76,6 @@ def test_a_run_past_its_time_is_stopped_and_queueing_does_not_count(workers):
     for t in threads:
         t.join(120)
     assert len(results) == 20 and all(r["ok"] for r in results)
-
-
-def test_clients_take_turns(workers):
-    """A client's eight runs queued before another's one: the other's ends among the first
-    few (one of the first client's running, the next taken before the turn passes; a place
-    more for the order in which the waiting threads wake), not last as in one queue."""
-    order: list[str] = []
-    lock = threading.Lock()
-    queued = threading.Event()
-
-    def run(who: str) -> None:
-        with client(who):
-            workers.run(URL, BLOCK, _tx(500_000), False, 30.0, ACCOUNTS)
-        with lock:
-            order.append(who)
-
-    many = [threading.Thread(target=run, args=("a",)) for _ in range(8)]
-    for t in many:
-        t.start()
-
-    def waiting() -> int:
-        with workers._cond:
-            return sum(len(q) for q in workers._queues.values())
-
-    for _ in range(1000):  # most of them queued behind the one running
-        if waiting() >= 6 or queued.wait(0.01):
-            break
-    other = threading.Thread(target=run, args=("b",))
-    other.start()
-    for t in [*many, other]:
-        t.join(120)
-    assert len(order) == 9 and order.index("b") <= 3, order
 
 
 def test_an_access_list_is_paid_for_and_warm(workers):
