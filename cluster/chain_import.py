@@ -141,14 +141,21 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
     pending: dict = {}
     queue = list(todo)
     last = 0.0
+
+    def fill() -> None:
+        while queue and len(pending) < workers:
+            k = queue.pop(0)
+            a, b = ranges[k]
+            pending[task.remote(str(dump), a, b, plans, files[k])] = k
+
     try:
-        while queue or pending:
-            while queue and len(pending) < workers:
-                i = queue.pop(0)
-                a, b = ranges[i]
-                pending[task.remote(str(dump), a, b, plans, files[i])] = i
+        fill()
+        while pending:
             ready, _ = ray.wait(list(pending), num_returns=1)
             i = pending.pop(ready[0])
+            # the freed worker's next range goes out before this one is read in (`done`):
+            # workers never wait on the one process's reads
+            fill()
             try:
                 records, cpu = ray.get(ready[0])
             except ray.exceptions.RayTaskError as exc:

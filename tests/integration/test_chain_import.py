@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from cluster.chain_import import import_dump
+from cluster.chain_import import encode_ranges, import_dump
 from cluster.cli import main
 from cluster.parties import HttpParties
+from morphogen.chain import dumps
 from morphogen.chain.export import BlockRef, ExportHeader, state_records, write_export
 from morphogen.chain.follow import Follower
 from morphogen.chain.rpc import EthRpc, quantity
@@ -100,6 +102,29 @@ def test_a_malformed_line_leaves_nothing_behind(dump, capsys):
     assert code != 0
     assert "bad.jsonl:251: address '0x1234'" in capsys.readouterr().err
     assert [p.name for p in dump["root"].iterdir() if p.name.startswith("refused")] == []
+
+
+def test_a_worker_never_waits_on_the_read_of_the_range_before(dump, tmp_path):
+    """With one worker, the range after each is already being encoded (its directory
+    appears) while the one process reads that range in: the next range goes out first."""
+    work = tmp_path / "work"
+    work.mkdir()
+    body = dumps.info(dump["path"]).body
+    count = len(dumps.line_ranges(dump["path"], body, 20_000))
+    assert count >= 3
+    overlapped: list[bool] = []
+
+    def encoded(i: int, folder: str) -> None:
+        if i + 1 < count and all(overlapped):  # after a miss, the rest need not wait
+            following = Path(folder).with_name(f"r{i + 1:06d}")
+            deadline = time.monotonic() + 20
+            while not following.exists() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            overlapped.append(following.exists())
+
+    files, _ = encode_ranges(dump["path"], work, body, workers=1, seed=5, range_bytes=20_000,
+                             report=lambda line: None, encoded=encoded)
+    assert len(files) == count and overlapped and all(overlapped), overlapped
 
 
 def test_a_killed_import_resumes(dump):
