@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from morphogen.wallet.workers import CallWorkers, Cancelled, Request, client
 
@@ -82,3 +84,17 @@ def queue_runs(workers: CallWorkers, key: str, request: Request | None, labels: 
     for t in threads:
         t.start()
     return threads
+
+
+@contextmanager
+def fake_workers() -> Iterator[tuple[World, CallWorkers]]:
+    """A world and one EVM process of it; on the way out every run is let end and the
+    workers closed."""
+    w = World()
+    workers = CallWorkers(1, start=lambda: FakeProcess(w))
+    try:
+        yield w, workers
+    finally:
+        for e in list(w.release.values()):
+            e.set()
+        workers.close()

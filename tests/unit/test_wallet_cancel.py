@@ -12,13 +12,12 @@ import struct
 import threading
 
 import pytest
-from _evm_fakes import WAIT_S, FakeProcess, World, queue_runs
+from _evm_fakes import WAIT_S, fake_workers, queue_runs
 
 from morphogen.wallet import Endpoint, RpcServer
 from morphogen.wallet.jsonrpc import TIMED_OUT
 from morphogen.wallet.server import GONE
 from morphogen.wallet.workers import (
-    CallWorkers,
     Cancelled,
     Request,
     client,
@@ -28,12 +27,8 @@ from morphogen.wallet.workers import (
 
 @pytest.fixture
 def world():
-    w = World()
-    workers = CallWorkers(1, start=lambda: FakeProcess(w))
-    yield w, workers
-    for e in list(w.release.values()):
-        e.set()
-    workers.close()
+    with fake_workers() as pair:
+        yield pair
 
 
 def test_a_given_up_requests_queued_runs_are_dropped_and_the_next_client_runs(world):

@@ -5,19 +5,13 @@ end, so the order runs start in is the queue's alone."""
 from __future__ import annotations
 
 import pytest
-from _evm_fakes import WAIT_S, FakeProcess, World, queue_runs
-
-from morphogen.wallet.workers import CallWorkers
+from _evm_fakes import WAIT_S, fake_workers, queue_runs
 
 
 @pytest.fixture
 def world():
-    w = World()
-    workers = CallWorkers(1, start=lambda: FakeProcess(w))
-    yield w, workers
-    for e in list(w.release.values()):
-        e.set()
-    workers.close()
+    with fake_workers() as pair:
+        yield pair
 
 
 def _clients(ran: list[str]) -> list[str]:
