@@ -305,7 +305,7 @@ def _positions(homes, order):
     prev = np.int64(-1)
     for k in range(len(order)):
         pos = np.int64(homes[order[k]])
-        if k and prev + 1 > pos:
+        if prev + 1 > pos:  # prev starts at -1: the first record sits at its home
             pos = prev + 1
         at[k] = pos
         prev = pos
