@@ -272,6 +272,9 @@ class Follower:
         at it."""
         clock = BlockPhases(started)
         crash_point("traced")
+        # the pages the block will write, faulted in while the node reads its values
+        self.owner.prefetch({"accounts": touched.accounts,
+                             "storage": [address + slot for address, slot in touched.slots]})
         state = read_state(self.rpc, head, touched)
         changes, inserts = self._changes(state)
         clock.lap("read")

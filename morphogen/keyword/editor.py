@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.build import MAX_KICKS, TableFullError
 from morphogen.keyword.descriptor import Descriptor
 from morphogen.keyword.hashing import candidates, candidates_many, pack_keys
@@ -52,15 +53,52 @@ def read_changes(path: str | os.PathLike[str]) -> list[Change]:
     return out
 
 
+class Befores:
+    """The pages an apply rewrites, as they were before it: copied into one buffer that the
+    next apply reuses, so a block's batch (each page XORed with what it was) costs one copy a
+    page and no allocation once the buffer has grown to a block's size."""
+
+    def __init__(self, width: int = PAGE_SIZE) -> None:
+        self.rows = np.empty((0, width), np.uint8)
+        self.count = 0
+
+    def clear(self) -> None:
+        self.count = 0
+
+    def keep(self, pages: np.ndarray) -> int:
+        """Copy `pages` (rows) in; returns the row the first went to."""
+        first = self._room(len(pages))
+        self.rows[first:self.count] = pages
+        return first
+
+    def keep_row(self, page: np.ndarray) -> int:
+        """Copy one page in (an editor's first write to it); returns its row."""
+        first = self._room(1)
+        self.rows[first] = page
+        return first
+
+    def _room(self, more: int) -> int:
+        need = self.count + more
+        if need > len(self.rows):
+            grown = np.empty((max(need, 2 * len(self.rows), 1024), self.rows.shape[1]),
+                             np.uint8)
+            grown[:self.count] = self.rows[:self.count]
+            self.rows = grown
+        first, self.count = self.count, need
+        return first
+
+
 class Editor:
     """Inserts, changes and deletes on the owner's in-memory pages, recording dirty pages."""
 
     def __init__(self, desc: Descriptor, pages: np.ndarray, keys: MutableMapping[bytes, bytes],
-                 rng: Callable[[int], int]) -> None:
+                 rng: Callable[[int], int], befores: Befores | None = None) -> None:
         self.desc, self.pages, self.keys, self.rng = desc, pages, keys, rng
         self.g = desc.geometry
         self.dirty: set[int] = set()
-        self.before: dict[int, np.ndarray] = {}  # a dirty page as it was: the batch is XORs
+        # a dirty page as it was (its row of `befores`): the batch is XORs
+        self.befores = befores if befores is not None else Befores()
+        self.before: dict[int, int] = {}
         self.records = desc.records
         self._cands: dict[bytes, tuple[int, int, int]] = {}
         self.key_puts: dict[bytes, bytes] = {}  # the key changes a diff version keeps
@@ -72,7 +110,7 @@ class Editor:
     def _write(self, bucket: int, slot: int, tag: bytes, value: bytes) -> None:
         page, off = self._slot(bucket, slot)
         if page not in self.before:
-            self.before[page] = self.pages[page].copy()
+            self.before[page] = self.befores.keep_row(self.pages[page])
         self.pages[page, off:off + TAG_SIZE] = np.frombuffer(tag, np.uint8)
         self.pages[page, off + TAG_SIZE:off + self.g.slot_size] = np.frombuffer(value, np.uint8)
         self.dirty.add(page)

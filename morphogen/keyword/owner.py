@@ -32,20 +32,21 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from filelock import FileLock, Timeout
 
-from morphogen.keyword import working
+from morphogen.keyword import prefetch, working
 from morphogen.keyword.build import (
     DEFAULT_LOAD,
     KeywordTable,
     build_table,
 )
 from morphogen.keyword.descriptor import Anchor, Descriptor, Part, parts_of
-from morphogen.keyword.editor import Change, Editor
+from morphogen.keyword.editor import Befores, Change, Editor
 from morphogen.keyword.key_index import KeyIndex
 from morphogen.keyword.pages import records_in
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import public_bytes
 from morphogen.keyword.tree import FANOUT, rehash, root_of
 from morphogen.keyword.versions import VersionStore
+from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.storage.durable import write_atomic
 
@@ -131,6 +132,8 @@ class OwnerTable:
         self._mapped = False  # the current pages in memory, or mapped (`map_working_pages`)
         self._checkpointer: threading.Thread | None = None
         self._cache: tuple[int, np.ndarray, MutableMapping[bytes, bytes]] | None = None
+        self._befores = Befores()  # the pages a block rewrites, as they were: reused
+        self._prefetcher: threading.Thread | None = None
 
     def checkpoints_in_background(self) -> None:
         """Write full copies in a thread of their own, off the path of `apply` (a follower's:
@@ -146,6 +149,34 @@ class OwnerTable:
         the writer is changing, and reads the versions as before."""
         self._mapped = True
         self._drop_cache()
+
+    def prefetch(self, by_table: Mapping[str, Iterable[bytes]]) -> None:
+        """Start faulting in, writable, the mapped pages that a block changing these keys
+        (table name -> keys) will write (`morphogen.keyword.prefetch`), in a thread, while
+        the caller waits on something else: a follower, on the node for the block's values.
+        The next apply, or anything that drops the pages, waits for it to end first. Nothing
+        where the pages are not mapped (`map_working_pages`)."""
+        if not self._mapped:
+            return
+        self._settle()
+        pages, keys = self._working()
+        parts = parts_of(pages)
+        wanted = {name: list(keys_) for name, keys_ in by_table.items()}
+
+        def run() -> None:
+            try:
+                prefetch.populate(pages, prefetch.plan(pages, parts, keys, wanted))
+            except Exception:  # noqa: BLE001 - only the apply's speed depends on it
+                log.debug("prefetch of a block's pages failed", exc_info=True)
+
+        self._prefetcher = threading.Thread(target=run, name="prefetch", daemon=True)
+        self._prefetcher.start()
+
+    def _settle(self) -> None:
+        """Wait for a prefetch still reading the pages and the key index."""
+        if self._prefetcher is not None:
+            self._prefetcher.join()
+            self._prefetcher = None
 
     def wait_checkpoints(self) -> None:
         """Wait for a full copy being written (an unfinished one is abandoned by an exit,
@@ -231,6 +262,7 @@ class OwnerTable:
         return self._cache[1], self._cache[2]
 
     def _drop_cache(self) -> None:
+        self._settle()
         if self._cache is not None and isinstance(self._cache[2], KeyIndex):
             self._cache[2].close()
         self._cache = None
@@ -261,6 +293,7 @@ class OwnerTable:
         follower's record of the blocks it applied)."""
         rng = rng or secrets.randbelow
         with self._lock:
+            self._settle()
             self.reload()
             if changes_id is not None and self.state.get("last_changes") == changes_id:
                 return self.current, ChangeBatch.from_triples([])
@@ -287,8 +320,9 @@ class OwnerTable:
         if any(public_bytes(signing_key.public_key()) != p.descriptor.public_key
                for p in parts):
             raise ValueError("this signing key is not the table's owner key")
-        editors = {p.name: Editor(p.descriptor, pages[p.first:p.first + p.span], keys, rng)
-                   for p in parts}
+        self._befores.clear()
+        editors = {p.name: Editor(p.descriptor, pages[p.first:p.first + p.span], keys, rng,
+                                  self._befores) for p in parts}
         changes = list(changes)
         by_part: dict[str, list[Change]] = {p.name: [] for p in parts}
         for change in changes:
@@ -303,18 +337,20 @@ class OwnerTable:
         # what the table reflects, and clients bounding blocks or age need to see it)
         # Every keyword table of the matrix moves to the new version, changed or not, so
         # that all of them name the same version and block.
-        changed: list[int] = []
-        before: dict[int, np.ndarray] = {}
+        changed: list[np.ndarray] = []
+        was: list[np.ndarray] = []
         now = int(time.time())
         for part in parts:
-            changed += self._sign(part, pages, editors[part.name], signing_key, now, anchor,
-                                  before)
+            at, rows = self._sign(part, pages, editors[part.name], signing_key, now, anchor)
+            changed.append(at)
+            was.append(rows)
         # each page as its XOR with the page before: a few dozen bytes of a 4 KiB page change
         # (a slot, a hash a tree level, the descriptor), so stored and sent as the bytes that
-        # changed, a block costs what it changed rather than what it touched
-        at = np.asarray(changed, np.int64)
-        was = np.stack([before[i] for i in changed]) if changed else pages[at]
-        batch = ChangeBatch(at, np.zeros(len(at), bool), (pages[at] ^ was).tobytes())
+        # changed, a block costs what it changed rather than what it touched; packed straight
+        # from the pages and the rows they were, never a whole 4 KiB diff a page in between
+        at = np.concatenate(changed)
+        batch = ChangeBatch.from_packed(at, np.zeros(len(at), bool), sparse.pack_xor(
+            pages, at, self._befores.rows, np.concatenate(was)))
         key_puts = {t: k for e in editors.values() for t, k in e.key_puts.items()}
         key_dels = {t for e in editors.values() for t in e.key_dels}
         version = self.current + 1
@@ -347,6 +383,7 @@ class OwnerTable:
         at the same block as before). Its matrix has another page count, so it is published
         as a rotation to its full snapshot. Returns the new version."""
         with self._lock:
+            self._settle()
             self.reload()
             pages, keys = self.pages(), self.keys()
             parts = parts_of(pages)
@@ -387,29 +424,33 @@ class OwnerTable:
 
     @staticmethod
     def _sign(part: Part, pages: np.ndarray, editor: Editor, signing_key: Ed25519PrivateKey,
-              now: int, anchor: Anchor | None,
-              before: dict[int, np.ndarray] | None = None) -> list[int]:
+              now: int, anchor: Anchor | None) -> tuple[np.ndarray, np.ndarray]:
         """Rehash the paths of `editor`'s dirty pages and sign the part's next descriptor, in
-        `pages`; returns the matrix pages written (data, tree, descriptor, in order).
-        `before` gets each of them as it was (matrix page -> its bytes)."""
+        `pages`. Returns the matrix pages written (data, tree, descriptor, in order) and the
+        row of `editor.befores` that holds each as it was."""
         desc, g, at = part.descriptor, part.descriptor.geometry, part.first
         sub = pages[at:at + part.span]
         # the changed pages' paths up to the root go in the same batch: a reader sees the
         # new pages with the new tree and descriptor, or none of them
-        levels = [sub[g.level_first(k):g.level_first(k) + n] for k, n in enumerate(g.levels, 1)]
-        if before is not None:
-            before.update((at + i, page) for i, page in editor.before.items())
-            below = editor.dirty
-            for k, level in enumerate(levels, 1):
-                below = {i // FANOUT for i in below}
-                before.update((at + g.level_first(k) + i, level[i].copy()) for i in below)
-            before[at + g.descriptor_page] = sub[g.descriptor_page].copy()
-        written = rehash(levels, sub[:g.data_pages], editor.dirty)
+        firsts = [g.level_first(k) for k in range(1, len(g.levels) + 1)]
+        levels = [sub[f:f + n] for f, n in zip(firsts, g.levels, strict=True)]
+        data = np.fromiter(sorted(editor.dirty), np.int64, len(editor.dirty))
+        rows = [np.fromiter((editor.before[i] for i in data.tolist()), np.int64, len(data))]
+        # a level's pages written are the parents of those written below: known before the
+        # rehash, so each level's, as they were, are kept in one copy
+        above, below = [], data
+        for level in levels:
+            below = np.unique(below // FANOUT)
+            above.append(below)
+            first = editor.befores.keep(level[below])
+            rows.append(np.arange(first, first + len(below)))
+        rows.append(np.array([editor.befores.keep(sub[g.descriptor_page:g.descriptor_page + 1])]))
+        rehash(levels, sub[:g.data_pages], data.tolist())
         new_desc = desc.bumped(root_of(levels[-1][0]), editor.records, time=now, anchor=anchor)
         sub[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
-        return [at + i for i in sorted(editor.dirty)] + [
-            at + g.level_first(k) + i for k, ws in enumerate(written, 1) for i in sorted(ws)
-        ] + [at + g.descriptor_page]
+        where = np.concatenate([data] + [f + a for f, a in zip(firsts, above, strict=True)]
+                               + [np.array([g.descriptor_page], np.int64)]) + at
+        return where, np.concatenate(rows)
 
     def _prune(self) -> None:
         """Drop what neither an unpublished version nor the last `keep` need (after the

@@ -14,6 +14,7 @@ inside a change are kept (a run's 12 bytes of header cost more than they save).
 from __future__ import annotations
 
 import struct
+import sys
 from collections.abc import Iterator
 
 import numba
@@ -74,6 +75,71 @@ def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
     _gather(buf, starts, ends, payload)
     return b"".join((_HEAD.pack(len(buf), len(starts)), starts.astype("<u8").tobytes(),
                      lengths.tobytes(), payload.tobytes()))
+
+
+@numba.njit(cache=True)
+def _xor_runs(rows, at, was, which, gap, longest):
+    """`_runs` of the buffer whose row j is rows[at[j]] ^ was[which[j]] (8-byte words),
+    without making it: one pass over both, a word at a time, skipping equal words."""
+    width = rows.shape[1] * 8
+    n = len(at) * width
+    bound = n // (gap + 1) + n // longest + 2
+    starts = np.empty(bound, np.int64)
+    ends = np.empty(bound, np.int64)
+    k = -1
+    for j in range(len(at)):
+        row, old = rows[at[j]], was[which[j]]
+        for w in range(rows.shape[1]):
+            x = row[w] ^ old[w]
+            if x == 0:
+                continue
+            for b in range(8):
+                if ((x >> np.uint64(8 * b)) & np.uint64(0xFF)) == 0:  # little-endian bytes
+                    continue
+                i = j * width + w * 8 + b
+                if k >= 0 and i - ends[k] < gap and i + 1 - starts[k] <= longest:
+                    ends[k] = i + 1
+                else:
+                    k += 1
+                    starts[k] = i
+                    ends[k] = i + 1
+    return starts[:k + 1].copy(), ends[:k + 1].copy()
+
+
+@numba.njit(cache=True)
+def _xor_gather(rows, at, was, which, starts, ends, out):
+    width = rows.shape[1]
+    o = 0
+    for r in range(len(starts)):
+        for i in range(starts[r], ends[r]):
+            j, c = i // width, i % width
+            out[o] = rows[at[j], c] ^ was[which[j], c]
+            o += 1
+
+
+def pack_xor(pages: np.ndarray, at: np.ndarray, was: np.ndarray,
+             which: np.ndarray | None = None) -> bytes:
+    """`pack` of the XOR of pages[at] with the rows `was[which]` (`which` None: `was` has a row
+    for each of `at`, in order), read from both in place: what changed in pages a block
+    rewrote, without a dense copy of their diffs."""
+    which = np.arange(len(at)) if which is None else which
+    if (pages.ndim != 2 or was.ndim != 2 or was.shape[1] != pages.shape[1]
+            or len(which) != len(at) or pages.shape[1] % 8):
+        raise ValueError("pack_xor takes a (pages, width) array, pages' rows to XOR, and a "
+                         "row as each was for as many")
+    if sys.byteorder != "little":  # the kernel reads a word's bytes lowest first
+        return pack((np.asarray(pages)[at] ^ np.asarray(was)[which]).tobytes())
+    rows = np.asarray(pages).view(np.uint8)
+    was = np.ascontiguousarray(was, np.uint8)
+    at = np.ascontiguousarray(at, np.int64)
+    which = np.ascontiguousarray(which, np.int64)
+    starts, ends = _xor_runs(rows.view(np.uint64), at, was.view(np.uint64), which, GAP,
+                             LONGEST)
+    lengths = (ends - starts).astype("<u4")
+    payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
+    _xor_gather(rows, at, was, which, starts, ends, payload)
+    return b"".join((_HEAD.pack(len(at) * rows.shape[1], len(starts)),
+                     starts.astype("<u8").tobytes(), lengths.tobytes(), payload.tobytes()))
 
 
 def _parsed(raw: bytes | bytearray | memoryview, size: int
@@ -152,6 +218,8 @@ def warm() -> None:
     """Load (or compile) the kernels now: a process that will publish calls it as it starts,
     so that its first batch does not wait for them."""
     raw = pack(np.arange(64, dtype=np.uint8))
+    pack_xor(np.zeros((2, 64), np.uint8), np.array([1]), np.ones((1, 64), np.uint8),
+             np.array([0]))
     pack(bytes(range(64)))  # bytes come as a read-only array: numba's other signature
     unpack(raw, 64)
     for _ in dense_chunks(raw, 64, 16):

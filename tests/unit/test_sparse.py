@@ -62,6 +62,36 @@ def test_a_stretch_longer_than_a_run_is_split(monkeypatch) -> None:
     assert sparse.unpack(packed, buf.size) == buf.tobytes()
 
 
+@pytest.mark.parametrize("longest", [sparse.LONGEST, 100])
+def test_the_xor_of_rewritten_pages_packs_as_its_dense_diffs(monkeypatch, longest) -> None:
+    """An owner packs a block's diffs from the pages and their rows before, never making the
+    dense diffs: the bytes equal `pack` of those diffs, whatever changed where (runs at a
+    row's edges merging into the next row, rows changed whole, a page listed twice)."""
+    monkeypatch.setattr(sparse, "LONGEST", longest)
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        n, width = int(rng.integers(1, 30)), 64 * int(rng.integers(1, 5))
+        pages = rng.integers(0, 256, (n, width), dtype=np.uint8)
+        at = rng.integers(0, n, int(rng.integers(0, 2 * n)))
+        was = pages[at].copy()
+        for _ in range(int(rng.integers(0, 12)) if len(at) else 0):
+            j = int(rng.integers(0, len(at)))
+            c = int(rng.choice([0, width - 3, rng.integers(0, width)]))  # edges too
+            stop = min(width, c + int(rng.integers(1, 30)))
+            was[j, c:stop] ^= rng.integers(1, 256, stop - c, dtype=np.uint8)
+        if trial % 9 == 0 and len(at):
+            was[:] = rng.integers(0, 256, was.shape, dtype=np.uint8)
+        want = sparse.pack((pages[at] ^ was).tobytes())
+        assert sparse.pack_xor(pages, at, was) == want
+        # the rows as they were, kept in another order among others (an owner's buffer)
+        order = rng.permutation(len(at) + 3)
+        kept = rng.integers(0, 256, (len(at) + 3, width), dtype=np.uint8)
+        kept[order[:len(at)]] = was
+        assert sparse.pack_xor(pages, at, kept, order[:len(at)]) == want
+    with pytest.raises(ValueError, match="for as many"):
+        sparse.pack_xor(pages, np.array([0, 0]), np.zeros((1, width), np.uint8), np.array([0]))
+
+
 def test_a_blocks_diffs_cost_what_changed() -> None:
     dense = _diffs(np.random.default_rng(2), 1000)
     assert len(sparse.pack(dense)) < len(dense) / 20

@@ -1,5 +1,6 @@
 """A follower's start loads the kernels its blocks call: after `warm()`, a block's calls (a batch
-packed from bytes and from an array, keys' buckets found in one call) compile nothing more."""
+packed from the pages it rewrote, from bytes and from an array, keys' buckets found in one
+call) compile nothing more."""
 
 from __future__ import annotations
 
@@ -11,13 +12,17 @@ import numpy as np
 from morphogen.keyword import hashing
 from morphogen.protocol import sparse
 
-kernels = (sparse._runs, sparse._gather, sparse._scatter_window, hashing._candidates_many)
+kernels = (sparse._runs, sparse._gather, sparse._scatter_window, sparse._xor_runs,
+           sparse._xor_gather, hashing._candidates_many)
 sparse.warm()
 hashing.warm()
 before = [len(k.signatures) for k in kernels]
 assert all(before), before
 data = np.random.default_rng(1).integers(0, 2, 3 * 4096, np.uint8)
-raw = sparse.pack(data.tobytes())  # as the owner's batch: the XOR's bytes
+raw = sparse.pack(data.tobytes())
+pages = data.reshape(3, 4096)  # as the owner's batch: pages, the rows they were, in a buffer
+sparse.pack_xor(pages, np.concatenate([np.array([2]), np.arange(1)]), np.zeros((4, 4096), np.uint8),
+                np.concatenate([np.fromiter([3], np.int64, 1), np.arange(1)]))
 sparse.pack(data)
 sparse.unpack(raw, len(data))
 for _ in sparse.dense_chunks(raw, len(data), 4096):

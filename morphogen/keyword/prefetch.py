@@ -1,0 +1,106 @@
+"""The pages a block will write, made writable in the owner's mapped file before the block is
+applied: while the follower waits on the node for the block's values.
+
+An owner's working pages are a shared mapping of a file on disk (`working`). Writing a page
+the kernel has written back since it was last written takes a page fault (the file system
+is told the page is dirty again), and reading a page not yet mapped in this process takes
+another: about 5 and 3.5 us each on an ext4 disk. A block of 3,000 records scattered over a
+mainnet-sized table writes some 3,000 data pages and as many tree pages, nearly every one
+written back since it was last touched, so these faults grow with the table until every
+page of a block is one: what a block's apply pays beyond what it changes.
+
+The keys a block changes are known from its trace before their values are read from the
+node, and for a key the table holds (most of a block's changes), the page it will be written
+to is the candidate page that holds its tag; for a new key, the first candidate with a free
+slot; above each, the tree pages on its path. `plan` finds them by reading (the read faults
+taken here, in the background), and `populate` faults them in writable, a range at a time
+(MADV_POPULATE_WRITE, Linux 5.14 and later; elsewhere it does nothing). A page that turns out
+not to be written (the key was evicted, the slot taken) costs only its write-back of the
+same bytes; the bytes of the file are never changed here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Iterable, Mapping, MutableMapping
+
+import numpy as np
+
+from morphogen.constants import PAGE_SIZE
+from morphogen.keyword.descriptor import Part
+from morphogen.keyword.hashing import candidates_many, pack_keys
+from morphogen.keyword.pages import free_slot, slot_of, tag_of
+from morphogen.keyword.tree import FANOUT
+
+log = logging.getLogger(__name__)
+
+MADV_POPULATE_WRITE = 23  # <linux/mman.h>
+
+
+def plan(pages: np.ndarray, parts: list[Part], keys: Mapping[bytes, bytes] |
+         MutableMapping[bytes, bytes], by_table: Mapping[str, Iterable[bytes]]) -> np.ndarray:
+    """The matrix pages a block changing the keys `by_table` (table name -> keys) will write:
+    each key's data page, the tree pages above them and each changed table's descriptor;
+    sorted, unique. Tables `pages` does not hold are passed over."""
+    out: list[np.ndarray] = []
+    for part in parts:
+        wanted = list(by_table.get(part.name, ()))
+        if not wanted:
+            continue
+        g, at = part.descriptor.geometry, part.first
+        sub = pages[at:at + part.span]
+        trios = candidates_many(*pack_keys(wanted), part.descriptor.seeds, g.num_buckets)
+        data: set[int] = set()
+        for key, trio in zip(wanted, trios.tolist(), strict=True):
+            tag = tag_of(part.descriptor.dataset, key)
+            held = tag in keys
+            for b in trio:
+                page = g.bucket_page(b)
+                if (slot_of(g, sub[page], b, tag) if held else free_slot(g, sub[page], b)) \
+                        is not None:
+                    data.add(page)
+                    break
+        below = np.fromiter(data, np.int64, len(data))
+        found = [below]
+        for k in range(1, len(g.levels) + 1):
+            below = np.unique(below // FANOUT)
+            found.append(g.level_first(k) + below)
+        found.append(np.array([g.descriptor_page], np.int64))
+        out.append(np.concatenate(found) + at)
+    return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+def populate(pages: np.ndarray, which: np.ndarray) -> bool:
+    """Fault the pages `which` of the mapped array `pages` in, writable: one call a run of
+    consecutive pages. False where the kernel does not offer it (nothing is done)."""
+    if not len(which):
+        return True
+    if pages.shape[1] != PAGE_SIZE or not pages.flags.c_contiguous:
+        raise ValueError("populate takes a mapped (pages, 4096) array")
+    madvise = _madvise()
+    if madvise is None:
+        return False
+    base = pages.ctypes.data
+    breaks = np.flatnonzero(np.diff(which) != 1) + 1
+    for run in np.split(which, breaks):
+        if madvise(base + int(run[0]) * PAGE_SIZE, len(run) * PAGE_SIZE,
+                   MADV_POPULATE_WRITE) != 0:
+            log.debug("MADV_POPULATE_WRITE refused (errno %d): no prefetch", ctypes.get_errno())
+            return False
+    return True
+
+
+_MADVISE: list = []
+
+
+def _madvise():  # noqa: ANN202 - a ctypes function, or None
+    if not _MADVISE:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).madvise
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            fn.restype = ctypes.c_int
+        except (OSError, AttributeError):
+            fn = None
+        _MADVISE.append(fn)
+    return _MADVISE[0]

@@ -1,0 +1,109 @@
+"""A block's pages made writable before its apply (`morphogen.keyword.prefetch`): the pages
+planned are the pages the apply writes, faulting them in changes no byte, and an owner that
+prefetched ends each block with the same pages and batch as one that did not."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from morphogen.keyword import build_table, prefetch
+from morphogen.keyword.build import join_tables
+from morphogen.keyword.descriptor import Anchor, parts_of
+from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
+
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
+ANCHOR = Anchor(31337, 7, "0x" + "ab" * 32)
+
+
+def _recs(n: int, key_size: int, value_size: int, seed: int) -> dict[bytes, bytes]:
+    rng = random.Random(seed)
+    return {rng.randbytes(key_size): rng.randbytes(value_size) for _ in range(n)}
+
+
+RECS = {"accounts": _recs(400, 20, 72, 1), "storage": _recs(3000, 52, 32, 2)}
+
+
+def _table():
+    return join_tables([build_table(RECS[name].items(), value_size=size, signing_key=KEY,
+                                    name=name, anchor=ANCHOR)
+                        for name, size in (("accounts", 72), ("storage", 32))])
+
+
+def _owner(root: Path, table=None) -> OwnerTable:
+    create_owner_dir(table or _table(), root)
+    owner = OwnerTable(root)
+    owner.map_working_pages()
+    return owner
+
+
+def _block(seed: int, *, inserts: bool) -> list[Change]:
+    rng = random.Random(seed)
+    out = [Change("put", k, rng.randbytes(72), table="accounts")
+           for k in rng.sample(sorted(RECS["accounts"]), 30)]
+    out += [Change("put", k, rng.randbytes(32), table="storage")
+            for k in rng.sample(sorted(RECS["storage"]), 200)]
+    if inserts:
+        out += [Change("put", rng.randbytes(52), rng.randbytes(32), table="storage")
+                for _ in range(40)]
+    return out
+
+
+def _by_table(changes: list[Change]) -> dict[str, list[bytes]]:
+    out: dict[str, list[bytes]] = {}
+    for c in changes:
+        out.setdefault(c.table, []).append(c.key)
+    return out
+
+
+def _apply(owner: OwnerTable, changes: list[Change], seed: int):
+    rng = random.Random(seed)
+    return owner.apply(changes, KEY, rng=rng.randrange, anchor=ANCHOR)
+
+
+def test_the_pages_planned_are_the_pages_the_block_writes(tmp_path: Path) -> None:
+    owner = _owner(tmp_path / "owner")
+    for seed, inserts in ((1, False), (2, True)):
+        changes = _block(seed, inserts=inserts)
+        pages, keys = owner._working()
+        planned = prefetch.plan(pages, parts_of(pages), keys, _by_table(changes))
+        _, batch = _apply(owner, changes, seed)
+        written = np.unique(batch.pages)
+        # a table this empty places every new key without evicting: nothing unplanned
+        assert np.array_equal(planned, written), (len(planned), len(written))
+    # a table no key of the block is in is passed over: its pages are not planned
+    pages, keys = owner._working()
+    only = prefetch.plan(pages, parts_of(pages), keys, {"storage": [next(iter(RECS["storage"]))]})
+    accounts = parts_of(pages)[0]
+    assert len(only) and (only >= accounts.first + accounts.span).all()
+
+
+def test_faulting_the_pages_in_changes_no_byte(tmp_path: Path) -> None:
+    owner = _owner(tmp_path / "owner")
+    pages, _ = owner._working()
+    file = tmp_path / "owner" / "working" / "pages.bin"
+    before = file.read_bytes()
+    which = np.array([0, 1, 2, 7, len(pages) - 1], np.int64)
+    assert prefetch.populate(pages, which) in (True, False)  # False: a kernel without it
+    assert np.frombuffer(before, np.uint8).reshape(pages.shape).tobytes() == pages.tobytes()
+    assert file.read_bytes() == before
+
+
+def test_an_owner_that_prefetched_makes_the_same_versions(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)  # the descriptors' times alike
+    table = _table()
+    plain, fetching = _owner(tmp_path / "a", table), _owner(tmp_path / "b", table)
+    for seed in range(3):
+        changes = _block(seed + 10, inserts=True)
+        fetching.prefetch(_by_table(changes))
+        (va, a), (vb, b) = _apply(plain, changes, seed), _apply(fetching, changes, seed)
+        assert va == vb and np.array_equal(a.pages, b.pages) and a.packed == b.packed
+    # a prefetch left running is waited for by what drops the pages, then nothing is left
+    fetching.prefetch(_by_table(_block(99, inserts=False)))
+    fetching.map_working_pages()
+    assert fetching._prefetcher is None
+    assert np.array_equal(plain.pages(), fetching.pages())
