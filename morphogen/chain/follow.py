@@ -53,7 +53,7 @@ from morphogen.chain.rpc import ChainError, EthRpc
 from morphogen.chain.state import code_records, encode_account
 from morphogen.chain.tables import TABLES
 from morphogen.chain.traces import Tracer
-from morphogen.keyword import hashing
+from morphogen.keyword import hashing, prefetch
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.overlapped import Legs, OverlappedPublisher
 from morphogen.keyword.owner import Change, OwnerTable
@@ -110,6 +110,7 @@ class Follower:
         owner.map_working_pages()
         sparse.warm()  # a block's batch is stored and sent as its changed bytes
         hashing.warm()  # and its keys' buckets found in one call
+        prefetch.warm()  # and the pages it will write, while the node reads its values
         self.tracer = Tracer(rpc)  # the node's cheapest source, probed at the first block
         self.key = signing_key
         self.confirmations, self.keep = confirmations, keep

@@ -159,13 +159,13 @@ class OwnerTable:
         if not self._mapped:
             return
         self._settle()
-        pages, keys = self._working()
+        pages = self._working()[0]
         parts = parts_of(pages)
         wanted = {name: list(keys_) for name, keys_ in by_table.items()}
 
         def run() -> None:
             try:
-                prefetch.populate(pages, prefetch.plan(pages, parts, keys, wanted))
+                prefetch.populate(pages, prefetch.plan(pages, parts, wanted))
             except Exception:  # noqa: BLE001 - only the apply's speed depends on it
                 log.debug("prefetch of a block's pages failed", exc_info=True)
 

@@ -13,7 +13,9 @@ The keys a block changes are known from its trace before their values are read f
 node, and for a key the table holds (most of a block's changes), the page it will be written
 to is the candidate page that holds its tag; for a new key, the first candidate with a free
 slot; above each, the tree pages on its path. `plan` finds them by reading (the read faults
-taken here, in the background), and `populate` faults them in writable, a range at a time
+taken here, in the background, in a kernel that does not hold the interpreter's lock while
+the follower's other thread decodes the node's answers), and `populate` faults them in
+writable, a range at a time
 (MADV_POPULATE_WRITE, Linux 5.14 and later; elsewhere it does nothing). A page that turns out
 not to be written (the key was evicted, the slot taken) costs only its write-back of the
 same bytes; the bytes of the file are never changed here.
@@ -23,14 +25,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Iterable, Mapping
 
+import numba
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.descriptor import Part
 from morphogen.keyword.hashing import candidates_many, pack_keys
-from morphogen.keyword.pages import free_slot, slot_of, tag_of
+from morphogen.keyword.layout import TAG_SIZE
+from morphogen.keyword.pages import tag_of
 from morphogen.keyword.tree import FANOUT
 
 log = logging.getLogger(__name__)
@@ -38,8 +42,8 @@ log = logging.getLogger(__name__)
 MADV_POPULATE_WRITE = 23  # <linux/mman.h>
 
 
-def plan(pages: np.ndarray, parts: list[Part], keys: Mapping[bytes, bytes] |
-         MutableMapping[bytes, bytes], by_table: Mapping[str, Iterable[bytes]]) -> np.ndarray:
+def plan(pages: np.ndarray, parts: list[Part], by_table: Mapping[str, Iterable[bytes]]
+         ) -> np.ndarray:
     """The matrix pages a block changing the keys `by_table` (table name -> keys) will write:
     each key's data page, the tree pages above them and each changed table's descriptor;
     sorted, unique. Tables `pages` does not hold are passed over."""
@@ -49,26 +53,59 @@ def plan(pages: np.ndarray, parts: list[Part], keys: Mapping[bytes, bytes] |
         if not wanted:
             continue
         g, at = part.descriptor.geometry, part.first
-        sub = pages[at:at + part.span]
+        tags = np.frombuffer(b"".join(tag_of(part.descriptor.dataset, k) for k in wanted),
+                             np.uint8).reshape(-1, TAG_SIZE)
         trios = candidates_many(*pack_keys(wanted), part.descriptor.seeds, g.num_buckets)
-        data: set[int] = set()
-        for key, trio in zip(wanted, trios.tolist(), strict=True):
-            tag = tag_of(part.descriptor.dataset, key)
-            held = tag in keys
-            for b in trio:
-                page = g.bucket_page(b)
-                if (slot_of(g, sub[page], b, tag) if held else free_slot(g, sub[page], b)) \
-                        is not None:
-                    data.add(page)
-                    break
-        below = np.fromiter(data, np.int64, len(data))
-        found = [below]
+        found = np.empty(len(wanted), np.int64)
+        _data_pages(pages[at:at + g.data_pages], tags, trios, g.rows_per_page,
+                    g.row_size if g.layout == "row" else 0, g.slot_size, g.slots_per_bucket,
+                    found)
+        below = np.unique(found[found >= 0])
+        pages_of = [below]
         for k in range(1, len(g.levels) + 1):
             below = np.unique(below // FANOUT)
-            found.append(g.level_first(k) + below)
-        found.append(np.array([g.descriptor_page], np.int64))
-        out.append(np.concatenate(found) + at)
+            pages_of.append(g.level_first(k) + below)
+        pages_of.append(np.array([g.descriptor_page], np.int64))
+        out.append(np.concatenate(pages_of) + at)
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+@numba.njit(cache=True, nogil=True)
+def _data_pages(data, tags, trios, rows_per_page, row_size, slot_size, slots, out):
+    """out[i]: the page of key i's slot (the first of its candidate buckets whose slots hold
+    its tag: the slot an edit of a held key writes), else of the first candidate bucket with
+    an empty slot (where an insert goes), else -1. Without the interpreter's lock: it runs
+    beside the thread reading the block's values."""
+    for i in range(len(tags)):
+        out[i] = -1
+        free = -1
+        for c in range(trios.shape[1]):
+            b = trios[i, c]
+            page = b // rows_per_page
+            base = (b % rows_per_page) * row_size
+            for s in range(slots):
+                o = base + s * slot_size
+                same = True
+                empty = True
+                for t in range(tags.shape[1]):
+                    v = data[page, o + t]
+                    same = same and v == tags[i, t]
+                    empty = empty and v == 0
+                if same:
+                    out[i] = page
+                    break
+                if empty and free < 0:
+                    free = page
+            if out[i] >= 0:
+                break
+        if out[i] < 0:
+            out[i] = free
+
+
+def warm() -> None:
+    """Load (or compile) the kernel now: a follower calls it as it starts."""
+    _data_pages(np.zeros((1, PAGE_SIZE), np.uint8), np.zeros((1, TAG_SIZE), np.uint8),
+                np.zeros((1, 3), np.int64), 1, 0, 48, 2, np.empty(1, np.int64))
 
 
 def populate(pages: np.ndarray, which: np.ndarray) -> bool:

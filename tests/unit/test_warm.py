@@ -9,13 +9,14 @@ import sys
 
 SCRIPT = """
 import numpy as np
-from morphogen.keyword import hashing
+from morphogen.keyword import hashing, prefetch
 from morphogen.protocol import sparse
 
 kernels = (sparse._runs, sparse._gather, sparse._scatter_window, sparse._xor_runs,
-           sparse._xor_gather, hashing._candidates_many)
+           sparse._xor_gather, hashing._candidates_many, prefetch._data_pages)
 sparse.warm()
 hashing.warm()
+prefetch.warm()
 before = [len(k.signatures) for k in kernels]
 assert all(before), before
 data = np.random.default_rng(1).integers(0, 2, 3 * 4096, np.uint8)
@@ -28,7 +29,10 @@ sparse.unpack(raw, len(data))
 for _ in sparse.dense_chunks(raw, len(data), 4096):
     pass
 keys = [bytes([i]) * 20 for i in range(50)] + [bytes([i]) * 52 for i in range(50)]
-hashing.candidates_many(*hashing.pack_keys(keys), (5, 6, 7), 1000)
+trios = hashing.candidates_many(*hashing.pack_keys(keys), (5, 6, 7), 1000)
+found = np.empty(len(keys), np.int64)  # as a prefetch calls it: a slice of mapped pages
+prefetch._data_pages(pages[1:], np.zeros((len(keys), 16), np.uint8), trios % 2, 1, 0, 48, 85,
+                     found)
 after = [len(k.signatures) for k in kernels]
 assert after == before, (before, after)
 """
