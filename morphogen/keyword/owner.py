@@ -133,7 +133,7 @@ class OwnerTable:
         self._checkpointer: threading.Thread | None = None
         self._cache: tuple[int, np.ndarray, MutableMapping[bytes, bytes]] | None = None
         self._befores = Befores()  # the pages a block rewrites, as they were: reused
-        self._prefetcher: threading.Thread | None = None
+        self._prefetcher: tuple[threading.Thread, threading.Event] | None = None
 
     def checkpoints_in_background(self) -> None:
         """Write full copies in a thread of their own, off the path of `apply` (a follower's:
@@ -154,28 +154,32 @@ class OwnerTable:
         """Start faulting in, writable, the mapped pages that a block changing these keys
         (table name -> keys) will write (`morphogen.keyword.prefetch`), in a thread, while
         the caller waits on something else: a follower, on the node for the block's values.
-        The next apply, or anything that drops the pages, waits for it to end first. Nothing
-        where the pages are not mapped (`map_working_pages`)."""
+        The next apply, or anything that drops the pages, stops it and waits for it to end
+        first. Nothing where the pages are not mapped (`map_working_pages`)."""
         if not self._mapped:
             return
         self._settle()
         pages = self._working()[0]
         parts = parts_of(pages)
         wanted = {name: list(keys_) for name, keys_ in by_table.items()}
+        stop = threading.Event()
 
         def run() -> None:
             try:
-                prefetch.populate(pages, prefetch.plan(pages, parts, wanted))
+                prefetch.populate(pages, prefetch.plan(pages, parts, wanted), stop)
             except Exception:  # noqa: BLE001 - only the apply's speed depends on it
                 log.debug("prefetch of a block's pages failed", exc_info=True)
 
-        self._prefetcher = threading.Thread(target=run, name="prefetch", daemon=True)
-        self._prefetcher.start()
+        self._prefetcher = (threading.Thread(target=run, name="prefetch", daemon=True), stop)
+        self._prefetcher[0].start()
 
     def _settle(self) -> None:
-        """Wait for a prefetch still reading the pages and the key index."""
+        """Stop a prefetch still running where it is (its faults not taken yet, the apply
+        takes itself) and wait for it: it reads the pages."""
         if self._prefetcher is not None:
-            self._prefetcher.join()
+            thread, stop = self._prefetcher
+            stop.set()
+            thread.join()
             self._prefetcher = None
 
     def wait_checkpoints(self) -> None:

@@ -5,6 +5,7 @@ prefetched ends each block with the same pages and batch as one that did not."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from morphogen.constants import PAGE_SIZE
 from morphogen.keyword import build_table, prefetch
 from morphogen.keyword.build import join_tables
 from morphogen.keyword.descriptor import Anchor, parts_of
@@ -115,3 +117,24 @@ def test_an_owner_that_prefetched_makes_the_same_versions(tmp_path: Path, monkey
     fetching.map_working_pages()
     assert fetching._prefetcher is None
     assert np.array_equal(plain.pages(), fetching.pages())
+
+
+def test_a_prefetch_stops_where_it_is_when_the_apply_comes(monkeypatch) -> None:
+    """An apply that starts first stops the faulting between calls: a node that answers fast
+    never waits on it. Consecutive pages go in one call."""
+    stop, calls = threading.Event(), []
+
+    def madvise(address: int, length: int, advice: int) -> int:
+        calls.append((address, length, advice))
+        stop.set()  # the apply comes during the first call
+        return 0
+
+    monkeypatch.setattr(prefetch, "_madvise", lambda: madvise)
+    pages = np.zeros((10, PAGE_SIZE), np.uint8)
+    assert prefetch.populate(pages, np.array([1, 2, 5, 8]), stop)
+    assert calls == [(pages.ctypes.data + PAGE_SIZE, 2 * PAGE_SIZE, prefetch.MADV_POPULATE_WRITE)]
+    calls.clear()
+    stop.clear()
+    monkeypatch.setattr(prefetch, "_madvise", lambda: lambda *a: calls.append(a) or 0)
+    assert prefetch.populate(pages, np.array([1, 2, 5, 8]), stop)
+    assert [length // PAGE_SIZE for _, length, _ in calls] == [2, 1, 1]
