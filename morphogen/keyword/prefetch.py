@@ -4,25 +4,25 @@ applied: while the follower waits on the node for the block's values.
 An owner's working pages are a shared mapping of a file on disk (`working`). Writing a page
 the kernel has written back since it was last written takes a page fault (the file system
 is told the page is dirty again), and reading a page not yet mapped in this process takes
-another: about 5 and 3.5 us each on an ext4 disk. A block of 3,000 records scattered over a
-mainnet-sized table writes some 3,000 data pages and as many tree pages, nearly every one
-written back since it was last touched, so these faults grow with the table until every
-page of a block is one: what a block's apply pays beyond what it changes.
+another: about 4 us each on an ext4 disk (bench/page_faults.py). A block of 3,000 records
+scattered over a mainnet-sized table writes some 3,000 data pages and nearly as many tree
+pages, almost none of them still mapped and dirty from an earlier block, so these faults
+grow with the table until every page of a block is one or two: what a block's apply pays
+beyond what it changes.
 
 The keys a block changes are known from its trace before their values are read from the
 node, and for a key the table holds (most of a block's changes), the page it will be written
 to is the candidate page that holds its tag; for a new key, the first candidate with a free
 slot; above each, the tree pages on its path. `plan` finds them by reading (the read faults
-taken here, in the background, in a kernel that does not hold the interpreter's lock while
-the follower's other thread decodes the node's answers), and `populate` faults them in
-writable, a range at a time
-(MADV_POPULATE_WRITE, Linux 5.14 and later; elsewhere it does nothing). That costs more a
-page than the faults it saves (bench/page_faults.py: some 22 us against 4 + 4 on an ext4
-disk), but not on the apply's path; an apply that starts before it has ended stops it where
-it is and takes the rest of the faults itself, so a node that answers fast is never waited
-for longer than one page's call. A page that turns out
-not to be written (the key was evicted, the slot taken) costs only its write-back of the
-same bytes; the bytes of the file are never changed here.
+taken here, in a kernel that does not hold the interpreter's lock while the follower's other
+thread decodes the node's answers), and `populate` faults them in writable, a run of pages
+a call (MADV_POPULATE_WRITE, Linux 5.14 and later; elsewhere it does nothing). That costs
+more a page than the faults it saves (some 22 us against 4 + 4, bench/page_faults.py), but
+not on the apply's path: an apply that starts before it has ended stops it between two calls
+and takes the rest of the faults itself, so a node that answers fast is never waited for
+longer than one call. A page that turns out not to be written (the key evicted, the slot
+taken, a deleted key the table never held) costs only its write-back of the same bytes; no
+byte of the file is written here.
 """
 
 from __future__ import annotations
