@@ -134,6 +134,7 @@ class OwnerTable:
         self._cache: tuple[int, np.ndarray, MutableMapping[bytes, bytes]] | None = None
         self._befores = Befores()  # the pages a block rewrites, as they were: reused
         self._prefetcher: tuple[threading.Thread, threading.Event] | None = None
+        self._prefetch_lock = threading.Lock()
 
     def checkpoints_in_background(self) -> None:
         """Write full copies in a thread of their own, off the path of `apply` (a follower's:
@@ -170,17 +171,22 @@ class OwnerTable:
             except Exception:  # noqa: BLE001 - only the apply's speed depends on it
                 log.debug("prefetch of a block's pages failed", exc_info=True)
 
-        self._prefetcher = (threading.Thread(target=run, name="prefetch", daemon=True), stop)
-        self._prefetcher[0].start()
+        thread = threading.Thread(target=run, name="prefetch", daemon=True)
+        with self._prefetch_lock:
+            self._prefetcher = (thread, stop)
+        thread.start()
 
     def _settle(self) -> None:
         """Stop a prefetch still running where it is (its faults not taken yet, the apply
-        takes itself) and wait for it: it reads the pages."""
-        if self._prefetcher is not None:
-            thread, stop = self._prefetcher
+        takes itself) and wait for it: it reads the pages. From any thread (a publication's
+        may drop the pages), each prefetch stopped by one of them."""
+        with self._prefetch_lock:
+            running, self._prefetcher = self._prefetcher, None
+        if running is not None:
+            thread, stop = running
             stop.set()
-            thread.join()
-            self._prefetcher = None
+            if thread.ident is not None:
+                thread.join()
 
     def wait_checkpoints(self) -> None:
         """Wait for a full copy being written (an unfinished one is abandoned by an exit,
