@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import struct
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numba
 import numpy as np
@@ -29,15 +29,33 @@ class SparseError(ValueError):
     """Bytes that are not a sparse buffer, or not of the size expected."""
 
 
+@numba.njit(cache=True, inline="always")
+def _room(n, gap, longest):
+    """Starts and ends for the runs of an n-byte buffer: at most this many, as runs are at
+    least `gap` zeros apart or split at `longest`."""
+    bound = n // (gap + 1) + n // longest + 2
+    return np.empty(bound, np.int64), np.empty(bound, np.int64)
+
+
+@numba.njit(cache=True, inline="always")
+def _add(starts, ends, k, i, gap, longest):
+    """The nonzero byte at `i` (past every byte added before it) joins run k, or starts run
+    k + 1; returns the last run's index."""
+    if k >= 0 and i - ends[k] < gap and i + 1 - starts[k] <= longest:
+        ends[k] = i + 1
+        return k
+    starts[k + 1] = i
+    ends[k + 1] = i + 1
+    return k + 1
+
+
 @numba.njit(cache=True)
 def _runs(buf, words, gap, longest):
     """Starts and ends of the runs covering the nonzero bytes of `buf`, merging runs closer
     than `gap`, none longer than `longest`: one pass, eight zero bytes at a time (`words`:
     `buf`'s whole 8-byte words), never an index of every changed byte."""
     n = len(buf)
-    bound = n // (gap + 1) + n // longest + 2  # runs are at least `gap` zeros apart
-    starts = np.empty(bound, np.int64)
-    ends = np.empty(bound, np.int64)
+    starts, ends = _room(n, gap, longest)
     k = -1
     i = 0
     while i < n:
@@ -45,12 +63,7 @@ def _runs(buf, words, gap, longest):
             i += 8
             continue
         if buf[i] != 0:
-            if k >= 0 and i - ends[k] < gap and i + 1 - starts[k] <= longest:
-                ends[k] = i + 1
-            else:
-                k += 1
-                starts[k] = i
-                ends[k] = i + 1
+            k = _add(starts, ends, k, i, gap, longest)
         i += 1
     return starts[:k + 1].copy(), ends[:k + 1].copy()
 
@@ -70,10 +83,17 @@ def pack(data: bytes | bytearray | memoryview | np.ndarray) -> bytes:
         else np.ascontiguousarray(data, np.uint8).reshape(-1)
     whole = len(buf) // 8 * 8
     starts, ends = _runs(buf, buf[:whole].view(np.uint64), GAP, LONGEST)
+    return _form(len(buf), starts, ends, lambda out: _gather(buf, starts, ends, out))
+
+
+def _form(size: int, starts: np.ndarray, ends: np.ndarray,
+          fill: Callable[[np.ndarray], None]) -> bytes:
+    """The sparse form of a `size`-byte buffer with these runs, `fill(out)` writing the
+    runs' bytes back to back into `out`."""
     lengths = (ends - starts).astype("<u4")
     payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
-    _gather(buf, starts, ends, payload)
-    return b"".join((_HEAD.pack(len(buf), len(starts)), starts.astype("<u8").tobytes(),
+    fill(payload)
+    return b"".join((_HEAD.pack(size, len(starts)), starts.astype("<u8").tobytes(),
                      lengths.tobytes(), payload.tobytes()))
 
 
@@ -82,10 +102,7 @@ def _xor_runs(rows, at, was, which, gap, longest):
     """`_runs` of the buffer whose row j is rows[at[j]] ^ was[which[j]] (8-byte words),
     without making it: one pass over both, a word at a time, skipping equal words."""
     width = rows.shape[1] * 8
-    n = len(at) * width
-    bound = n // (gap + 1) + n // longest + 2
-    starts = np.empty(bound, np.int64)
-    ends = np.empty(bound, np.int64)
+    starts, ends = _room(len(at) * width, gap, longest)
     k = -1
     for j in range(len(at)):
         row, old = rows[at[j]], was[which[j]]
@@ -96,13 +113,7 @@ def _xor_runs(rows, at, was, which, gap, longest):
             for b in range(8):
                 if ((x >> np.uint64(8 * b)) & np.uint64(0xFF)) == 0:  # little-endian bytes
                     continue
-                i = j * width + w * 8 + b
-                if k >= 0 and i - ends[k] < gap and i + 1 - starts[k] <= longest:
-                    ends[k] = i + 1
-                else:
-                    k += 1
-                    starts[k] = i
-                    ends[k] = i + 1
+                k = _add(starts, ends, k, j * width + w * 8 + b, gap, longest)
     return starts[:k + 1].copy(), ends[:k + 1].copy()
 
 
@@ -135,11 +146,8 @@ def pack_xor(pages: np.ndarray, at: np.ndarray, was: np.ndarray,
     which = np.ascontiguousarray(which, np.int64)
     starts, ends = _xor_runs(rows.view(np.uint64), at, was.view(np.uint64), which, GAP,
                              LONGEST)
-    lengths = (ends - starts).astype("<u4")
-    payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
-    _xor_gather(rows, at, was, which, starts, ends, payload)
-    return b"".join((_HEAD.pack(len(at) * rows.shape[1], len(starts)),
-                     starts.astype("<u8").tobytes(), lengths.tobytes(), payload.tobytes()))
+    return _form(len(at) * rows.shape[1], starts, ends,
+                 lambda out: _xor_gather(rows, at, was, which, starts, ends, out))
 
 
 def _parsed(raw: bytes | bytearray | memoryview, size: int
