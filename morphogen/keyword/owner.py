@@ -44,7 +44,7 @@ from morphogen.keyword.key_index import KeyIndex
 from morphogen.keyword.pages import records_in
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import public_bytes
-from morphogen.keyword.tree import FANOUT, rehash, root_of
+from morphogen.keyword.tree import paths, rehash, root_of
 from morphogen.keyword.versions import VersionStore
 from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
@@ -446,16 +446,14 @@ class OwnerTable:
         levels = [sub[f:f + n] for f, n in zip(firsts, g.levels, strict=True)]
         data = np.fromiter(sorted(editor.dirty), np.int64, len(editor.dirty))
         rows = [np.fromiter((editor.before[i] for i in data.tolist()), np.int64, len(data))]
-        # a level's pages written are the parents of those written below: known before the
-        # rehash, so each level's, as they were, are kept in one copy
-        above, below = [], data
-        for level in levels:
-            below = np.unique(below // FANOUT)
-            above.append(below)
-            first = editor.befores.keep(level[below])
-            rows.append(np.arange(first, first + len(below)))
+        # the tree pages written are known before the rehash, so each level's, as they
+        # were, are kept in one copy
+        above = paths(data, len(levels))
+        for level, written in zip(levels, above, strict=True):
+            first = editor.befores.keep(level[written])
+            rows.append(np.arange(first, first + len(written)))
         rows.append(np.array([editor.befores.keep(sub[g.descriptor_page:g.descriptor_page + 1])]))
-        rehash(levels, sub[:g.data_pages], data.tolist())
+        rehash(levels, sub[:g.data_pages], data)
         new_desc = desc.bumped(root_of(levels[-1][0]), editor.records, time=now, anchor=anchor)
         sub[g.descriptor_page] = np.frombuffer(new_desc.to_page(signing_key), np.uint8)
         where = np.concatenate([data] + [f + a for f, a in zip(firsts, above, strict=True)]

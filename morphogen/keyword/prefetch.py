@@ -40,7 +40,7 @@ from morphogen.keyword.descriptor import Part
 from morphogen.keyword.hashing import candidates_many, pack_keys
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.keyword.pages import tag_of
-from morphogen.keyword.tree import FANOUT
+from morphogen.keyword.tree import paths
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +65,10 @@ def plan(pages: np.ndarray, parts: list[Part], by_table: Mapping[str, Iterable[b
         _data_pages(pages[at:at + g.data_pages], tags, trios, g.rows_per_page,
                     g.row_size if g.layout == "row" else 0, g.slot_size, g.slots_per_bucket,
                     found)
-        below = np.unique(found[found >= 0])
-        pages_of = [below]
-        for k in range(1, len(g.levels) + 1):
-            below = np.unique(below // FANOUT)
-            pages_of.append(g.level_first(k) + below)
-        pages_of.append(np.array([g.descriptor_page], np.int64))
-        out.append(np.concatenate(pages_of) + at)
+        data = np.unique(found[found >= 0])
+        tree = [g.level_first(k) + above
+                for k, above in enumerate(paths(data, len(g.levels)), 1)]
+        out.append(np.concatenate([data, *tree, [g.descriptor_page]]) + at)
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
 
 

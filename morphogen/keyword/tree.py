@@ -89,20 +89,28 @@ def root_of(top: np.ndarray | bytes) -> str:
     return node_hash(top).hex()
 
 
+def paths(changed: Iterable[int], levels: int) -> list[np.ndarray]:
+    """The pages of each of the `levels` levels above the data that the paths of the data pages
+    `changed` pass through (each sorted, unique), lowest first: what a change of those pages
+    rewrites in the tree."""
+    out, below = [], np.unique(np.fromiter(changed, np.int64))
+    for _ in range(levels):
+        below = np.unique(below // FANOUT)
+        out.append(below)
+    return out
+
+
 def rehash(levels: list[np.ndarray], data: np.ndarray, changed: Iterable[int]
            ) -> list[set[int]]:
     """Rewrite the paths of the changed data pages in `levels` (in place); returns the pages
     written at each level, lowest first."""
-    written: list[set[int]] = []
-    below, pages, leaf = data, sorted(set(changed)), True
-    for level in levels:
-        if pages:
-            at = np.asarray(pages, np.int64)
-            level.reshape(-1, HASH_SIZE)[at] = _hashes(below[at], leaf)
-        parents = sorted({p // FANOUT for p in pages})
-        written.append(set(parents))
+    below, pages, leaf = data, np.unique(np.fromiter(changed, np.int64)), True
+    written = paths(pages, len(levels))
+    for level, parents in zip(levels, written, strict=True):
+        if len(pages):
+            level.reshape(-1, HASH_SIZE)[pages] = _hashes(below[pages], leaf)
         below, pages, leaf = level, parents, False
-    return written
+    return [set(w.tolist()) for w in written]
 
 
 def entry(page: bytes | memoryview, index: int) -> bytes:
