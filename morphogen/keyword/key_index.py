@@ -37,6 +37,7 @@ import numpy as np
 from morphogen.keyword import radix
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import TAG_SIZE
+from morphogen.storage import advice
 
 SLOTS, HEAP, META = "slots.bin", "heap.bin", "index.json"
 SLOT = TAG_SIZE + 8
@@ -261,6 +262,35 @@ class KeyIndex(MutableMapping[bytes, bytes]):
                 return i, True
             i = (i + 1) % n
 
+    def read_ahead(self, tags: np.ndarray) -> bool:
+        """Ask the kernel to read in the pages where lookups of `tags` (rows of 16 bytes)
+        start, their home slots' (`morphogen.storage.advice`): on a cold cache, the reads of
+        a block's lookups queued at once. False where the kernel refuses the advice."""
+        homes = _words(tags)[:, 0] % np.uint64(self._n)
+        first = homes.astype(np.int64) * SLOT
+        page = mmap.PAGESIZE
+        # a probe run is a slot or two: the page after a home's is read when the run crosses
+        which = np.unique(np.concatenate([first // page, (first + 2 * SLOT - 1) // page]))
+        which = which[which * page < self._n * SLOT]
+        view = np.frombuffer(self._mm, np.uint8)
+        try:
+            return advice.advise(view.ctypes.data, which, advice.WILLNEED, page=page)
+        finally:
+            del view  # the mapping may be closed (or resized) once this returns
+
+    def touch(self, tags: np.ndarray) -> int:
+        """Read the slots that finding each of `tags` (rows of 16 bytes) reads, each tag's
+        home to its slot or the empty slot that ends its run: their pages read in and mapped
+        ahead of the lookups (`morphogen.keyword.prefetch`), in a kernel that does not hold
+        the interpreter's lock. Writes nothing; returns how many tags the index holds. Like
+        every other call, not while another thread uses this index."""
+        words = _words(tags)
+        slots = np.frombuffer(self._mm, "<u8", count=3 * self._n).reshape(self._n, 3)
+        try:
+            return int(_touch(slots, words))
+        finally:
+            del slots  # the mapping may be closed (or resized) once this returns
+
     def _key(self, ref: int) -> bytes:
         length, offset = ref & MAX_KEY, (ref >> 16) - 1
         return os.pread(self._heap_fd, length, offset) if length else b""
@@ -294,6 +324,32 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         for tag, ref in moved:
             i, _ = self._find(tag)
             self._mm[i * SLOT:(i + 1) * SLOT] = tag + ref.to_bytes(8, "little")
+
+
+@numba.njit(cache=True, nogil=True)
+def _touch(slots, tags):
+    """`KeyIndex._find` of every tag over the slots as (tag word, tag word, ref) rows, for
+    the pages it reads; the count found (a result, so that the reads are not dropped)."""
+    n = slots.shape[0]
+    found = 0
+    for i in range(tags.shape[0]):
+        j = tags[i, 0] % np.uint64(n)
+        while slots[j, 2] != 0:
+            if slots[j, 0] == tags[i, 0] and slots[j, 1] == tags[i, 1]:
+                found += 1
+                break
+            j = (j + np.uint64(1)) % np.uint64(n)
+    return found
+
+
+def _words(tags: np.ndarray) -> np.ndarray:
+    # a copy (writable, of the type `warm` loads the kernel for), however `tags` came
+    return np.array(tags, np.uint8, order="C").view("<u8").reshape(-1, 2)
+
+
+def warm() -> None:
+    """Load (or compile) `touch`'s kernel now: a follower calls it as it starts."""
+    _touch(np.zeros((1, 3), np.uint64), np.zeros((1, 2), np.uint64))
 
 
 @numba.njit(cache=True)

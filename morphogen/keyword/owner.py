@@ -153,21 +153,23 @@ class OwnerTable:
 
     def prefetch(self, by_table: Mapping[str, Iterable[bytes]]) -> None:
         """Start faulting in, writable, the mapped pages that a block changing these keys
-        (table name -> keys) will write (`morphogen.keyword.prefetch`), in a thread, while
-        the caller waits on something else: a follower, on the node for the block's values.
+        (table name -> keys) will write, and the key index's slots it reads
+        (`morphogen.keyword.prefetch`), in a thread, while the caller waits on something
+        else: a follower, on the node for the block's values.
         The next apply, or anything that drops the pages, stops it and waits for it to end
         first. Nothing where the pages are not mapped (`map_working_pages`)."""
         if not self._mapped:
             return
         self._settle()
-        pages = self._working()[0]
+        pages, index = self._working()
         parts = parts_of(pages)
         wanted = {name: list(keys_) for name, keys_ in by_table.items()}
         stop = threading.Event()
 
         def run() -> None:
             try:
-                prefetch.populate(pages, prefetch.plan(pages, parts, wanted), stop)
+                prefetch.block(pages, parts, wanted,
+                               index if isinstance(index, KeyIndex) else None, stop)
             except Exception:  # noqa: BLE001 - only the apply's speed depends on it
                 log.debug("prefetch of a block's pages failed", exc_info=True)
 

@@ -8,61 +8,106 @@ another: about 4 us each on an ext4 disk (bench/page_faults.py). A block of 3,00
 scattered over a mainnet-sized table writes some 3,000 data pages and nearly as many tree
 pages, almost none of them still mapped and dirty from an earlier block, so these faults
 grow with the table until every page of a block is one or two: what a block's apply pays
-beyond what it changes.
+beyond what it changes. Where the table outgrows the page cache, most are reads from disk.
 
 The keys a block changes are known from its trace before their values are read from the
-node, and for a key the table holds (most of a block's changes), the page it will be written
-to is the candidate page that holds its tag; for a new key, the first candidate with a free
-slot; above each, the tree pages on its path. `plan` finds them by reading (the read faults
-taken here, in a kernel that does not hold the interpreter's lock while the follower's other
-thread decodes the node's answers), and `populate` faults them in writable, a run of pages
-a call (MADV_POPULATE_WRITE, Linux 5.14 and later; elsewhere it does nothing). That costs
-more a page than the faults it saves (some 22 us against 4 + 4, bench/page_faults.py), but
-not on the apply's path: an apply that starts before it has ended stops it between two calls
-and takes the rest of the faults itself, so a node that answers fast is never waited for
-longer than one call. A page that turns out not to be written (the key evicted, the slot
-taken, a deleted key the table never held) costs only its write-back of the same bytes; no
-byte of the file is written here.
+node. `block` does, in a thread, in kernels that do not hold the interpreter's lock:
+
+1. `locate`: each key's tag and three candidate buckets;
+2. `read_ahead`: the candidates' pages and the key index's slots where the keys' lookups
+   start asked of the kernel at once (MADV_WILLNEED), so that a cold cache's reads are
+   queued together instead of taken one fault at a time;
+3. the key index's slots read (`KeyIndex.touch`): each change first asks whether the table
+   holds its key, and most of a block's keys are held, their slots only read;
+4. `plan`: a held key's page is the candidate that holds its tag; a new key's, the first
+   candidate with a free slot; above each, the tree pages on its path, and each changed
+   table's descriptor;
+5. `populate`: those pages read ahead, then faulted in writable (MADV_POPULATE_WRITE, Linux
+   5.14 and later; elsewhere nothing), a run of pages a call. That costs more a page than
+   the faults it saves (some 22 us against 4 + 4, bench/page_faults.py), but not on the
+   apply's path.
+
+An apply that starts before it has ended stops it between two calls and takes the rest of
+the faults itself, so a node that answers fast is never waited for longer than one call. A
+page that turns out not to be written (the key evicted, the slot taken, a deleted key the
+table never held) costs only its write-back of the same bytes; no byte of either file is
+written here.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import threading
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 import numba
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.keyword import key_index
 from morphogen.keyword.descriptor import Part
 from morphogen.keyword.hashing import candidates_many, pack_keys
+from morphogen.keyword.key_index import KeyIndex
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.keyword.pages import tag_of
 from morphogen.keyword.tree import paths
+from morphogen.storage import advice
 
 log = logging.getLogger(__name__)
 
-MADV_POPULATE_WRITE = 23  # <linux/mman.h>
+
+class Located(NamedTuple):
+    """A block's keys in one table: their tags, (keys, 16), and candidate buckets, (keys, 3)."""
+
+    part: Part
+    tags: np.ndarray
+    trios: np.ndarray
 
 
-def plan(pages: np.ndarray, parts: list[Part], by_table: Mapping[str, Iterable[bytes]]
-         ) -> np.ndarray:
-    """The matrix pages a block changing the keys `by_table` (table name -> keys) will write:
-    each key's data page, the tree pages above them and each changed table's descriptor;
-    sorted, unique. Tables `pages` does not hold are passed over."""
-    out: list[np.ndarray] = []
+def locate(parts: list[Part], by_table: Mapping[str, Iterable[bytes]]) -> list[Located]:
+    """The keys `by_table` (table name -> keys) located in the tables `parts`; tables the
+    matrix does not hold are passed over."""
+    out = []
     for part in parts:
         wanted = list(by_table.get(part.name, ()))
         if not wanted:
             continue
-        g, at = part.descriptor.geometry, part.first
-        tags = np.frombuffer(b"".join(tag_of(part.descriptor.dataset, k) for k in wanted),
+        d = part.descriptor
+        tags = np.frombuffer(b"".join(tag_of(d.dataset, k) for k in wanted),
                              np.uint8).reshape(-1, TAG_SIZE)
-        trios = candidates_many(*pack_keys(wanted), part.descriptor.seeds, g.num_buckets)
-        found = np.empty(len(wanted), np.int64)
-        _data_pages(pages[at:at + g.data_pages], tags, trios, g.rows_per_page,
+        out.append(Located(part, tags, candidates_many(*pack_keys(wanted), d.seeds,
+                                                       d.geometry.num_buckets)))
+    return out
+
+
+def tags(located: list[Located]) -> np.ndarray:
+    """Every located key's tag, in the tables' order: what the key index is asked."""
+    if not located:
+        return np.zeros((0, TAG_SIZE), np.uint8)
+    return np.concatenate([x.tags for x in located])
+
+
+def read_ahead(pages: np.ndarray, located: list[Located], index: KeyIndex | None = None,
+               stop: threading.Event | None = None) -> None:
+    """Ask the kernel to read in every page `plan` and the index's lookups will read first:
+    the candidates' pages of the mapped matrix `pages`, and the index's home slots."""
+    if index is not None:
+        index.read_ahead(tags(located))
+    which = [x.part.first + x.trios.reshape(-1) // x.part.descriptor.geometry.rows_per_page
+             for x in located]
+    if which:
+        advice.advise(_base(pages), np.unique(np.concatenate(which)), advice.WILLNEED, stop)
+
+
+def plan(pages: np.ndarray, located: list[Located]) -> np.ndarray:
+    """The matrix pages a block changing the located keys will write: each key's data page,
+    the tree pages above them and each changed table's descriptor; sorted, unique."""
+    out: list[np.ndarray] = []
+    for part, tags_, trios in located:
+        g, at = part.descriptor.geometry, part.first
+        found = np.empty(len(tags_), np.int64)
+        _data_pages(pages[at:at + g.data_pages], tags_, trios, g.rows_per_page,
                     g.row_size if g.layout == "row" else 0, g.slot_size, g.slots_per_bucket,
                     found)
         data = np.unique(found[found >= 0])
@@ -70,6 +115,31 @@ def plan(pages: np.ndarray, parts: list[Part], by_table: Mapping[str, Iterable[b
                 for k, above in enumerate(paths(data, len(g.levels)), 1)]
         out.append(np.concatenate([data, *tree, [g.descriptor_page]]) + at)
     return np.unique(np.concatenate(out)) if out else np.zeros(0, np.int64)
+
+
+def touch_index(index: KeyIndex, tags_: np.ndarray, stop: threading.Event | None = None,
+                chunk: int = 512) -> None:
+    """Read the key index's slots that the block's lookups of `tags_` read (`KeyIndex.touch`),
+    `chunk` tags a call, until `stop` is set."""
+    for first in range(0, len(tags_), chunk):
+        if stop is not None and stop.is_set():
+            return
+        index.touch(tags_[first:first + chunk])
+
+
+def block(pages: np.ndarray, parts: list[Part], by_table: Mapping[str, Iterable[bytes]],
+          index: KeyIndex | None = None, stop: threading.Event | None = None) -> None:
+    """The pages and the index's slots of a block changing the keys `by_table`, in memory and
+    mapped (the index's read, the pages writable) by the time it ends or `stop` is set."""
+    located = locate(parts, by_table)
+    read_ahead(pages, located, index, stop)
+    if index is not None:
+        touch_index(index, tags(located), stop)
+    if stop is not None and stop.is_set():
+        return
+    which = plan(pages, located)
+    advice.advise(_base(pages), which, advice.WILLNEED, stop)  # the tree pages, above all
+    populate(pages, which, stop)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -105,45 +175,25 @@ def _data_pages(data, tags, trios, rows_per_page, row_size, slot_size, slots, ou
 
 
 def warm() -> None:
-    """Load (or compile) the kernel now: a follower calls it as it starts."""
+    """Load (or compile) the kernels now: a follower calls it as it starts."""
     _data_pages(np.zeros((1, PAGE_SIZE), np.uint8), np.zeros((1, TAG_SIZE), np.uint8),
                 np.zeros((1, 3), np.int64), 1, 0, 48, 2, np.empty(1, np.int64))
+    key_index.warm()
+    advice.warm()
 
 
 def populate(pages: np.ndarray, which: np.ndarray,
              stop: threading.Event | None = None) -> bool:
-    """Fault the pages `which` of the mapped array `pages` in, writable: one call a run of
-    consecutive pages, until `stop` is set (what is left, the apply takes itself). False
-    where the kernel does not offer it (nothing is done)."""
-    if not len(which):
+    """Fault the pages `which` of the mapped array `pages` in, writable, a run of consecutive
+    pages a call, until `stop` is set (what is left, the apply takes itself). False where
+    the kernel does not offer it (nothing more is done)."""
+    if advice.advise(_base(pages), which, advice.POPULATE_WRITE, stop, chunk=16):
         return True
-    if pages.shape[1] != PAGE_SIZE or not pages.flags.c_contiguous:
-        raise ValueError("populate takes a mapped (pages, 4096) array")
-    madvise = _madvise()
-    if madvise is None:
-        return False
-    base = pages.ctypes.data
-    breaks = np.flatnonzero(np.diff(which) != 1) + 1
-    for run in np.split(which, breaks):
-        if stop is not None and stop.is_set():
-            break
-        if madvise(base + int(run[0]) * PAGE_SIZE, len(run) * PAGE_SIZE,
-                   MADV_POPULATE_WRITE) != 0:
-            log.debug("MADV_POPULATE_WRITE refused (errno %d): no prefetch", ctypes.get_errno())
-            return False
-    return True
+    log.debug("MADV_POPULATE_WRITE refused: no prefetch")
+    return False
 
 
-_MADVISE: list = []
-
-
-def _madvise():  # noqa: ANN202 - a ctypes function, or None
-    if not _MADVISE:
-        try:
-            fn = ctypes.CDLL(None, use_errno=True).madvise
-            fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            fn.restype = ctypes.c_int
-        except (OSError, AttributeError):
-            fn = None
-        _MADVISE.append(fn)
-    return _MADVISE[0]
+def _base(pages: np.ndarray) -> int:
+    if pages.ndim != 2 or pages.shape[1] != PAGE_SIZE or not pages.flags.c_contiguous:
+        raise ValueError("a block's pages are a mapped (pages, 4096) array")
+    return pages.ctypes.data

@@ -6,9 +6,11 @@
 - `store_errors`: an object store's failure as one line naming the URI;
 - `failures`: what kind of failure it was (missing, refused, hung, unreachable), its hint, and
   waiting out an unreachable store at start;
-- `settings`: this process's timeouts, retries and concurrency for every store it opens.
+- `settings`: this process's timeouts, retries and concurrency for every store it opens;
+- `advice`: advice to the kernel on pages of a mapped file (read them ahead, map them
+  writable), a run of pages a call.
 
-May use: `morphogen.constants` and the object-store and file-system libraries; nothing else
+May use: `morphogen.constants`, the object-store and file-system libraries and numba; nothing else
 of morphogen (snapshots, the epoch log and keyword tables are built on it).
 """
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from morphogen.keyword.key_index import HEAP, SLOT, SLOTS, KeyIndex, slots_for
@@ -187,3 +188,28 @@ def test_key_columns_read_as_the_pairs_and_build_the_same_index(tmp_path: Path) 
         assert (tmp_path / "c" / name).read_bytes() == (tmp_path / "p" / name).read_bytes()
     with pytest.raises(ValueError, match="offsets"):
         KeyColumns(np.zeros((2, 16), np.uint8), np.zeros(5, np.uint8), np.array([0, 3, 4]))
+
+
+def test_touch_finds_what_the_lookups_find_and_writes_nothing(tmp_path: Path) -> None:
+    """`touch` (the follower's read-ahead of a block's lookups) walks the same probe runs as a
+    lookup: held and absent tags, runs crowded at the end that wrap to the first slot. It
+    changes no byte, and leaves the mapping free to close."""
+    rng = random.Random(7)
+    slots = 97
+    index = KeyIndex.create(tmp_path / "i", slots)
+    held = [_tag(rng, rng.choice([0, 1, 94, 95, 96]), slots) for _ in range(30)]
+    held += [_tag(rng) for _ in range(40)]
+    for tag in held:
+        index[tag] = rng.randbytes(20)
+    index.sync()
+    before = (tmp_path / "i" / SLOTS).read_bytes(), (tmp_path / "i" / HEAP).read_bytes()
+    absent = [_tag(rng, rng.choice([0, 95, 96]), slots) for _ in range(20)]
+    absent += [_tag(rng) for _ in range(20)]
+    asked = held[::3] + absent
+    rng.shuffle(asked)
+    tags = np.frombuffer(b"".join(asked), np.uint8).reshape(-1, 16)
+    assert index.touch(tags) == sum(t in index for t in asked) == len(held[::3])
+    assert index.touch(tags[:0]) == 0
+    index.close()  # no view of the mapping is left behind
+    after = (tmp_path / "i" / SLOTS).read_bytes(), (tmp_path / "i" / HEAP).read_bytes()
+    assert after == before

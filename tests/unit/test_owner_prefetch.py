@@ -18,6 +18,8 @@ from morphogen.keyword import build_table, prefetch
 from morphogen.keyword.build import join_tables
 from morphogen.keyword.descriptor import Anchor, parts_of
 from morphogen.keyword.owner import Change, OwnerTable, create_owner_dir
+from morphogen.keyword.pages import tag_of
+from morphogen.storage import advice
 
 KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))
 ANCHOR = Anchor(31337, 7, "0x" + "ab" * 32)
@@ -82,15 +84,22 @@ def test_the_pages_planned_are_the_pages_the_block_writes(tmp_path: Path, layout
     for seed in (1, 2):
         changes = _block(seed, inserts=inserts)
         pages = owner._working()[0]
-        planned = prefetch.plan(pages, parts_of(pages), _by_table(changes))
+        located = prefetch.locate(parts_of(pages), _by_table(changes))
+        planned = prefetch.plan(pages, located)
         _, batch = _apply(owner, changes, seed)
         written = np.unique(batch.pages)
         assert np.array_equal(planned, written), (len(planned), len(written))
+        # and the tags the block's lookups ask the key index, in the tables' order
+        asked = [tag_of(p.descriptor.dataset, c.key) for p in parts_of(pages)
+                 for c in changes if c.table == p.name]
+        assert prefetch.tags(located).tobytes() == b"".join(asked)
     # a table no key of the block is in is passed over: its pages are not planned
     pages = owner._working()[0]
-    only = prefetch.plan(pages, parts_of(pages), {"storage": [next(iter(RECS["storage"]))]})
+    only = prefetch.locate(parts_of(pages), {"storage": [next(iter(RECS["storage"]))]})
     accounts = parts_of(pages)[0]
-    assert len(only) and (only >= accounts.first + accounts.span).all()
+    assert [x.part.name for x in only] == ["storage"] and len(prefetch.tags(only)) == 1
+    planned = prefetch.plan(pages, only)
+    assert len(planned) and (planned >= accounts.first + accounts.span).all()
 
 
 def test_faulting_the_pages_in_changes_no_byte(tmp_path: Path) -> None:
@@ -122,20 +131,45 @@ def test_an_owner_that_prefetched_makes_the_same_versions(tmp_path: Path, monkey
 
 def test_a_prefetch_stops_where_it_is_when_the_apply_comes(monkeypatch) -> None:
     """An apply that starts first stops the faulting between calls: a node that answers fast
-    never waits on it. Consecutive pages go in one call."""
+    never waits on it. Consecutive pages go in one run, a few runs a call."""
     stop, calls = threading.Event(), []
 
-    def madvise(address: int, length: int, advice: int) -> int:
-        calls.append((address, length, advice))
+    def kernel(base, first, lengths, page, advice_):
+        calls.append((int(base), first.tolist(), lengths.tolist(), advice_))
         stop.set()  # the apply comes during the first call
-        return 0
+        return -1
 
-    monkeypatch.setattr(prefetch, "_madvise", lambda: madvise)
-    pages = np.zeros((10, PAGE_SIZE), np.uint8)
-    assert prefetch.populate(pages, np.array([1, 2, 5, 8]), stop)
-    assert calls == [(pages.ctypes.data + PAGE_SIZE, 2 * PAGE_SIZE, prefetch.MADV_POPULATE_WRITE)]
+    monkeypatch.setattr(advice, "_advise", kernel)
+    pages = np.zeros((100, PAGE_SIZE), np.uint8)
+    which = np.array([1, 2, 5, 8] + list(range(20, 60, 2)))
+    assert prefetch.populate(pages, which, stop)
+    assert calls == [(pages.ctypes.data, [1, 5, 8] + list(range(20, 46, 2)), [2] + [1] * 15,
+                      advice.POPULATE_WRITE)]
     calls.clear()
     stop.clear()
-    monkeypatch.setattr(prefetch, "_madvise", lambda: lambda *a: calls.append(a) or 0)
-    assert prefetch.populate(pages, np.array([1, 2, 5, 8]), stop)
-    assert [length // PAGE_SIZE for _, length, _ in calls] == [2, 1, 1]
+    monkeypatch.setattr(advice, "_advise", lambda *a: calls.append(a) or -1)
+    assert prefetch.populate(pages, which)
+    assert [len(c[1]) for c in calls] == [16, 7]
+
+
+def test_the_index_is_read_ahead_in_chunks_until_the_apply_comes(tmp_path: Path) -> None:
+    """The key index's slots are read a chunk of tags a call, and an apply that comes stops
+    it between two calls."""
+    owner = _owner(tmp_path / "owner")
+    pages, index = owner._working()
+    tags = prefetch.tags(prefetch.locate(parts_of(pages), _by_table(_block(3, inserts=True))))
+    stop, seen = threading.Event(), []
+
+    class Counting:
+        def touch(self, chunk: np.ndarray) -> int:
+            seen.append(len(chunk))
+            if len(seen) == 2:
+                stop.set()  # the apply comes during the second call
+            return index.touch(chunk)
+
+    prefetch.touch_index(Counting(), tags, stop, chunk=64)
+    assert seen == [64, 64]
+    seen.clear()
+    prefetch.touch_index(Counting(), tags, None, chunk=64)
+    assert sum(seen) == len(tags) == 270
+    assert index.touch(tags) == 230  # the block's 40 new keys are not held yet

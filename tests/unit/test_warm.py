@@ -1,6 +1,6 @@
 """A follower's start loads the kernels its blocks call: after `warm()`, a block's calls (a batch
 packed from the pages it rewrote, from bytes and from an array, keys' buckets found in one
-call) compile nothing more."""
+call, the key index's slots and the pages read ahead) compile nothing more."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ import sys
 
 SCRIPT = """
 import numpy as np
-from morphogen.keyword import hashing, prefetch
+import tempfile
+from morphogen.keyword import hashing, key_index, prefetch
 from morphogen.protocol import sparse
+from morphogen.storage import advice
 
 kernels = (sparse._runs, sparse._gather, sparse._scatter_window, sparse._xor_runs,
-           sparse._xor_gather, hashing._candidates_many, prefetch._data_pages)
+           sparse._xor_gather, hashing._candidates_many, prefetch._data_pages,
+           key_index._touch, advice._advise)
 sparse.warm()
 hashing.warm()
 prefetch.warm()
@@ -33,6 +36,13 @@ trios = hashing.candidates_many(*hashing.pack_keys(keys), (5, 6, 7), 1000)
 found = np.empty(len(keys), np.int64)  # as a prefetch calls it: a slice of mapped pages
 prefetch._data_pages(pages[1:], np.zeros((len(keys), 16), np.uint8), trios % 2, 1, 0, 48, 85,
                      found)
+with tempfile.TemporaryDirectory() as folder:  # as a follower's working index is read ahead
+    with key_index.KeyIndex.create(folder, 64) as index:
+        index[bytes(range(16))] = b"key"
+        asked = np.frombuffer(bytes(range(16)) * 3, np.uint8).reshape(3, 16)
+        index.read_ahead(asked)
+        assert index.touch(asked) == 3
+prefetch.populate(pages, np.array([0, 2]))
 after = [len(k.signatures) for k in kernels]
 assert after == before, (before, after)
 """
