@@ -9,6 +9,7 @@ else changes. It reads and writes no byte of the mapping.
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numba
@@ -16,6 +17,8 @@ import numpy as np
 from numba import types
 
 from morphogen.constants import PAGE_SIZE
+
+log = logging.getLogger(__name__)
 
 WILLNEED = 3          # <sys/mman.h>
 POPULATE_WRITE = 23   # <linux/mman.h>
@@ -44,11 +47,29 @@ def _advise(base, first, lengths, page, advice):
     return -1
 
 
+_LINKED: list[bool] = []
+
+
+def _linked() -> bool:
+    """Whether the kernel could be built here (a platform without madvise cannot)."""
+    if not _LINKED:
+        try:
+            _advise(np.uintp(0), np.zeros(0, np.int64), np.zeros(0, np.int64), PAGE_SIZE,
+                    WILLNEED)
+            _LINKED.append(True)
+        except Exception:  # noqa: BLE001 - numba's lowering or linking error: no advice
+            log.debug("no madvise here: pages are not advised", exc_info=True)
+            _LINKED.append(False)
+    return _LINKED[0]
+
+
 def advise(base: int, which: np.ndarray, advice: int, stop: threading.Event | None = None,
            *, chunk: int = 64, page: int = PAGE_SIZE) -> bool:
     """Advise pages `which` (sorted, unique numbers of `page`-byte pages) of the mapping at
     address `base`, `chunk` runs of consecutive pages a call, until `stop` is set. False
-    where the kernel refuses the advice (the rest is not asked)."""
+    where the kernel refuses the advice, or the platform has none (the rest is not asked)."""
+    if not _linked():
+        return False
     first, lengths = runs(which)
     for at in range(0, len(first), chunk):
         if stop is not None and stop.is_set():
@@ -61,4 +82,4 @@ def advise(base: int, which: np.ndarray, advice: int, stop: threading.Event | No
 
 def warm() -> None:
     """Load (or compile) the kernel now: a follower calls it as it starts."""
-    _advise(np.uintp(0), np.zeros(0, np.int64), np.zeros(0, np.int64), PAGE_SIZE, WILLNEED)
+    _linked()

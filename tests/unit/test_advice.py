@@ -45,6 +45,17 @@ def test_a_stop_ends_it_between_calls(monkeypatch) -> None:
             stop.set()
         return -1
 
+    monkeypatch.setattr(advice, "_LINKED", [True])  # the real kernel is never called
     monkeypatch.setattr(advice, "_advise", kernel)
     assert advice.advise(4096, np.arange(0, 20, 2), advice.WILLNEED, stop, chunk=3)
     assert calls == [[0, 2, 4], [6, 8, 10]]
+
+
+def test_a_platform_without_madvise_advises_nothing(monkeypatch) -> None:
+    def unlinkable(*args):
+        raise RuntimeError("no symbol madvise")
+
+    monkeypatch.setattr(advice, "_LINKED", [])
+    monkeypatch.setattr(advice, "_advise", unlinkable)
+    advice.warm()  # a follower still starts
+    assert not advice.advise(4096, np.array([1, 2]), advice.WILLNEED)

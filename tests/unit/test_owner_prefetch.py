@@ -111,6 +111,13 @@ def test_faulting_the_pages_in_changes_no_byte(tmp_path: Path) -> None:
     assert prefetch.populate(pages, which) in (True, False)  # False: a kernel without it
     assert np.frombuffer(before, np.uint8).reshape(pages.shape).tobytes() == pages.tobytes()
     assert file.read_bytes() == before
+    # a whole block's prefetch, the key index's slots read and every page read ahead
+    pages, index = owner._working()
+    keys = sorted((tmp_path / "owner" / "working" / "keys").iterdir())
+    index_before = [k.read_bytes() for k in keys]
+    prefetch.block(pages, parts_of(pages), _by_table(_block(5, inserts=True)), index)
+    assert file.read_bytes() == before
+    assert [k.read_bytes() for k in keys] == index_before
 
 
 def test_an_owner_that_prefetched_makes_the_same_versions(tmp_path: Path, monkeypatch) -> None:
@@ -139,6 +146,7 @@ def test_a_prefetch_stops_where_it_is_when_the_apply_comes(monkeypatch) -> None:
         stop.set()  # the apply comes during the first call
         return -1
 
+    monkeypatch.setattr(advice, "_LINKED", [True])  # the real kernel is never called
     monkeypatch.setattr(advice, "_advise", kernel)
     pages = np.zeros((100, PAGE_SIZE), np.uint8)
     which = np.array([1, 2, 5, 8] + list(range(20, 60, 2)))
