@@ -184,9 +184,9 @@ def warm() -> None:
 
 def populate(pages: np.ndarray, which: np.ndarray,
              stop: threading.Event | None = None) -> bool:
-    """Fault the pages `which` of the mapped array `pages` in, writable, a run of consecutive
-    pages a call, until `stop` is set (what is left, the apply takes itself). False where
-    the kernel does not offer it (nothing more is done)."""
+    """Fault the pages `which` of the mapped array `pages` in, writable, one madvise a run of
+    consecutive pages, until `stop` is set (looked at every 16 runs; what is left, the apply
+    takes itself). False where the kernel does not offer it (nothing more is done)."""
     if advice.advise(_base(pages), which, advice.POPULATE_WRITE, stop, chunk=16):
         return True
     log.debug("MADV_POPULATE_WRITE refused: no prefetch")

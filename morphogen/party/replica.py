@@ -116,8 +116,8 @@ class ShardReplica:
               **kwargs: Any) -> ShardReplica:
         """The replica at the party's epoch: the log replayed before it serves (a restart, or a
         replica added later, starts from the configured snapshot)."""
-        # the kernels a publication's batch and its fold call, loaded before any comes (on its
-        # path, the first block's publication paid for loading them)
+        # the kernels a publication's batch and its fold call, loaded as the replica starts:
+        # the first batch and its fold then load nothing
         sparse.warm()
         host_fold.warm()
         replica = cls(core, epoch_log, **kwargs)
