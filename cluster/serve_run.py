@@ -245,8 +245,7 @@ def run(args: argparse.Namespace) -> int:
         _deploy(plan, summaries, deployed, owns)
         local.wait_routed([cluster.app_url(p.route_prefix) for p in plan.parties])
         _announce(plan, cluster)
-        while True:
-            time.sleep(3600)  # until a signal raises StopRequested
+        stopper.wait()  # until a signal raises StopRequested
     except StopRequested:
         pass
     except BaseException as exc:  # noqa: BLE001 - reported after the stop

@@ -23,6 +23,7 @@ from cluster import processes
 from cluster.report import eprint
 
 STOP_BOUND_S = 15.0
+WAKE_S = 0.5  # how late a signal taken by another thread may be seen
 
 
 class StopRequested(BaseException):  # noqa: N818 - a request, not an error
@@ -51,6 +52,15 @@ class Stopper:
         at once, so this is called again after it."""
         signal.signal(signal.SIGINT, self._on_signal)
         signal.signal(signal.SIGTERM, self._on_signal)
+
+    def wait(self) -> None:
+        """Wait for the first signal, which raises `StopRequested` here. The signals are
+        unblocked in this (the main) thread, whatever a library set up, and the wait is short
+        sleeps: a signal the kernel hands another thread (one of Ray's) runs the handler only
+        when this thread next runs Python, which a sleep of an hour would put off by an hour."""
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+        while True:
+            time.sleep(WAKE_S)
 
     def _on_signal(self, signum: int, _frame: Any) -> None:
         name = signal.Signals(signum).name
