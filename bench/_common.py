@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import platform
 import statistics
 import time
@@ -29,6 +30,17 @@ def percentile(values: Sequence[float], q: float) -> float:
     """The `q`th percentile (0-100) of `values`, numpy's default (linear between the two
     nearest ranks): the one formula every benchmark's p50/p99 figures use. NaN when empty."""
     return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def drop_cache(path: Path) -> None:
+    """The file's pages out of the page cache (synced first: only clean pages can be
+    dropped; pages some process still maps stay)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 def write_csv(path: Path, rows: Sequence[dict]) -> None:

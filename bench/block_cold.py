@@ -79,16 +79,6 @@ def _resident(path: Path) -> float:
     return float((vec & 1).mean())
 
 
-def _evict(owner_dir: Path) -> None:
-    for path in _working_files(owner_dir):
-        fd = os.open(path, os.O_RDWR)
-        try:
-            os.fsync(fd)  # only clean pages can be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _load(owner_dir: Path) -> None:
     """Every page of the working files read into the page cache (a machine that holds them)."""
     buf = bytearray(1 << 24)
@@ -114,6 +104,7 @@ def _prefetch(owner, mode: str, by_table: dict) -> None:
 
 def run_size(size: int, rounds: int, work: Path, key) -> dict:
     import chain_scale as cs
+    from _common import drop_cache
 
     from morphogen.chain.tables import build_chain_tables
     from morphogen.keyword.descriptor import Anchor
@@ -149,7 +140,8 @@ def run_size(size: int, rounds: int, work: Path, key) -> dict:
         if cold:
             owner._drop_cache()  # no mapping of the files left in this process
             gc.collect()
-            _evict(owner_dir)
+            for path in _working_files(owner_dir):
+                drop_cache(path)
         else:
             _load(owner_dir)
         resident = {p.name: round(_resident(p), 3) for p in _working_files(owner_dir)}

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, machine_label, plot, write_csv  # noqa: E402
+from _common import RESULTS, drop_cache, machine_label, plot, write_csv  # noqa: E402
 
 from morphogen.constants import PAGE_SIZE  # noqa: E402
 from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES, HASH_THREADS, new_hasher  # noqa: E402
@@ -36,15 +36,6 @@ from morphogen.snapshot.reader import Snapshot  # noqa: E402
 from morphogen.snapshot.synthetic import build_synthetic  # noqa: E402
 
 STEP = 64 << 20
-
-
-def _drop_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def plain_read(path: Path, nbytes: int) -> np.ndarray:
@@ -99,7 +90,7 @@ def main() -> None:
             timings = {}
             for what in ("read", "verify"):
                 if args.cold:
-                    _drop_cache(snap.data_path)
+                    drop_cache(snap.data_path)
                 t = time.perf_counter()
                 if what == "read":
                     buf = plain_read(snap.data_path, nbytes)
