@@ -98,15 +98,6 @@ def _xor_changed_words(owner, rows, diffs, which):
                 owner[r, j] ^= x
 
 
-def warm() -> None:
-    """Load (or compile) the fold's kernel now, for the types a fold calls it with (its own
-    pages' words, a version's read-only pending diffs): a shard calls it as it starts, or its
-    first fold loads it from numba's cache on a publication's path."""
-    diffs = np.frombuffer(bytes(PAGE_SIZE), np.uint8).reshape(1, PAGE_SIZE).view(np.uint64)
-    none = np.zeros(0, np.int64)
-    _xor_changed_words(np.zeros((1, PAGE_SIZE // 8), np.uint64), none, diffs, none)
-
-
 def _words(arr: np.ndarray) -> np.ndarray | None:
     """`arr` (n, 4096) uint8 as (n, 512) uint64 where its memory allows, else None."""
     if arr.flags.c_contiguous and arr.ctypes.data % 8 == 0:

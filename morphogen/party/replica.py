@@ -37,13 +37,11 @@ from typing import Any, TypeVar
 import numpy as np
 
 from morphogen.engine.base import KeyFormatUnsupported
-from morphogen.party import host_fold
 from morphogen.party.epoch import EpochError
 from morphogen.party.observe import NullObserver, Observer
 from morphogen.party.redact import reason
 from morphogen.party.shard import ShardCore
 from morphogen.party.tables import TableMoved, TableSlice
-from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError
@@ -116,10 +114,6 @@ class ShardReplica:
               **kwargs: Any) -> ShardReplica:
         """The replica at the party's epoch: the log replayed before it serves (a restart, or a
         replica added later, starts from the configured snapshot)."""
-        # the kernels a publication's batch and its fold call, loaded as the replica starts:
-        # the first batch and its fold then load nothing
-        sparse.warm()
-        host_fold.warm()
         replica = cls(core, epoch_log, **kwargs)
         if epoch_log is not None:
             try:
