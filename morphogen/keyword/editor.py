@@ -77,6 +77,19 @@ class Befores:
         self.rows[first] = page
         return first
 
+    def reserve(self, rows: int) -> None:
+        """Room for `rows` pages, every byte of it written once now: an apply that keeps
+        that many then copies into memory already mapped. A follower's prefetch calls it
+        with the pages the coming block writes, so that the first block, or one larger
+        than any before, does not take a fresh buffer's page faults on its path (some
+        16 MiB for a block of 3,000 records). Not while an apply uses the buffer."""
+        if rows <= len(self.rows):
+            return
+        grown = np.empty((rows, self.rows.shape[1]), np.uint8)
+        grown[:self.count] = self.rows[:self.count]
+        grown[self.count:] = 0
+        self.rows = grown
+
     def _room(self, more: int) -> int:
         need = self.count + more
         if need > len(self.rows):

@@ -168,8 +168,13 @@ class OwnerTable:
 
         def run() -> None:
             try:
-                prefetch.block(pages, parts, wanted,
-                               index if isinstance(index, KeyIndex) else None, stop)
+                writes = prefetch.block(pages, parts, wanted,
+                                        index if isinstance(index, KeyIndex) else None, stop)
+                if writes and not stop.is_set():
+                    # the rows the apply keeps its pages' old bytes in (the apply that stops
+                    # this thread waits for it before it uses them); an eviction chain's
+                    # pages are not planned, hence the margin
+                    self._befores.reserve(writes + writes // 8)
             except Exception:  # noqa: BLE001 - only the apply's speed depends on it
                 log.debug("prefetch of a block's pages failed", exc_info=True)
 

@@ -128,18 +128,20 @@ def touch_index(index: KeyIndex, tags_: np.ndarray, stop: threading.Event | None
 
 
 def block(pages: np.ndarray, parts: list[Part], by_table: Mapping[str, Iterable[bytes]],
-          index: KeyIndex | None = None, stop: threading.Event | None = None) -> None:
+          index: KeyIndex | None = None, stop: threading.Event | None = None) -> int:
     """The pages and the index's slots of a block changing the keys `by_table`, in memory and
-    mapped (the index's read, the pages writable) by the time it ends or `stop` is set."""
+    mapped (the index's read, the pages writable) by the time it ends or `stop` is set.
+    Returns how many pages the block will write (`plan`), 0 when stopped before knowing."""
     located = locate(parts, by_table)
     read_ahead(pages, located, index, stop)
     if index is not None:
         touch_index(index, tags(located), stop)
     if stop is not None and stop.is_set():
-        return
+        return 0
     which = plan(pages, located)
     advice.advise(_base(pages), which, advice.WILLNEED, stop)  # the tree pages, above all
     populate(pages, which, stop)
+    return len(which)
 
 
 @numba.njit(cache=True, nogil=True)

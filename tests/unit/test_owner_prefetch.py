@@ -115,7 +115,10 @@ def test_faulting_the_pages_in_changes_no_byte(tmp_path: Path) -> None:
     pages, index = owner._working()
     keys = sorted((tmp_path / "owner" / "working" / "keys").iterdir())
     index_before = [k.read_bytes() for k in keys]
-    prefetch.block(pages, parts_of(pages), _by_table(_block(5, inserts=True)), index)
+    changes = _block(5, inserts=True)
+    writes = prefetch.block(pages, parts_of(pages), _by_table(changes), index)
+    assert writes == len(prefetch.plan(pages, prefetch.locate(parts_of(pages),
+                                                              _by_table(changes))))
     assert file.read_bytes() == before
     assert [k.read_bytes() for k in keys] == index_before
 
@@ -134,6 +137,42 @@ def test_an_owner_that_prefetched_makes_the_same_versions(tmp_path: Path, monkey
     fetching.map_working_pages()
     assert fetching._prefetcher is None
     assert np.array_equal(plain.pages(), fetching.pages())
+
+
+def test_the_prefetch_makes_room_for_the_pages_the_apply_keeps(tmp_path: Path) -> None:
+    """The rows an apply copies its pages' old bytes into are made (and written) by the
+    prefetch, off the apply's path: the first block's apply grows no buffer."""
+    owner = _owner(tmp_path / "owner")
+    changes = _block(3, inserts=True)
+    assert len(owner._befores.rows) == 0
+    owner.prefetch(_by_table(changes))
+    owner._prefetcher[0].join()
+    rows = owner._befores.rows
+    pages = owner._working()[0]
+    planned = len(prefetch.plan(pages, prefetch.locate(parts_of(pages), _by_table(changes))))
+    assert len(rows) >= planned and not rows.any()
+    _, batch = _apply(owner, changes, 3)
+    assert owner._befores.rows is rows and owner._befores.count == len(batch)
+    # a prefetch stopped before its plan reserves nothing
+    stop = threading.Event()
+    stop.set()
+    assert prefetch.block(pages, parts_of(pages), _by_table(changes), None, stop) == 0
+
+
+def test_reserved_rows_keep_what_they_hold() -> None:
+    from morphogen.keyword.editor import Befores
+
+    befores = Befores(8)
+    first = befores.keep(np.arange(24, dtype=np.uint8).reshape(3, 8))
+    befores.reserve(2)  # fewer than it has: nothing moves
+    held = befores.rows
+    assert first == 0 and len(held) == 1024
+    befores.reserve(5000)
+    assert len(befores.rows) == 5000 and befores.count == 3
+    assert befores.rows[:3].tobytes() == bytes(range(24)) and not befores.rows[3:].any()
+    grown = befores.rows
+    befores.keep(np.ones((4000, 8), np.uint8))
+    assert befores.rows is grown and befores.count == 4003
 
 
 def test_a_prefetch_stops_where_it_is_when_the_apply_comes(monkeypatch) -> None:
