@@ -11,7 +11,9 @@ pages and keys in mapped files, full copies in a thread of its own.
 
 Per size: the lag of each block (from `evm_mine` returning to the block published on both
 parties) p50 / p99 / max; the follower's time a block by phase (trace and read: the node;
-apply: its own work; publish: the parties); its own resident memory (not the file pages it
+apply: its own work; publish: the parties) and its own work a block (apply and publish: the
+wall time outside waiting on the node), median and max, with the first block after its start
+named apart; its own resident memory (not the file pages it
 maps) once started and after the blocks; each shard's resident memory; the rate of catching
 up (`--catch-up` blocks mined back to back while no follower runs, then followed to the head:
 records/s from its first block published to its last); and, at the end, private reads of
@@ -221,6 +223,10 @@ def run_size(cluster, size: int, blocks: int, spacing: float, txs: int, per_tx: 
                                    for k in mine[0]},
                 "phase_s_max": {k: round(max(p[k] for p in mine if k in p), 3)
                                 for k in mine[0]}})
+            own = [p["apply"] + p["publish"] for p in mine]
+            row["own_work_s"] = {"median": round(statistics.median(own), 3),
+                                 "max": round(max(own), 3), "first_block": round(own[0], 3),
+                                 "max_after_first": round(max(own[1:] or own), 3)}
         finally:
             follower.stop()
         # catching up: blocks mined back to back while no follower runs, then followed to
@@ -291,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("lag_p50_s", "lag_p99_s", "follower_own_mib_after")}
     out["ratios_largest_to_smallest"]["apply_s_median"] = round(
         large["phase_s_median"]["apply"] / small["phase_s_median"]["apply"], 2)
+    for k in ("median", "max"):
+        out["ratios_largest_to_smallest"][f"own_work_s_{k}"] = round(
+            large["own_work_s"][k] / small["own_work_s"][k], 2)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "chain_lag_scale.json").write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["ratios_largest_to_smallest"], indent=1))
