@@ -12,12 +12,12 @@ pages and keys in mapped files, full copies in a thread of its own.
 Per size: the lag of each block (from `evm_mine` returning to the block published on both
 parties) p50 / p99 / max; the follower's time a block by phase (trace and read: the node;
 apply: its own work; publish: the parties) and its own work a block (apply and publish: the
-wall time outside waiting on the node), median and max, with the first block after its start
-named apart; its own resident memory (not the file pages it
-maps) once started and after the blocks; each shard's resident memory; the rate of catching
-up (`--catch-up` blocks mined back to back while no follower runs, then followed to the head:
-records/s from its first block published to its last); and, at the end, private reads of
-rewritten slots through both parties checked against the node.
+wall time outside waiting on the node), median and max, the first block after its start
+named apart; its own resident memory (not the file pages it maps) once started and after the
+blocks; each shard's resident memory; the rate of catching up (`--catch-up` blocks mined back
+to back while no follower runs, then followed to the head: records/s from its first block
+published to its last); and, at the end, private reads of rewritten slots through both
+parties checked against the node.
 
     python bench/chain_lag_scale.py                            # 1 M, 4 M and 16 M records
     python bench/chain_lag_scale.py --sizes 1000000 --blocks 4

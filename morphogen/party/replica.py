@@ -42,6 +42,7 @@ from morphogen.party.observe import NullObserver, Observer
 from morphogen.party.redact import reason
 from morphogen.party.shard import ShardCore
 from morphogen.party.tables import TableMoved, TableSlice
+from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, unavailable
 from morphogen.protocol.dpf import DomainError
@@ -114,6 +115,9 @@ class ShardReplica:
               **kwargs: Any) -> ShardReplica:
         """The replica at the party's epoch: the log replayed before it serves (a restart, or a
         replica added later, starts from the configured snapshot)."""
+        # the kernel that unpacks a publication's changed bytes, loaded now: the first
+        # publication after a start would otherwise load it on its path
+        sparse.warm()
         replica = cls(core, epoch_log, **kwargs)
         if epoch_log is not None:
             try:

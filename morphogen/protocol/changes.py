@@ -156,13 +156,17 @@ class ChangeBatch:
     def select(self, first_page: int, stop_page: int) -> list[Change]:
         """The changes to pages in `[first_page, stop_page)`, in order, as objects."""
         inside = np.flatnonzero((self.pages >= first_page) & (self.pages < stop_page))
-        view = memoryview(self.data)
+        view = self._dense()
         out: list[Change] = []
         for i in inside.tolist():
             raw = bytes(view[i * PAGE_SIZE : (i + 1) * PAGE_SIZE])
             page = int(self.pages[i])
             out.append(PageWrite(page, raw) if self.replace[i] else PageUpdate(page, raw))
         return out
+
+    def _dense(self) -> memoryview:
+        """The data's bytes, for `select` to copy pages out of."""
+        return memoryview(self.data)
 
 
 class _Packed(ChangeBatch):
@@ -174,6 +178,15 @@ class _Packed(ChangeBatch):
         from morphogen.protocol import sparse
 
         return sparse.unpack(self.packed, len(self) * PAGE_SIZE)
+
+    def _dense(self) -> memoryview:
+        # a shard copies its pages out of the batch and never reads it whole again: the
+        # unpacked buffer is neither copied to bytes nor kept (a block's is some 19 MiB)
+        if "data" in self.__dict__:
+            return memoryview(self.data)
+        from morphogen.protocol import sparse
+
+        return memoryview(sparse.unpack_array(self.packed, len(self) * PAGE_SIZE))
 
 
 def _checked_count(pages: np.ndarray, replace: np.ndarray) -> int:

@@ -183,10 +183,16 @@ def check(raw: bytes | bytearray | memoryview, size: int) -> None:
 def unpack(raw: bytes | bytearray | memoryview, size: int) -> bytes:
     """The dense buffer of `size` bytes of a sparse form (SparseError when it is malformed or
     of another size: the size comes from the caller, never from the bytes alone)."""
+    return unpack_array(raw, size).tobytes()
+
+
+def unpack_array(raw: bytes | bytearray | memoryview, size: int) -> np.ndarray:
+    """`unpack` as a new array (uint8, `size`), without the copy to bytes: for a reader that
+    copies what it keeps out of it anyway (a shard's pages of a batch)."""
     starts, ends, offsets, payload = _parsed(raw, size)
     out = np.zeros(size, np.uint8)
     _scatter_window(payload, starts, ends, offsets, 0, 0, size, out)
-    return out.tobytes()
+    return out
 
 
 @numba.njit(cache=True)

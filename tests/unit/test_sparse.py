@@ -313,3 +313,28 @@ def test_a_batch_crosses_processes_as_its_changed_bytes(shape: str) -> None:
     again = pickle.loads(pickle.dumps(parsed, protocol=5))
     assert ("data" in parsed.__dict__) == (shape == "random")
     assert again.digest == digest and again.data == parsed.data == batch.data
+
+
+def test_a_shard_takes_its_pages_of_a_batch_without_unpacking_it_to_bytes() -> None:
+    """What a shard keeps of a batch of changed bytes (`select`) is each of its pages, copied
+    from a buffer that is neither made into bytes nor kept with the batch; the same changes
+    as a batch of whole pages gives, at any range."""
+    rng = np.random.default_rng(4)
+    n = 40
+    data = _diffs(rng, n)
+    pages = np.sort(rng.choice(1000, n, replace=False)).astype(np.int64)
+    replace = rng.integers(0, 2, n).astype(bool)
+    whole = ChangeBatch(pages, replace, data)
+    assert sparse.unpack_array(whole.packed, len(data)).tobytes() == data
+    for lo, hi in ((0, 1000), (200, 700), (int(pages[3]), int(pages[3]) + 1), (5000, 6000)):
+        packed = ChangeBatch.from_packed(pages, replace, whole.packed)
+        got = packed.select(lo, hi)
+        assert "data" not in packed.__dict__
+        assert got == whole.select(lo, hi)
+        assert all(isinstance(getattr(c, "data", getattr(c, "diff", None)), bytes)
+                   for c in got)
+        assert len(got) == int(((pages >= lo) & (pages < hi)).sum())
+    # a batch whose bytes were unpacked already reads them where they are
+    packed = ChangeBatch.from_packed(pages, replace, whole.packed)
+    assert packed.data == data
+    assert packed.select(0, 1000) == whole.select(0, 1000)
