@@ -54,6 +54,37 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
+# Ray's head waits a fixed 30 s for its raylet to register with its GCS, then gives up with
+# this message. On a loaded machine (two cores, another cluster starting beside it) that can
+# pass while nothing is wrong: such a start is ended and made again, up to NODE_START_TRIES.
+NODE_START_TIMEOUT = "timed out during startup"
+NODE_START_TRIES = 3
+log = logging.getLogger("morphogen.cluster")
+
+
+def init_local(ray: Any, **kwargs: Any) -> None:
+    """`ray.init(address="local", **kwargs)`, started again when the node timed out during
+    start-up: the processes the failed start left (its GCS, raylet and reaper, this process's
+    descendants that were not there before it) are ended first."""
+    from cluster import processes
+
+    for attempt in range(1, NODE_START_TRIES + 1):
+        before = processes.descendants()
+        try:
+            ray.init(address="local", **kwargs)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for it
+            if NODE_START_TIMEOUT not in str(exc) or attempt == NODE_START_TRIES:
+                raise
+            log.warning("Ray's node did not register in time (start %d of %d): starting it "
+                        "again", attempt, NODE_START_TRIES)
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001 - nothing of the failed start to shut down
+                pass
+            processes.end(processes.descendants() - before)
+
+
 @dataclass
 class LocalCluster:
     host: str
@@ -177,8 +208,8 @@ def start(
                 kwargs["_metrics_export_port"] = metrics_port
             # "local": a cluster of our own even where $RAY_ADDRESS names another (a pod),
             # since `stop` takes down everything on the cluster this function started
-            ray.init(address="local", num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir,
-                     include_dashboard=False, **kwargs)
+            init_local(ray, num_cpus=num_cpus, num_gpus=num_gpus, _temp_dir=temp_dir,
+                       include_dashboard=False, **kwargs)
     if quiet:
         quiet_ray_logs()  # ray.init reconfigures its loggers
     logging_config = {"enable_access_log": False, "log_level": "WARNING" if quiet else "INFO"}
