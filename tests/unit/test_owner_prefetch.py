@@ -153,7 +153,7 @@ def test_the_prefetch_makes_room_for_the_pages_the_apply_keeps(tmp_path: Path) -
     assert len(rows) >= planned and not rows.any()
     _, batch = _apply(owner, changes, 3)
     assert owner._befores.rows is rows and owner._befores.count == len(batch)
-    # a prefetch stopped before its plan reserves nothing
+    # a prefetch stopped before its plan knows no count: the owner then reserves nothing
     stop = threading.Event()
     stop.set()
     assert prefetch.block(pages, parts_of(pages), _by_table(changes), None, stop) == 0
@@ -164,9 +164,9 @@ def test_reserved_rows_keep_what_they_hold() -> None:
 
     befores = Befores(8)
     first = befores.keep(np.arange(24, dtype=np.uint8).reshape(3, 8))
-    befores.reserve(2)  # fewer than it has: nothing moves
     held = befores.rows
-    assert first == 0 and len(held) == 1024
+    befores.reserve(2)  # fewer than it has: nothing moves
+    assert first == 0 and befores.rows is held and len(held) == 1024
     befores.reserve(5000)
     assert len(befores.rows) == 5000 and befores.count == 3
     assert befores.rows[:3].tobytes() == bytes(range(24)) and not befores.rows[3:].any()
