@@ -439,14 +439,16 @@ class _Killer:
         return Kill(app, deployment, pid, when, at_s)
 
     @staticmethod
-    def _holding_reads(handle: Any, timeout_s: float = 5.0) -> int | None:
+    def _holding_reads(handle: Any, timeout_s: float = 20.0, probes: int = 4) -> int | None:
         """The pid of a router replica that holds readers' queries right now (None if none was
-        found in time)."""
+        found in time). The probes go out together: Serve routes a lone call to the replica
+        with the fewest requests in flight, which is the one holding no reads."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            stats = handle.stats.remote().result(timeout_s=30)
-            if stats.get("held_queries", 0) > 0:
-                return int(stats["pid"])
+            calls = [handle.stats.remote() for _ in range(probes)]
+            for stats in (call.result(timeout_s=30) for call in calls):
+                if stats.get("held_queries", 0) > 0:
+                    return int(stats["pid"])
         return None
 
     def _stopped_publisher(self, app: str, step: str, timeout_s: float = 30.0) -> int | None:
