@@ -503,3 +503,46 @@ def test_a_checkpoint_killed_between_its_renames_is_made_again(tmp_path: Path) -
     assert OwnerTable(root).keys(version) == owner.store.keys(version)
     assert bytes(16) not in owner.store.keys(version)
     assert len(owner.store.keys(version)) == len(owner.keys())
+
+
+@pytest.mark.parametrize("failing", ["snapshot", "keys"])
+def test_a_full_copy_whose_snapshot_or_key_index_fails_leaves_no_version_and_no_writer(
+        tmp_path: Path, monkeypatch, failing: str) -> None:
+    """The snapshot and the key index of a full copy are written at once: if either fails,
+    the error is the caller's, no version is renamed into place, and the other has stopped
+    writing by then (nothing changes in the directory afterwards)."""
+    from morphogen.keyword import versions
+
+    table = build_table(_records(300, 5).items(), value_size=32, signing_key=KEY, load=0.7)
+    real_snapshot, real_keys = versions.write_snapshot, versions._write_keys
+    finished: list[str] = []
+
+    def snapshot(*args, **kwargs):
+        if failing == "snapshot":
+            raise OSError("disk full (snapshot)")
+        out = real_snapshot(*args, **kwargs)
+        finished.append("snapshot")
+        return out
+
+    def keys(*args, **kwargs):
+        if failing == "keys":
+            raise OSError("disk full (keys)")
+        real_keys(*args, **kwargs)
+        finished.append("keys")
+
+    monkeypatch.setattr(versions, "write_snapshot", snapshot)
+    monkeypatch.setattr(versions, "_write_keys", keys)
+    root = tmp_path / "o"
+    with pytest.raises(OSError, match=f"disk full \\({failing}\\)"):
+        create_owner_dir(table, root)
+    assert finished == [{"snapshot": "keys", "keys": "snapshot"}[failing]]
+    assert not (root / "v000001").exists()
+    before = sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*"))
+    monkeypatch.setattr(versions, "write_snapshot", real_snapshot)
+    monkeypatch.setattr(versions, "_write_keys", real_keys)
+    assert sorted((p.relative_to(root), p.stat().st_size) for p in root.rglob("*")) == before
+    # written again, both at once, the version reads back as the table, checksums verified
+    snapshot_dir = create_owner_dir(table, root)
+    with Snapshot.open(snapshot_dir, verify=True) as snap:
+        assert np.array_equal(snap.read_verified(), table.pages)
+    assert OwnerTable(root).keys() == dict(table.keys.items())
