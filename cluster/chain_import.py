@@ -239,8 +239,7 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         parts = [loaded.pop(i) for i in sorted(loaded)]
         try:
             table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
-                                  room=room, min_records=min_records, created=created,
-                                  index_dir=work / "keys-ahead")
+                                  room=room, min_records=min_records, created=created)
         except RecordError:  # the dump's fault (an address in two ranges): it stays refused
             shutil.rmtree(work, ignore_errors=True)
             raise

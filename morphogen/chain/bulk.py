@@ -24,7 +24,6 @@ hashes become the buckets where they lie.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +40,6 @@ from morphogen.keyword import radix
 from morphogen.keyword.build import KeywordTable, join_tables, place_table
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.hashing import seeded_hashes
-from morphogen.keyword.index_ahead import IndexAhead
-from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
 from morphogen.keyword.pages import tags_of
 from morphogen.keyword.records import RecordError
@@ -400,41 +397,24 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
 
 def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey,
              anchor: Anchor, room: float = 4.0, min_records: int = 4096,
-             created: int | None = None,
-             index_dir: str | os.PathLike[str] | None = None) -> KeywordTable:
+             created: int | None = None) -> KeywordTable:
     """The joined tables of the ranges' outputs (`encode_range`), as `build_chain_tables`
-    with the same `seed` and `created` makes them from the same state. `index_dir` (a scratch
-    folder on the filesystem the table will be written to): the key index is built there
-    while the tables are placed, and the table's `keys` move it into the owner directory
-    (`IndexAhead`); the files are the same."""
+    with the same `seed` and `created` makes them from the same state."""
     if room < 1 or min_records < 0:
         raise ValueError("room is at least 1 and min_records at least 0")
     tables = canonical(parts)
     # the joined matrix allocated once, each table placed into its part: joining tables built
     # apart would copy every page once more
-    geometries = [Geometry("page", VALUE_SIZES[name], buckets_for(
-        len(tables[name][0]), VALUE_SIZES[name], room=room, min_records=min_records))
+    spans = [Geometry("page", VALUE_SIZES[name], buckets_for(
+        len(tables[name][0]), VALUE_SIZES[name], room=room, min_records=min_records)).num_pages
         for name in TABLES]
-    spans = [g.num_pages for g in geometries]
-    ahead = None
-    if index_dir is not None:
-        # the joined table's keys (`join_tables`), in its order
-        ahead = IndexAhead(index_dir, KeyColumns.concat(
-            [KeyColumns.of(tables[name][2], tables[name][0]) for name in TABLES]),
-            sum(g.capacity for g in geometries))
-    try:
-        pages = np.zeros((sum(spans), PAGE_SIZE), np.uint8)
-        ends = np.cumsum([0, *spans]).tolist()
-        placed = []
-        for i, name in enumerate(TABLES):
-            # taken out of `tables` as it is placed: its values and hashes go once it is written
-            placed.append(assemble_table(name, *tables.pop(name), seed=seed,
-                                         signing_key=signing_key, anchor=anchor, room=room,
-                                         min_records=min_records, created=created,
-                                         out=pages[ends[i]:ends[i + 1]]))
-        table = join_tables(placed)
-    except BaseException:
-        if ahead is not None:
-            ahead.discard()
-        raise
-    return table if ahead is None else dataclasses.replace(table, keys=ahead)
+    pages = np.zeros((sum(spans), PAGE_SIZE), np.uint8)
+    ends = np.cumsum([0, *spans]).tolist()
+    placed = []
+    for i, name in enumerate(TABLES):
+        # taken out of `tables` as it is placed: its values and hashes go once it is written
+        placed.append(assemble_table(name, *tables.pop(name), seed=seed,
+                                     signing_key=signing_key, anchor=anchor, room=room,
+                                     min_records=min_records, created=created,
+                                     out=pages[ends[i]:ends[i + 1]]))
+    return join_tables(placed)

@@ -352,7 +352,7 @@ def warm() -> None:
     _touch(np.zeros((1, 3), np.uint64), np.zeros((1, 2), np.uint64))
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(cache=True)
 def _positions(homes, order):
     """Where linear probing puts the records taken in `order`: each at its home or just past
     the one before it, whichever is further (the slot count not applied: past the end is the
@@ -368,7 +368,7 @@ def _positions(homes, order):
     return at
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, parallel=True)
 def _fill(table, tags, refs, order, at):
     """Record order[k] into slot at[k], where that is inside the table (each slot once)."""
     slots = table.shape[0]

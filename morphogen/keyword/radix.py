@@ -14,7 +14,7 @@ BUCKET_BITS = 16
 SMALL = 1 << 18  # below this many keys numpy's sort is as quick
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
+@numba.njit(cache=True, parallel=True)
 def _deal(keys, shift, buckets, pieces):
     n = len(keys)
     step = (n + pieces - 1) // pieces

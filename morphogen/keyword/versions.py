@@ -29,7 +29,6 @@ import os
 import secrets
 import shutil
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 import msgpack
@@ -37,7 +36,6 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.keyword.descriptor import parts_of, tables_of
-from morphogen.keyword.index_ahead import IndexAhead
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.key_index import KeyIndex, slots_for
 from morphogen.keyword.layout import TAG_SIZE
@@ -119,17 +117,9 @@ class VersionStore:
         tmp = self.root / f".{final.name}.tmp-{secrets.token_hex(4)}"
         tmp.mkdir()
         if full:
-            # the snapshot (written, hashed, synced: mostly outside the interpreter's lock)
-            # beside the key index (built on the CPU): a full copy costs the longer of the two
-            with ThreadPoolExecutor(1, thread_name_prefix="snapshot-write") as pool:
-                snapshot = pool.submit(write_snapshot, tmp / SNAPSHOT, pages, epoch_id=version,
-                                       source="morphogen keyword table",
-                                       tables=tables_of(pages))
-                try:
-                    _write_keys(tmp / KEYS_DIR, pages, keys)
-                finally:
-                    wait([snapshot])  # nothing writes into `tmp` once this returns or raises
-            snapshot.result()
+            write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
+                           source="morphogen keyword table", tables=tables_of(pages))
+            _write_keys(tmp / KEYS_DIR, pages, keys)
         else:
             _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
                                     "del": sorted(key_dels)})
@@ -342,10 +332,6 @@ def _capacity(pages: np.ndarray) -> int:
 
 
 def _write_keys(folder: Path, pages: np.ndarray, keys: Mapping[bytes, bytes]) -> None:
-    if isinstance(keys, IndexAhead):  # built beside the placement, for this very write
-        keys.move_to(folder)
-        fsync_dir(folder.parent)
-        return
     if isinstance(keys, KeyIndex):
         keys.sync()
         KeyIndex.copy(keys.folder, folder)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -67,50 +66,6 @@ def test_ranges_built_apart_equal_the_one_process_build(tmp_path, target, drop_c
     assert np.array_equal(got.pages, want.pages)
     assert list(got.keys.items()) == list(want.keys.items())
     assert got.descriptor == want.descriptor
-
-
-@pytest.mark.parametrize("beside", [True, False])
-def test_a_key_index_built_beside_the_placement_is_the_one_written_after_it(
-        tmp_path, monkeypatch, beside):
-    """`index_dir`: the key index is built in a thread while the tables are placed (or, where
-    numba's threads may not share kernels, when the version is written) and moved into the
-    owner directory: the same files as the index built from the finished table."""
-    from morphogen.keyword import index_ahead
-    from morphogen.keyword.owner import create_owner_dir
-
-    monkeypatch.setattr(index_ahead, "_threads_share_numba", lambda: beside)
-    state = geth_dump(tmp_path / "d.jsonl", 300)
-    parts = encoded(tmp_path / "d.jsonl", 3000, seed=5)
-    ahead = tmp_path / "work" / "keys-ahead"
-    got = bulk.assemble(parts, seed=5, signing_key=KEY, anchor=ANCHOR, created=1000,
-                        min_records=64, index_dir=ahead)
-    assert isinstance(got.keys, index_ahead.IndexAhead)
-    assert (got.keys._future is not None) == beside
-    want = single(tmp_path, state, seed=5)
-    assert dict(got.keys.items()) == dict(want.keys.items())
-    create_owner_dir(got, tmp_path / "got")
-    create_owner_dir(want, tmp_path / "want")
-    assert not ahead.exists()  # moved, not copied
-    files = sorted(p.relative_to(tmp_path / "want") for p in (tmp_path / "want").rglob("*")
-                   if p.is_file() and p.parent.name == "keys")
-    assert files
-    for name in files:
-        assert (tmp_path / "got" / name).read_bytes() == (tmp_path / "want" / name).read_bytes()
-
-
-def test_a_refused_assembly_leaves_no_index_building(tmp_path):
-    path = tmp_path / "d.jsonl"
-    geth_dump(path, 10)
-    lines = path.read_text().splitlines()
-    path.write_text("\n".join(lines + [lines[4]]) + "\n")
-    parts = encoded(path, 200, seed=1)
-    ahead = tmp_path / "keys-ahead"
-    with pytest.raises(RecordError, match="twice"):
-        bulk.assemble(parts, seed=1, signing_key=KEY, anchor=ANCHOR, created=1000,
-                      index_dir=ahead)
-    # the build's thread ended and its folder is gone before the error reached the caller
-    assert not ahead.exists()
-    assert not [t for t in threading.enumerate() if t.name.startswith("key-index")]
 
 
 @pytest.mark.parametrize("dtype,width", [(np.uint8, 52), (np.uint64, 3)])

@@ -213,36 +213,3 @@ def test_touch_finds_what_the_lookups_find_and_writes_nothing(tmp_path: Path) ->
     index.close()  # no view of the mapping is left behind
     after = (tmp_path / "i" / SLOTS).read_bytes(), (tmp_path / "i" / HEAP).read_bytes()
     assert after == before
-
-
-@pytest.mark.parametrize("across_filesystems", [False, True])
-def test_an_index_built_ahead_moves_in_as_the_files_a_build_writes(
-        tmp_path: Path, monkeypatch, across_filesystems: bool) -> None:
-    import errno
-    import os
-
-    from morphogen.keyword import index_ahead
-    from morphogen.keyword.key_columns import KeyColumns
-
-    rng = random.Random(4)
-    pairs = {_tag(rng): rng.randbytes(rng.choice([20, 52])) for _ in range(5000)}
-    items = KeyColumns.of(np.frombuffer(b"".join(pairs), np.uint8), list(pairs.values()))
-    with KeyIndex.build(tmp_path / "want", items, slots_for(6000)) as index:
-        index.sync(durable=True)
-    if across_filesystems:
-        real = os.replace
-
-        def replace(src, dst):
-            if Path(src).name == "ahead":
-                raise OSError(errno.EXDEV, "Invalid cross-device link")
-            return real(src, dst)
-
-        monkeypatch.setattr(index_ahead.os, "replace", replace)
-    ahead = index_ahead.IndexAhead(tmp_path / "ahead", items, 6000)
-    assert dict(ahead.items()) == pairs
-    ahead.move_to(tmp_path / "got")
-    assert not (tmp_path / "ahead").exists()
-    for name in sorted(p.name for p in (tmp_path / "want").iterdir()):
-        assert (tmp_path / "got" / name).read_bytes() == (tmp_path / "want" / name).read_bytes()
-    with KeyIndex(tmp_path / "got") as got:
-        assert dict(got.items()) == pairs
