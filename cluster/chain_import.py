@@ -91,7 +91,7 @@ def _manifest(work: Path, dump: Path, ranges: list, seed: int | None) -> dict:
 def _ray_encode(workers: int | None, address: str | None):
     import ray
 
-    from cluster.local import quiet_ray_logs
+    from cluster.local import init_local, quiet_ray_logs
 
     if not ray.is_initialized():
         quiet_ray_logs()
@@ -103,8 +103,9 @@ def _ray_encode(workers: int | None, address: str | None):
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         else:
             os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-            ray.init(address="local", num_cpus=workers, include_dashboard=False,
-                     logging_level=logging.WARNING, log_to_driver=False)
+            # a loaded machine can miss Ray's fixed wait for its node: started again then
+            init_local(ray, num_cpus=workers, include_dashboard=False,
+                       logging_level=logging.WARNING, log_to_driver=False)
         quiet_ray_logs()
     if workers is None:
         workers = int(ray.cluster_resources().get("CPU", 1))

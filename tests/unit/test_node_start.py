@@ -72,3 +72,31 @@ def test_other_failures_and_the_last_timeout_are_raised(bystander) -> None:
     ray.left[-1].kill()
     ray.left[-1].wait()
     assert bystander.poll() is None
+
+
+def test_chain_import_starts_its_local_node_again_too(monkeypatch) -> None:
+    """`chain import` without --address starts a local node of its own: through the same
+    retry (a loaded machine is where an import runs)."""
+    from cluster import chain_import
+
+    class ImportRay(FakeRay):
+        def is_initialized(self) -> bool:
+            return False
+
+        def cluster_resources(self) -> dict:
+            return {"CPU": 2.0}
+
+        def remote(self, **options):
+            return lambda fn: (options, fn)
+
+    ray = ImportRay([TIMEOUT])
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    # what it sets for its own node, undone after the test (later tests' Ray is not its)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    _, task, workers = chain_import._ray_encode(None, None)
+    assert len(ray.calls) == 2 and ray.shutdowns == 1
+    assert all(c["address"] == "local" and c["include_dashboard"] is False for c in ray.calls)
+    assert workers == 2 and task[1] is chain_import._encode_to
+    for proc in ray.left:
+        assert proc.wait(timeout=10) is not None
