@@ -12,7 +12,7 @@ import os
 import random
 import socket
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,20 +26,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-def listener_port(low: int = 20000) -> int:
+# Every port `listener_port` handed out in this process: none is handed out twice while the
+# listeners it was drawn for have not bound it yet (a cluster's HTTP port and HAProxy's).
+_HANDED_OUT: set[int] = set()
+
+
+def listener_port(low: int = 20000, avoid: Iterable[int] = ()) -> int:
     """A port free on every address for a listener that binds it later, drawn below the
     kernel's ephemeral range: a port the OS handed out (`free_port`) can be handed out again,
-    to one of Ray's own sockets, before the listener binds it."""
+    to one of Ray's own sockets, before the listener binds it. Never one in `avoid` (ports
+    another process was told to bind, not bound yet) or one this process handed out before."""
     try:
         first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         first = 32768
+    taken = _HANDED_OUT | set(avoid)
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(low, max(low + 1, first))
-        if not port_in_use("0.0.0.0", port):
+        if port not in taken and not port_in_use("0.0.0.0", port):
+            _HANDED_OUT.add(port)
             return port
-    return free_port("0.0.0.0")
+    port = free_port("0.0.0.0")
+    _HANDED_OUT.add(port)
+    return port
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -107,11 +117,16 @@ REPLICA_MESSAGE_BYTES = 2**31 - 1
 PROXY_READY_S = 30.0
 
 
-def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
+# HAProxy's stats and metrics listeners: ports of their own beside the HTTP port
+HAPROXY_PORT_VARS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+
+
+def fast_ingress_env(draining_s: float = 1.0, avoid: Iterable[int] = ()) -> dict[str, str]:
     """Serve's documented high-throughput settings (Ray >= 2.55): HAProxy ingress straight to
     the router replicas and gRPC between replicas. On two cores this roughly triples the
     single-query throughput of the Python proxy path. Handles used by synchronous drivers need
-    Serve's router in its own loop, hence RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1."""
+    Serve's router in its own loop, hence RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP=1. HAProxy's
+    own listeners never take a port in `avoid` (the HTTP port the cluster is to bind)."""
     env = {
         "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1",
@@ -134,8 +149,8 @@ def fast_ingress_env(draining_s: float = 1.0) -> dict[str, str]:
         # HAProxy's stats and metrics listeners default to fixed ports (8404, 9101): two local
         # clusters on one machine (a test session and a server it starts, a demo beside a
         # benchmark) would collide, so each cluster takes free ones unless told otherwise.
-        for name in ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
-            env[name] = os.environ.get(name) or str(listener_port())
+        for name in HAPROXY_PORT_VARS:
+            env[name] = os.environ.get(name) or str(listener_port(avoid=avoid))
         # HAProxy reserves about 2.5 file descriptors per allowed connection and refuses to
         # start above the hard limit: Serve before 2.60 allowed 20000 connections (~50k
         # descriptors, over many machines' limit), 2.60 lowered its default to 4096
@@ -186,8 +201,15 @@ def start(
     if fast_ingress is None:
         fast_ingress = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"
     if fast_ingress and address is None:
-        for key, value in fast_ingress_env().items():
+        # the HTTP port is drawn first: HAProxy's stats and metrics listeners bind beside it,
+        # and the one drawn for them must not be the one the proxy is about to bind
+        port = listener_port() if port in (None, 0) else port
+        for key, value in fast_ingress_env(avoid=(port,)).items():
             os.environ.setdefault(key, value)
+        clash = [name for name in HAPROXY_PORT_VARS if os.environ.get(name) == str(port)]
+        if clash and os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
+            raise ValueError(f"{clash[0]}={port} is the HTTP port as well: HAProxy could not "
+                             "bind both; give it another port")
     if address is None:  # Serve's Python proxy starts slowly on a loaded node too
         os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

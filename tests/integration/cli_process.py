@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from cluster.fake_cluster import session_pids
-from cluster.local import port_in_use
+from cluster.local import HAPROXY_PORT_VARS, port_in_use
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_TEST_CONFIG = str(Path(__file__).parent / "serve_test.yaml")
@@ -27,7 +27,7 @@ def cli_env(tmp: Path, auth: str | None = "disabled", **extra: str) -> dict[str,
     free HAProxy ports of its own (not the test session's)."""
     env = dict(os.environ)
     for name in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH",
-                 "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"):
+                 *HAPROXY_PORT_VARS):
         env.pop(name, None)
     env.update({
         "MORPHOGEN_CACHE_DIR": str(tmp / "cache"),

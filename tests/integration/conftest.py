@@ -20,7 +20,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cluster.local import PROXY_READY_S, fast_ingress_env, listener_port  # noqa: E402 - no Ray import behind it
+from cluster.local import (  # noqa: E402 - no Ray import behind it
+    HAPROXY_PORT_VARS,
+    PROXY_READY_S,
+    fast_ingress_env,
+    listener_port,
+)
 from morphogen.snapshot.synthetic import build_synthetic
 
 from .churn import wait_until  # noqa: F401 - the tests' one polling helper
@@ -36,10 +41,9 @@ FAST_INGRESS = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"
 # HAProxy's listener ports are drawn per session instance (`serve_instance`), not here: xdist's
 # workers inherit this process's environment, and two workers' instances given the same
 # ports would have one HAProxy refused at its start ("Address already in use").
-HAPROXY_PORTS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
 if FAST_INGRESS:
     for _k, _v in fast_ingress_env(draining_s=0.5).items():
-        if _k not in HAPROXY_PORTS:
+        if _k not in HAPROXY_PORT_VARS:
             os.environ.setdefault(_k, _v)
 os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", str(PROXY_READY_S))
 
@@ -87,7 +91,7 @@ def serve_instance(s3_server) -> Iterator[ServeInstance]:
         ray = pytest.importorskip("ray")
         from ray import serve
     if FAST_INGRESS:
-        for name in HAPROXY_PORTS:
+        for name in HAPROXY_PORT_VARS:
             os.environ[name] = str(listener_port())
     # Short path: Ray's unix sockets live under it (108-byte limit).
     tmp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")
