@@ -66,12 +66,19 @@ class RetryPolicy:
     replica's death does to the parties, at worst a publication whose router died on one party
     after the other had it (the parties then serve different epochs until the admin's re-send
     goes through, after the dead router's lease of `admin_lease_s`, 5 s by default, and the
-    publication itself), with room for a loaded machine. A read that outlasts the outage
-    succeeds at most one backoff (2 s) after it ends."""
+    publication itself), with room for a loaded machine.
+
+    While the parties disagree (their answers or /epoch documents name different epochs,
+    identities or shapes) a backoff is spent reading both /epoch documents every
+    `agreement_poll_s` instead of sleeping it whole, and ends as soon as both name the same
+    data: the read resumes within a poll of the parties agreeing, not up to a backoff (2 s)
+    later, when the next publication may already have parted them again; and no scan is
+    asked of the servers while they cannot answer alike. 0 sleeps every backoff whole."""
 
     attempts: int = 14
     backoff_s: float = 0.1
     max_backoff_s: float = 2.0
+    agreement_poll_s: float = 0.25
 
     def delay(self, attempt: int, hint: float | None = None) -> float:
         base = min(self.max_backoff_s, self.backoff_s * (2**attempt))
@@ -182,11 +189,48 @@ class _Budget:
         self.policy = policy
         self.failures = 0
 
-    def spend(self, reason: Transient) -> Machine[None]:
+    def spend(self, reason: Transient, floor: int = 0) -> Machine[ServerInfo | None]:
+        """One try spent and its backoff waited; while the parties disagree, the wait ends
+        early once both /epoch documents name the same data, of an epoch no older than
+        `floor` (the newer of two epochs the answers named: a replica still on the older one
+        would only part them again), and that data's `ServerInfo` is returned."""
         self.failures += 1
         if self.failures >= self.policy.attempts:
             raise give_up(self.policy.attempts, reason)
-        yield Sleep(self.policy.delay(self.failures - 1, reason.delay))
+        delay = self.policy.delay(self.failures - 1, reason.delay)
+        poll = self.policy.agreement_poll_s
+        if reason.kind in DISAGREEMENT and poll > 0:
+            return (yield from _until_agreed(delay, poll, floor))
+        yield Sleep(delay)
+        return None
+
+
+# The reasons to retry that are the parties disagreeing (both answered): they end when both
+# have the same data, which their /epoch documents show
+DISAGREEMENT = frozenset({"epoch", "identity", "matrix", "moved"})
+
+
+def _until_agreed(delay: float, poll: float, floor: int) -> Machine[ServerInfo | None]:
+    """Wait up to `delay` (plus the reads' own time), reading both /epoch documents every
+    `poll`: the parties' common view once they agree, None when the wait ran out (or a read
+    failed: the rest is slept whole, as a plain backoff)."""
+    left = delay
+    while left > poll:
+        yield Sleep(poll)
+        left -= poll
+        try:
+            docs = yield ReadEpoch()
+            info = info_from_epoch(*docs)
+        except Transient as reason:
+            if reason.kind in DISAGREEMENT:
+                continue
+            break
+        except PirError:
+            break
+        if info.views[0].same(info.views[1]) and info.epoch_id >= floor:
+            return info
+    yield Sleep(left)
+    return None
 
 
 class ClientCore:
@@ -283,14 +327,24 @@ class ClientCore:
 
     # ---------------------------------------------------------------- steps
 
+    def _agreed(self, info: ServerInfo | None) -> ServerInfo:
+        """The info to plan the next try with: what both parties were just seen to agree
+        on (kept as the client's), else the cached one."""
+        if info is not None:
+            self.info = info
+        assert self.info is not None
+        return self.info
+
     def _refresh(self, budget: _Budget) -> Machine[ServerInfo]:
         while True:
             try:
                 docs = yield ReadEpoch()
                 info = info_from_epoch(*docs)
             except Transient as reason:
-                yield from budget.spend(reason)
-                continue
+                agreed = yield from budget.spend(reason)
+                if agreed is None:
+                    continue
+                info = agreed
             self.info = info
             return info
 
@@ -336,15 +390,14 @@ class ClientCore:
                 info = self.info
                 continue
             if a.epoch_id != b.epoch_id:
-                yield from budget.spend(
-                    Transient(f"epochs differ (A {a.epoch_id}, B {b.epoch_id})", kind="epoch"))
-                info = self.info
+                info = self._agreed((yield from budget.spend(
+                    Transient(f"epochs differ (A {a.epoch_id}, B {b.epoch_id})", kind="epoch"),
+                    floor=max(a.epoch_id, b.epoch_id))))
                 continue
             if a.identity is not None and b.identity is not None and a.identity != b.identity:
-                yield from budget.spend(Transient(
+                info = self._agreed((yield from budget.spend(Transient(
                     f"the parties serve different data under epoch {a.epoch_id} "
-                    f"(A {a.identity}, B {b.identity})", kind="identity"))
-                info = self.info
+                    f"(A {a.identity}, B {b.identity})", kind="identity"), floor=a.epoch_id)))
                 continue
             view = View(a.epoch_id, a.identity if b.identity is not None else None)
             if not info.names(view):
@@ -357,10 +410,10 @@ class ClientCore:
                 check_pages(wanted, fresh_size)
                 if not (fresh.is_exactly(view) and fresh_domain == domain
                         and (table is None or fresh.tables[table] == info.tables[table])):
-                    yield from budget.spend(Transient(
+                    agreed = yield from budget.spend(Transient(
                         f"answered from {view}, now /epoch names A {fresh.views[0]}, "
-                        f"B {fresh.views[1]}", kind="moved"))
-                    info = fresh
+                        f"B {fresh.views[1]}", kind="moved"), floor=view.epoch_id)
+                    info = fresh if agreed is None else self._agreed(agreed)
                     continue
             pages = xor_pages(a.pages, b.pages)[: len(wanted)]
             return Answer(view.epoch_id, view.identity, pages)

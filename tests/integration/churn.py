@@ -88,6 +88,7 @@ class ChurnReport:
     resent: list[str] = field(default_factory=list)  # the publications re-sent, when and how long
     longest_outage_s: float = 0.0
     longest_outage_from_s: float = 0.0  # when it began, since the scenario started
+    longest_outage_trace: list[str] = field(default_factory=list)  # its reader's requests
     last_acknowledged: tuple[int, str | None] | None = None
     served: tuple[Any, ...] = ()  # (epoch id, identity) that GET /epoch of A and B name at the end
     log_heads: tuple[Any, ...] = ()  # the identities of A's and B's epoch log heads at the end
@@ -126,6 +127,8 @@ class ChurnReport:
             lines += [f"  {x}" for x in self.resent]
             lines += [f"  {k.at_s:6.1f} s: killed {k.app} {k.deployment} (pid {k.pid}, {k.when})"
                       for k in self.kills]
+            lines += ["the longest outage's requests:"]
+            lines += [f"  {x}" for x in self.longest_outage_trace]
         for what, items in (("read error", self.read_errors), ("wrong page", self.wrong_pages),
                             ("admin failure", self.admin_failures)):
             lines += [f"  {what}: {x}" for x in items[:5]]
@@ -197,25 +200,34 @@ class _Counting(httpx.HTTPTransport):
     connection per request, as short-lived clients do: a replica's death then reaches the
     client as Serve's HTTP 500 rather than as a dropped connection."""
 
-    def __init__(self, counts: dict[str, int], lock: threading.Lock,
+    def __init__(self, counts: dict[str, int], lock: threading.Lock, started: float,
                  keep_alive: bool = True) -> None:
         super().__init__(limits=httpx.Limits(max_connections=100,
                                              max_keepalive_connections=20 if keep_alive else 0))
-        self.counts, self.lock = counts, lock
+        self.counts, self.lock, self.started = counts, lock, started
+        # every request of this reader: (sent, answered, its path, status or error), seconds
+        # since the scenario started; the longest outage is explained from these
+        self.trace: list[tuple[float, float, str, str]] = []
 
     def _count(self, what: str) -> None:
         with self.lock:
             self.counts[what] = self.counts.get(what, 0) + 1
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        sent = time.monotonic() - self.started
         try:
             resp = super().handle_request(request)
         except httpx.TransportError as exc:
             self._count(type(exc).__name__)
+            self._trace(sent, request, type(exc).__name__)
             raise
         if resp.status_code != 200:
             self._count(f"HTTP {resp.status_code}")
+        self._trace(sent, request, str(resp.status_code))
         return resp
+
+    def _trace(self, sent: float, request: httpx.Request, outcome: str) -> None:
+        self.trace.append((sent, time.monotonic() - self.started, request.url.path, outcome))
 
 
 class _Readers:
@@ -231,6 +243,7 @@ class _Readers:
         self.wrong: list[str] = []
         self.errors: list[str] = []
         self.longest = 0.0
+        self.longest_trace: list[str] = []  # the requests of the longest outage's reader in it
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
                         for i in range(plan.readers)]
 
@@ -238,7 +251,7 @@ class _Readers:
         rng = random.Random(self.plan.seed * 1000 + i)
         last_ok = time.monotonic()
         kwargs = {} if self.plan.retry is None else {"retry": self.plan.retry}
-        transport = _Counting(self.absorbed, self.lock, keep_alive=i % 2 == 0)
+        transport = _Counting(self.absorbed, self.lock, self.started, keep_alive=i % 2 == 0)
         with PirClient(*self.urls, timeout_s=30, transport=transport, **kwargs) as client:
             while not self.stop.is_set():
                 wanted = [rng.randrange(self.max_page) for _ in range(rng.randint(1, 3))]
@@ -252,17 +265,21 @@ class _Readers:
                 now = time.monotonic()
                 bad = self.models.check(epoch, wanted, pages)
                 with self.lock:
-                    self._outage(last_ok, now)
+                    self._outage(last_ok, now, transport)
                     self.checked += len(pages)
                     if bad:
                         self.wrong.append(bad)
                 last_ok = now
         with self.lock:
-            self._outage(last_ok, time.monotonic())
+            self._outage(last_ok, time.monotonic(), transport)
 
-    def _outage(self, last_ok: float, now: float) -> None:
+    def _outage(self, last_ok: float, now: float, transport: _Counting) -> None:
         if now - last_ok > self.longest:
             self.longest, self.longest_from = now - last_ok, last_ok - self.started
+            began, ended = last_ok - self.started, now - self.started
+            self.longest_trace = [f"{a:6.2f} -> {b:6.2f} s: {path} {outcome}"
+                                  for a, b, path, outcome in transport.trace
+                                  if b >= began and a <= ended]
 
     def start(self) -> None:
         for t in self.threads:
@@ -545,6 +562,7 @@ def _run(base_url: str, root: Path, plan: ChurnPlan, common: dict[str, Any],
     report.read_errors = readers.errors
     report.longest_outage_s = readers.longest
     report.longest_outage_from_s = readers.longest_from
+    report.longest_outage_trace = readers.longest_trace
     report.absorbed = dict(readers.absorbed)
     report.served = tuple(_served(u) for u in urls)
     heads = []

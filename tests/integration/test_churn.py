@@ -51,4 +51,4 @@ def test_reads_and_publications_survive_killed_routers_and_shards_of_both_partie
     assert report.wrong_pages == []
     assert report.admin_failures == []
     assert report.parties_agree and report.replicas_at_head
-    assert report.longest_outage_s < OUTAGE_BOUND_S
+    assert report.longest_outage_s < OUTAGE_BOUND_S, report.summary()

@@ -189,3 +189,66 @@ def test_malformed_answers_are_errors(mangle) -> None:
     mangle(obj)
     with pytest.raises(PirError, match="malformed answer"):
         answer_from_obj(obj, 1)
+
+
+POLLING = RetryPolicy(attempts=4, backoff_s=2.0, max_backoff_s=2.0, agreement_poll_s=0.25)
+
+
+def _mismatched(core: ClientCore) -> tuple:
+    """A get whose first answers came from A at epoch 2 and B still at 1."""
+    core.info = info_from_epoch(doc(1, identity=IDENT_1), doc(1, identity=IDENT_1))
+    machine = core.get_with_epoch([4])
+    send = next(machine)
+    return machine, machine.send(answers(send, 2, [4], IDENT_2, identity_b=IDENT_1, epoch_b=1))
+
+
+def test_parties_apart_are_waited_for_on_epoch_not_a_whole_backoff() -> None:
+    core = ClientCore(POLLING)
+    machine, action = _mismatched(core)
+    slept = 0.0
+    # B still behind, then both on the older epoch (a replica behind the answers: it would
+    # part them again), then both on epoch 2: the query goes out again at once
+    for docs in ((doc(2, identity=IDENT_2), doc(1, identity=IDENT_1)),
+                 (doc(1, identity=IDENT_1), doc(1, identity=IDENT_1)),
+                 (doc(2, identity=IDENT_2), doc(2, identity=IDENT_2))):
+        assert action == Sleep(0.25)
+        slept += action.seconds
+        assert isinstance(machine.send(None), ReadEpoch)
+        action = machine.send(docs)
+    assert isinstance(action, Send) and slept == 0.75  # the backoff was 1 to 2 s
+    assert core.info is not None and core.info.views[1] == View(2, IDENT_2)
+    with pytest.raises(StopIteration) as done:
+        machine.send(answers(action, 2, [4], IDENT_2))
+    assert done.value.value == (2, [page(4)])
+
+
+def test_parties_still_apart_wait_the_whole_backoff() -> None:
+    core = ClientCore(POLLING)
+    machine, action = _mismatched(core)
+    slept, reads = 0.0, 0
+    while isinstance(action, Sleep | ReadEpoch):
+        if isinstance(action, Sleep):
+            slept += action.seconds
+            action = machine.send(None)
+        else:
+            reads += 1
+            action = machine.send((doc(2, identity=IDENT_2), doc(1, identity=IDENT_1)))
+    assert isinstance(action, Send)
+    assert 1.0 <= slept <= 2.0 and 3 <= reads <= 7  # one jittered backoff, read every 0.25 s
+
+
+def test_a_failed_epoch_read_sleeps_the_rest_of_the_backoff() -> None:
+    core = ClientCore(POLLING)
+    machine, action = _mismatched(core)
+    assert action == Sleep(0.25) and isinstance(machine.send(None), ReadEpoch)
+    rest = machine.throw(Transient("HTTP 503"))
+    assert isinstance(rest, Sleep) and 0.75 - 1e-9 <= rest.seconds <= 1.75
+    assert isinstance(machine.send(None), Send)
+
+
+def test_no_epoch_reads_when_agreement_polling_is_off() -> None:
+    core = ClientCore(RetryPolicy(attempts=4, backoff_s=2.0, max_backoff_s=2.0,
+                                  agreement_poll_s=0))
+    machine, action = _mismatched(core)
+    assert isinstance(action, Sleep) and 1.0 <= action.seconds <= 2.0
+    assert isinstance(machine.send(None), Send)

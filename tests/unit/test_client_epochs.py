@@ -15,6 +15,7 @@ from morphogen.client import (
     PageOutOfRange,
     PirError,
     PirUnavailable,
+    RetryPolicy,
 )
 from morphogen.constants import key_length
 
@@ -220,3 +221,32 @@ def test_a_pinned_read_keeps_only_answers_from_the_data_it_planned_for(kind: str
     with pytest.raises(DataMoved, match="37 pages, not 40"):  # planned for another size
         c.get_pinned([7], 40)
     assert len(a.sent) == sent
+
+
+class _CatchingUp(Party):
+    """A party that moves to `then` at its `after`-th /epoch read (its publication lands
+    while the client waits)."""
+
+    def __init__(self, world: World, then: World, after: int) -> None:
+        super().__init__(world)
+        self.then, self.after = then, after
+
+    def epoch_doc(self) -> dict[str, Any]:
+        if self.epoch_reads + 1 >= self.after:
+            self.world = self.then
+        return super().epoch_doc()
+
+
+@pytest.mark.parametrize("poll", [0.002, 0.0])
+def test_a_party_behind_is_waited_for_on_epoch(kind: str, clients, poll: float) -> None:
+    old, new = World(1, 37, 1), World(1, 37, 2, pages=World(1, 37, 1).pages ^ 7)
+    a, b = Party(new), _CatchingUp(old, new, after=3)
+    c = clients(kind, a, b, retry=RetryPolicy(attempts=3, backoff_s=0.05, max_backoff_s=0.05,
+                                              agreement_poll_s=poll))
+    c.info()  # A at 2, B at 1 (an update reached A first)
+    if poll == 0:  # backoffs slept whole: B's move is never seen
+        with pytest.raises(EpochMismatchError, match="A 2, B 1"):
+            c.get([5])
+        return
+    assert c.get_with_epoch([5, 30]) == (2, [new.page(5), new.page(30)])
+    assert len(a.sent) == len(b.sent) == 2 and b.epoch_reads == 3  # one re-send, on agreement

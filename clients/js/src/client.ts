@@ -44,9 +44,13 @@ import {
 /** `attempts` tries per request, sleeping `backoffS` doubled after each failure (at most
  * `maxBackoffS`, at least a server's Retry-After within that cap), jittered down to half.
  * The defaults are the Python client's: 10.5 to 21 s of sleep in all before giving up, long
- * enough to ride out a replica's death or a publication reaching one party first. */
+ * enough to ride out a replica's death or a publication reaching one party first. While the
+ * parties disagree (different epochs, identities or shapes), a backoff reads both /epoch
+ * documents every `agreementPollS` and ends once they name the same data, so the read
+ * resumes within a poll of the parties agreeing; 0 sleeps every backoff whole. */
 export class RetryPolicy {
-  constructor(readonly attempts = 14, readonly backoffS = 0.1, readonly maxBackoffS = 2.0) {
+  constructor(readonly attempts = 14, readonly backoffS = 0.1, readonly maxBackoffS = 2.0,
+    readonly agreementPollS = 0.25) {
     if (!(attempts >= 1)) throw new RangeError("attempts must be at least 1");
   }
 
@@ -72,16 +76,46 @@ export function giveUp(attempts: number, last: Transient | undefined): PirUnavai
     last?.status);
 }
 
+/** The reasons to retry that are the parties disagreeing (both answered): they end when both
+ * have the same data, which their /epoch documents show. */
+const DISAGREEMENT = new Set(["epoch", "identity", "matrix", "moved"]);
+
 /** The tries of one operation, shared by every reason to retry it. */
 class Budget {
   private failures = 0;
 
-  constructor(private readonly policy: RetryPolicy, private readonly sleep: (s: number) => Promise<void>) {}
+  constructor(private readonly policy: RetryPolicy, private readonly sleep: (s: number) => Promise<void>,
+    private readonly readEpochs: () => Promise<[unknown, unknown]>) {}
 
-  async spend(reason: Transient): Promise<void> {
+  /** One try spent and its backoff waited; while the parties disagree, the wait ends early
+   * once both /epoch documents name the same data of an epoch no older than `floor` (the
+   * newer of two epochs the answers named), whose info is returned then. */
+  async spend(reason: Transient, floor = 0): Promise<ServerInfo | undefined> {
     this.failures += 1;
     if (this.failures >= this.policy.attempts) throw giveUp(this.policy.attempts, reason);
-    await this.sleep(this.policy.delay(this.failures - 1, reason.delay));
+    const delay = this.policy.delay(this.failures - 1, reason.delay);
+    const poll = this.policy.agreementPollS;
+    if (!(DISAGREEMENT.has(reason.kind) && poll > 0)) {
+      await this.sleep(delay);
+      return undefined;
+    }
+    let left = delay;
+    while (left > poll) {
+      await this.sleep(poll);
+      left -= poll;
+      let info: ServerInfo;
+      try {
+        const docs = await this.readEpochs();
+        info = infoFromEpoch(docs[0], docs[1]);
+      } catch (exc) {
+        if (exc instanceof Transient && DISAGREEMENT.has(exc.kind)) continue;
+        if (exc instanceof Transient || exc instanceof PirError) break;
+        throw exc;
+      }
+      if (info.views[0].same(info.views[1]) && info.epochId >= floor) return info;
+    }
+    await this.sleep(left);
+    return undefined;
   }
 }
 
@@ -198,7 +232,7 @@ export class PirClient {
   /** Both servers' GET /epoch as one ServerInfo, cached; `refresh` reads it again. */
   async readInfo(refresh = false): Promise<ServerInfo> {
     if (this.info !== undefined && !refresh) return this.info;
-    return this.refresh(new Budget(this.retry, this.sleep));
+    return this.refresh(new Budget(this.retry, this.sleep, () => this.both((url) => this.getEpoch(url))));
   }
 
   /** `readInfo`, making sure it advertises `table` (looked for once more in a fresh /epoch,
@@ -273,15 +307,26 @@ export class PirClient {
         return this.info;
       } catch (exc) {
         if (!(exc instanceof Transient)) throw exc;
-        await budget.spend(exc);
+        const agreed = await budget.spend(exc);
+        if (agreed !== undefined) {
+          this.info = agreed;
+          return agreed;
+        }
       }
     }
+  }
+
+  /** The info to plan the next try with: what both parties were just seen to agree on (kept
+   * as the client's), else the cached one. */
+  private agreed(info: ServerInfo | undefined): ServerInfo {
+    if (info !== undefined) this.info = info;
+    return this.info!;
   }
 
   /** One request's worth of pages (of `table`), verified; re-planned across rotations unless
    * `pinned`. */
   private async fetchPages(wanted: number[], pinned: boolean, table?: string): Promise<Answer> {
-    const budget = new Budget(this.retry, this.sleep);
+    const budget = new Budget(this.retry, this.sleep, () => this.both((url) => this.getEpoch(url)));
     let refusals = 0;
     let info = this.info!;
     for (;;) {
@@ -319,14 +364,13 @@ export class PirClient {
         continue;
       }
       if (a.epochId !== b.epochId) {
-        await budget.spend(new Transient(`epochs differ (A ${a.epochId}, B ${b.epochId})`, undefined, "epoch"));
-        info = this.info!;
+        info = this.agreed(await budget.spend(new Transient(`epochs differ (A ${a.epochId}, B ${b.epochId})`,
+          undefined, "epoch"), Math.max(a.epochId, b.epochId)));
         continue;
       }
       if (a.identity !== null && b.identity !== null && a.identity !== b.identity) {
-        await budget.spend(new Transient(`the parties serve different data under epoch ${a.epochId} `
-          + `(A ${a.identity}, B ${b.identity})`, undefined, "identity"));
-        info = this.info!;
+        info = this.agreed(await budget.spend(new Transient(`the parties serve different data under epoch `
+          + `${a.epochId} (A ${a.identity}, B ${b.identity})`, undefined, "identity"), a.epochId));
         continue;
       }
       const view = new View(a.epochId, b.identity !== null ? a.identity : null);
@@ -339,9 +383,9 @@ export class PirClient {
         checkPages(wanted, freshSize);
         if (!(fresh.isExactly(view) && freshDomain === domain
           && (table === undefined || sameTable(fresh.tables.get(table), info.tables.get(table))))) {
-          await budget.spend(new Transient(`answered from ${view}, now /epoch names A `
-            + `${fresh.views[0]}, B ${fresh.views[1]}`, undefined, "moved"));
-          info = fresh;
+          const agreed = await budget.spend(new Transient(`answered from ${view}, now /epoch names A `
+            + `${fresh.views[0]}, B ${fresh.views[1]}`, undefined, "moved"), view.epochId);
+          info = agreed === undefined ? fresh : this.agreed(agreed);
           continue;
         }
       }

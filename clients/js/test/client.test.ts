@@ -116,6 +116,32 @@ describe("page client against in-process parties", () => {
     assert.deepEqual(await client.getPage(1), pages[1]);
   });
 
+  it("waits for a party behind on /epoch, not a whole backoff", async () => {
+    for (const poll of [0.25, 0]) {
+      const { pages, a, b, client, sleeps } = world({ retry: new RetryPolicy(4, 2.0, 2.0, poll) });
+      await client.readInfo();
+      const next = "0x" + "cd".repeat(16);
+      a.epochId = 2; // an update reached A first
+      a.identity = next;
+      const doc = b.epochDoc.bind(b);
+      b.epochDoc = () => { // B's lands while the client waits: at its third /epoch read
+        if (b.epochReads >= 3) {
+          b.epochId = 2;
+          b.identity = next;
+        }
+        return doc();
+      };
+      if (poll === 0) { // backoffs slept whole: B's move is never seen
+        await assert.rejects(client.getPage(5), EpochMismatchError);
+        assert.ok(sleeps.every((s) => s >= 1 && s <= 2) && b.epochReads === 1);
+        continue;
+      }
+      assert.deepEqual(await client.getWithEpoch([5]), [2, [pages[5]]]);
+      assert.deepEqual(sleeps, [0.25, 0.25]);
+      assert.equal(a.posts.length, 2); // one re-send, once both named epoch 2
+    }
+  });
+
   it("retries two identities under one epoch", async () => {
     const { a, client } = world({ retry: new RetryPolicy(3) });
     a.answerIdentity = "0x" + "cd".repeat(16);
