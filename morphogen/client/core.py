@@ -327,10 +327,11 @@ class ClientCore:
 
     # ---------------------------------------------------------------- steps
 
-    def _agreed(self, info: ServerInfo | None) -> ServerInfo:
+    def _agreed(self, info: ServerInfo | None, pinned: bool = False) -> ServerInfo:
         """The info to plan the next try with: what both parties were just seen to agree
-        on (kept as the client's), else the cached one."""
-        if info is not None:
+        on (kept as the client's), else the cached one. A pinned read keeps planning with the
+        cached one: data it was not planned for must end it in `DataMoved`, not answer it."""
+        if info is not None and not pinned:
             self.info = info
         assert self.info is not None
         return self.info
@@ -392,12 +393,13 @@ class ClientCore:
             if a.epoch_id != b.epoch_id:
                 info = self._agreed((yield from budget.spend(
                     Transient(f"epochs differ (A {a.epoch_id}, B {b.epoch_id})", kind="epoch"),
-                    floor=max(a.epoch_id, b.epoch_id))))
+                    floor=max(a.epoch_id, b.epoch_id))), pinned)
                 continue
             if a.identity is not None and b.identity is not None and a.identity != b.identity:
                 info = self._agreed((yield from budget.spend(Transient(
                     f"the parties serve different data under epoch {a.epoch_id} "
-                    f"(A {a.identity}, B {b.identity})", kind="identity"), floor=a.epoch_id)))
+                    f"(A {a.identity}, B {b.identity})", kind="identity"), floor=a.epoch_id)),
+                    pinned)
                 continue
             view = View(a.epoch_id, a.identity if b.identity is not None else None)
             if not info.names(view):

@@ -89,6 +89,9 @@ class ChurnReport:
     longest_outage_s: float = 0.0
     longest_outage_from_s: float = 0.0  # when it began, since the scenario started
     longest_outage_trace: list[str] = field(default_factory=list)  # its reader's requests
+    # what the readers asked of party A: queries (each a scan of every page) and /epoch reads
+    queries_a: int = 0
+    epoch_reads_a: int = 0
     last_acknowledged: tuple[int, str | None] | None = None
     served: tuple[Any, ...] = ()  # (epoch id, identity) that GET /epoch of A and B name at the end
     log_heads: tuple[Any, ...] = ()  # the identities of A's and B's epoch log heads at the end
@@ -118,7 +121,8 @@ class ChurnReport:
             f"publications: {self.publications} acknowledged ({self.rotations} rotations), "
             f"{self.admin_resends} admin re-sends, {len(self.admin_failures)} failed",
             f"longest read outage: {self.longest_outage_s:.2f} s (from "
-            f"{self.longest_outage_from_s:.1f} s on)",
+            f"{self.longest_outage_from_s:.1f} s on); the readers asked A {self.queries_a} "
+            f"queries and {self.epoch_reads_a} /epoch reads",
             f"parties at the end: A {self._view(0)}, B {self._view(1)}; last acknowledged "
             f"{self.last_acknowledged}; one identity: {'yes' if self.parties_agree else 'NO'}; "
             f"every replica at the log head: {'yes' if self.replicas_at_head else 'NO'}",
@@ -244,6 +248,7 @@ class _Readers:
         self.errors: list[str] = []
         self.longest = 0.0
         self.longest_trace: list[str] = []  # the requests of the longest outage's reader in it
+        self.transports: list[_Counting] = []
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True)
                         for i in range(plan.readers)]
 
@@ -252,6 +257,8 @@ class _Readers:
         last_ok = time.monotonic()
         kwargs = {} if self.plan.retry is None else {"retry": self.plan.retry}
         transport = _Counting(self.absorbed, self.lock, self.started, keep_alive=i % 2 == 0)
+        with self.lock:
+            self.transports.append(transport)
         with PirClient(*self.urls, timeout_s=30, transport=transport, **kwargs) as client:
             while not self.stop.is_set():
                 wanted = [rng.randrange(self.max_page) for _ in range(rng.randint(1, 3))]
@@ -563,6 +570,10 @@ def _run(base_url: str, root: Path, plan: ChurnPlan, common: dict[str, Any],
     report.longest_outage_s = readers.longest
     report.longest_outage_from_s = readers.longest_from
     report.longest_outage_trace = readers.longest_trace
+    paths = [path for t in readers.transports for _, _, path, _ in t.trace
+             if path.startswith(f"/{APPS[0]}/")]
+    report.queries_a = sum("/query/" in path for path in paths)
+    report.epoch_reads_a = sum(path.endswith("/epoch") for path in paths)
     report.absorbed = dict(readers.absorbed)
     report.served = tuple(_served(u) for u in urls)
     heads = []

@@ -250,3 +250,15 @@ def test_a_party_behind_is_waited_for_on_epoch(kind: str, clients, poll: float) 
         return
     assert c.get_with_epoch([5, 30]) == (2, [new.page(5), new.page(30)])
     assert len(a.sent) == len(b.sent) == 2 and b.epoch_reads == 3  # one re-send, on agreement
+
+
+def test_a_pinned_read_waited_for_agreement_still_follows_no_move(kind: str, clients) -> None:
+    old, new = World(1, 37, 1), World(1, 37, 2, pages=World(1, 37, 1).pages ^ 7)
+    a, b = Party(old), _CatchingUp(old, new, after=3)
+    c = clients(kind, a, b, retry=RetryPolicy(attempts=4, backoff_s=0.05, max_backoff_s=0.05,
+                                              agreement_poll_s=0.002))
+    c.info()  # both at 1: the keys are planned for it
+    a.world = new  # then an update reaches A, and B while the client waits
+    with pytest.raises(DataMoved):
+        c.get_pinned([5], 37)
+    assert b.epoch_reads >= 3 and c.get_with_epoch([5]) == (2, [new.page(5)])

@@ -317,9 +317,10 @@ export class PirClient {
   }
 
   /** The info to plan the next try with: what both parties were just seen to agree on (kept
-   * as the client's), else the cached one. */
-  private agreed(info: ServerInfo | undefined): ServerInfo {
-    if (info !== undefined) this.info = info;
+   * as the client's), else the cached one. A pinned read keeps planning with the cached one:
+   * data it was not planned for must end it in `DataMoved`, not answer it. */
+  private agreed(info: ServerInfo | undefined, pinned = false): ServerInfo {
+    if (info !== undefined && !pinned) this.info = info;
     return this.info!;
   }
 
@@ -365,12 +366,12 @@ export class PirClient {
       }
       if (a.epochId !== b.epochId) {
         info = this.agreed(await budget.spend(new Transient(`epochs differ (A ${a.epochId}, B ${b.epochId})`,
-          undefined, "epoch"), Math.max(a.epochId, b.epochId)));
+          undefined, "epoch"), Math.max(a.epochId, b.epochId)), pinned);
         continue;
       }
       if (a.identity !== null && b.identity !== null && a.identity !== b.identity) {
         info = this.agreed(await budget.spend(new Transient(`the parties serve different data under epoch `
-          + `${a.epochId} (A ${a.identity}, B ${b.identity})`, undefined, "identity"), a.epochId));
+          + `${a.epochId} (A ${a.identity}, B ${b.identity})`, undefined, "identity"), a.epochId), pinned);
         continue;
       }
       const view = new View(a.epochId, b.identity !== null ? a.identity : null);

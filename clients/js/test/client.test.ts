@@ -142,6 +142,24 @@ describe("page client against in-process parties", () => {
     }
   });
 
+  it("a pinned read waited for agreement still follows no move", async () => {
+    const { pages, a, b, client } = world({ retry: new RetryPolicy(4, 2.0, 2.0, 0.25) });
+    await client.readInfo(); // both at 1: the keys are planned for it
+    const next = "0x" + "cd".repeat(16);
+    a.epochId = 2; // then an update reaches A, and B while the client waits
+    a.identity = next;
+    const doc = b.epochDoc.bind(b);
+    b.epochDoc = () => {
+      if (b.epochReads >= 3) {
+        b.epochId = 2;
+        b.identity = next;
+      }
+      return doc();
+    };
+    await assert.rejects(client.getPinned([4], N), DataMoved);
+    assert.deepEqual(await client.getWithEpoch([4]), [2, [pages[4]]]);
+  });
+
   it("retries two identities under one epoch", async () => {
     const { a, client } = world({ retry: new RetryPolicy(3) });
     a.answerIdentity = "0x" + "cd".repeat(16);
