@@ -334,6 +334,17 @@ def delete_apps(names: list[str]) -> None:
         time.sleep(0.1)
 
 
+def _forget_serve() -> None:
+    """Drop Serve's cached handle on the controller of a cluster that is gone. Serve keeps it
+    per job id, and the next cluster this process starts has the same first job id: its
+    `serve.start` and `serve.status` would call the dead controller ("Can't find actor")."""
+    from ray.serve import context
+
+    reset = getattr(context, "_set_global_client", None)
+    if reset is not None:
+        reset(None)
+
+
 def stop(cluster: LocalCluster) -> None:
     import ray
     from ray import serve
@@ -348,6 +359,7 @@ def stop(cluster: LocalCluster) -> None:
         finally:
             if ray.is_initialized():
                 ray.shutdown()
+            _forget_serve()
     # A cluster joined with `address` is someone else's: the caller deletes its own apps.
 
 
