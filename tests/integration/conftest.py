@@ -24,6 +24,7 @@ from cluster.local import (  # noqa: E402 - no Ray import behind it
     HAPROXY_PORT_VARS,
     PROXY_READY_S,
     fast_ingress_env,
+    init_local,
     listener_port,
 )
 from morphogen.snapshot.synthetic import build_synthetic
@@ -95,7 +96,10 @@ def serve_instance(s3_server) -> Iterator[ServeInstance]:
             os.environ[name] = str(listener_port())
     # Short path: Ray's unix sockets live under it (108-byte limit).
     tmp = tempfile.mkdtemp(prefix="mgray", dir="/tmp")
-    ray.init(
+    # started again if its node times out during start-up, as `morphogen serve`'s is: on a
+    # loaded two-core machine that wait can pass while nothing is wrong
+    init_local(
+        ray,
         num_cpus=4,
         num_gpus=LOGICAL_GPUS,
         include_dashboard=False,
