@@ -200,7 +200,7 @@ class _Budget:
         delay = self.policy.delay(self.failures - 1, reason.delay)
         poll = self.policy.agreement_poll_s
         if reason.kind in DISAGREEMENT and poll > 0:
-            return (yield from _until_agreed(delay, poll, floor))
+            return (yield from _until_agreed(delay, poll, floor, reason.kind == "matrix"))
         yield Sleep(delay)
         return None
 
@@ -210,10 +210,12 @@ class _Budget:
 DISAGREEMENT = frozenset({"epoch", "identity", "matrix", "moved"})
 
 
-def _until_agreed(delay: float, poll: float, floor: int) -> Machine[ServerInfo | None]:
+def _until_agreed(delay: float, poll: float, floor: int,
+                  shape_only: bool = False) -> Machine[ServerInfo | None]:
     """Wait up to `delay` (plus the reads' own time), reading both /epoch documents every
-    `poll`: the parties' common view once they agree, None when the wait ran out (or a read
-    failed: the rest is slept whole, as a plain backoff)."""
+    `poll`: the parties' common view once they agree (`shape_only`: once they serve the same
+    shape, all a refresh waits for), None when the wait ran out (or a read failed: the rest is
+    slept whole, as a plain backoff)."""
     left = delay
     while left > poll:
         yield Sleep(poll)
@@ -227,7 +229,7 @@ def _until_agreed(delay: float, poll: float, floor: int) -> Machine[ServerInfo |
             break
         except PirError:
             break
-        if info.views[0].same(info.views[1]) and info.epoch_id >= floor:
+        if shape_only or (info.views[0].same(info.views[1]) and info.epoch_id >= floor):
             return info
     yield Sleep(left)
     return None

@@ -252,3 +252,16 @@ def test_no_epoch_reads_when_agreement_polling_is_off() -> None:
     machine, action = _mismatched(core)
     assert isinstance(action, Sleep) and 1.0 <= action.seconds <= 2.0
     assert isinstance(machine.send(None), Send)
+
+
+def test_a_refresh_waits_for_one_shape_only() -> None:
+    """/epoch read while a rotation reached A only: the wait ends once both serve one shape,
+    whatever their epochs (what a refresh needs to plan keys)."""
+    core = ClientCore(POLLING)
+    machine = core.read_info()
+    assert isinstance(next(machine), ReadEpoch)
+    action = machine.send((doc(2, num_pages=50), doc(1)))
+    assert action == Sleep(0.25) and isinstance(machine.send(None), ReadEpoch)
+    with pytest.raises(StopIteration) as done:
+        machine.send((doc(3, num_pages=50), doc(2, num_pages=50)))
+    assert done.value.value.num_pages == 50 and done.value.value.epoch_ids == (3, 2)

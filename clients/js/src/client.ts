@@ -112,7 +112,10 @@ class Budget {
         if (exc instanceof Transient || exc instanceof PirError) break;
         throw exc;
       }
-      if (info.views[0].same(info.views[1]) && info.epochId >= floor) return info;
+      // a refresh waits only for one shape (kind "matrix"); the rest for one view
+      if (reason.kind === "matrix" || (info.views[0].same(info.views[1]) && info.epochId >= floor)) {
+        return info;
+      }
     }
     await this.sleep(left);
     return undefined;
