@@ -200,10 +200,11 @@ def start(
         ray_access.join_auth()
     if fast_ingress is None:
         fast_ingress = os.environ.get("MORPHOGEN_FAST_INGRESS", "1") != "0"
+    # drawn below the ephemeral range: the proxy binds it later, and a port the kernel handed
+    # out meanwhile to one of Ray's connections would refuse it ("Address already in use");
+    # drawn before HAProxy's stats and metrics ports, which must not be the same one
+    port = listener_port() if port in (None, 0) else port
     if fast_ingress and address is None:
-        # the HTTP port is drawn first: HAProxy's stats and metrics listeners bind beside it,
-        # and the one drawn for them must not be the one the proxy is about to bind
-        port = listener_port() if port in (None, 0) else port
         for key, value in fast_ingress_env(avoid=(port,)).items():
             os.environ.setdefault(key, value)
         clash = [name for name in HAPROXY_PORT_VARS if os.environ.get(name) == str(port)]
@@ -241,9 +242,6 @@ def start(
         serve.start(logging_config=logging_config)
         http = running.get("http_options") or {}
         return LocalCluster(http.get("host") or "127.0.0.1", int(http.get("port") or 8000), owns)
-    # drawn below the ephemeral range: the proxy binds it later, and a port the kernel handed
-    # out meanwhile to one of Ray's connections would refuse it ("Address already in use")
-    port = listener_port() if port in (None, 0) else port
     serve.start(http_options={"host": host, "port": port}, logging_config=logging_config)
     return LocalCluster(host, port, owns)
 

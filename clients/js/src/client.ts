@@ -235,7 +235,7 @@ export class PirClient {
   /** Both servers' GET /epoch as one ServerInfo, cached; `refresh` reads it again. */
   async readInfo(refresh = false): Promise<ServerInfo> {
     if (this.info !== undefined && !refresh) return this.info;
-    return this.refresh(new Budget(this.retry, this.sleep, () => this.both((url) => this.getEpoch(url))));
+    return this.refresh(new Budget(this.retry, this.sleep, () => this.readEpochs()));
   }
 
   /** `readInfo`, making sure it advertises `table` (looked for once more in a fresh /epoch,
@@ -305,7 +305,7 @@ export class PirClient {
   private async refresh(budget: Budget): Promise<ServerInfo> {
     for (;;) {
       try {
-        const docs = await this.both((url) => this.getEpoch(url));
+        const docs = await this.readEpochs();
         this.info = infoFromEpoch(docs[0], docs[1]);
         return this.info;
       } catch (exc) {
@@ -330,7 +330,7 @@ export class PirClient {
   /** One request's worth of pages (of `table`), verified; re-planned across rotations unless
    * `pinned`. */
   private async fetchPages(wanted: number[], pinned: boolean, table?: string): Promise<Answer> {
-    const budget = new Budget(this.retry, this.sleep, () => this.both((url) => this.getEpoch(url)));
+    const budget = new Budget(this.retry, this.sleep, () => this.readEpochs());
     let refusals = 0;
     let info = this.info!;
     for (;;) {
@@ -395,6 +395,11 @@ export class PirClient {
       }
       return { epochId: view.epochId, identity: view.identity, pages: xorPages(a.pages, b.pages).slice(0, wanted.length) };
     }
+  }
+
+  /** Both parties' GET /epoch documents, (A's, B's). */
+  private readEpochs(): Promise<[unknown, unknown]> {
+    return this.both((url) => this.getEpoch(url));
   }
 
   /** Both calls in flight at once; A's failure is reported before B's. */
