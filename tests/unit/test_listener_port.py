@@ -36,9 +36,9 @@ def test_haproxy_never_takes_the_port_it_is_told_to_avoid(monkeypatch):
     # port the random source comes up with here, several times over
     http = listener_port()
     monkeypatch.setattr(local, "_HANDED_OUT", set())
-    others = [listener_port() for _ in range(2)]
+    others = [listener_port() for _ in HAPROXY_PORT_VARS]
     monkeypatch.setattr(local, "_HANDED_OUT", set())
-    draws = _Draws([http, http, others[0], http, others[1]])
+    draws = _Draws([p for other in others for p in (http, other)])
     monkeypatch.setattr(local.random, "SystemRandom", lambda: draws)
     env = fast_ingress_env(avoid=(http,))
     if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
@@ -54,3 +54,19 @@ def test_haproxy_given_the_http_port_is_refused_before_ray_starts(monkeypatch):
     os.environ["RAY_SERVE_HAPROXY_STATS_PORT"] = str(port)
     with pytest.raises(ValueError, match="RAY_SERVE_HAPROXY_STATS_PORT.*HTTP port"):
         local.start(port=port, disable_auth=True)
+
+
+def test_each_cluster_has_a_fallback_proxy_of_its_own(monkeypatch):
+    """HAProxy sends a request whose route has no live replica to the cluster's fallback proxy,
+    on 8500 (gRPC 9500) unless told otherwise: with two clusters on one machine, a CI run's
+    reader got the other cluster's 404 for a party whose router had just been killed."""
+    for name in HAPROXY_PORT_VARS:
+        monkeypatch.delenv(name, raising=False)
+    env = fast_ingress_env()
+    if env.get("RAY_SERVE_ENABLE_HA_PROXY") != "1":
+        pytest.skip("ray[serve] without its HAProxy ingress")
+    ports = [int(env[name]) for name in HAPROXY_PORT_VARS]
+    assert int(env["RAY_SERVE_FALLBACK_PROXY_HTTP_PORT"]) not in (8500, 9500)
+    assert int(env["RAY_SERVE_FALLBACK_PROXY_GRPC_PORT"]) not in (8500, 9500)
+    assert len(set(ports)) == len(ports)
+    assert len(set(ports) & {int(fast_ingress_env()[n]) for n in HAPROXY_PORT_VARS}) == 0
