@@ -139,15 +139,17 @@ def _cpu_fix(demands: Sequence[PartyDemand], can_give: float, owns: bool) -> str
     return ", or ".join(fixes)
 
 
-def check(demands: Sequence[PartyDemand], cap: Capacity, *, owns: bool) -> None:
-    """UsageError when `demands` cannot all be placed on the cluster."""
+def check(demands: Sequence[PartyDemand], cap: Capacity, *, owns: bool,
+          gpus: bool = True) -> None:
+    """UsageError when `demands` cannot all be placed on the cluster (`gpus=False`: their
+    CPUs only)."""
     what = "; ".join(d.describe() for d in demands)
     cpus = sum(d.cpus for d in demands)
-    gpus = sum(d.gpus for d in demands)
+    want_gpus = sum(d.gpus for d in demands)
     later = " (--skip-resource-check deploys anyway, for nodes about to join)"
-    if gpus > cap.can_give("GPU") + EPS:
+    if gpus and want_gpus > cap.can_give("GPU") + EPS:
         raise UsageError(
-            f"the shards ask for {_num(gpus)} GPU(s), one per shard replica, and the cluster "
+            f"the shards ask for {_num(want_gpus)} GPU(s), one per shard replica, and the cluster "
             f"can give {_num(cap.can_give('GPU'))}: fewer --shards, or --engine cpu{later}"
         )
     if cpus > cap.can_give("CPU") + EPS:

@@ -234,7 +234,8 @@ def test_a_stuck_serve_stops_and_a_second_signal_forces(tmp_path: Path) -> None:
 
 def test_shards_that_cannot_fit_fail_fast(tmp_path: Path) -> None:
     """Case 2: docs/serving.md's `--shards 4` on two cores (4 x 0.5 CPU + a 0.25 router) is refused
-    within seconds, with the numbers and the flag that fixes it; nothing is left running."""
+    within seconds, with the numbers and the flag that fixes it, before Ray starts (the cluster
+    it would start has `--num-cpus` and nothing else); nothing is left running."""
     snap = _snapshot(tmp_path)
     ray_tmp = short_tmp()
     env = cli_env(tmp_path, RAY_TMPDIR=ray_tmp)
@@ -249,6 +250,7 @@ def test_shards_that_cannot_fit_fail_fast(tmp_path: Path) -> None:
         assert "2 free" in line and "--shard-cpus 0.40 fits" in line
         assert proc.exit_s is not None and proc.exit_s < 40
         assert "deploying" not in proc.output
+        assert not list(Path(ray_tmp).glob("**/session_*")), "Ray was started for a refusal"
         assert proc.leftovers() == []
     finally:
         proc.finish()

@@ -68,3 +68,13 @@ def test_a_replica_larger_than_any_node() -> None:
     with pytest.raises(UsageError, match="one shard replica asks for 3 CPUs and the largest node "
                                          "has 2: lower --shard-cpus"):
         check([d], Capacity({"CPU": 8.0}, largest_node={"CPU": 2.0}), owns=False)
+
+
+def test_the_check_before_ray_starts_leaves_gpus_to_the_one_after() -> None:
+    # before a local cluster starts, Ray has not counted its GPUs: only the CPUs are checked
+    gpu_party = PartyDemand.of("a", PartyConfig(synthetic_pages=64, placement="gpu"), 0)
+    check([gpu_party], Capacity({"CPU": 2.0}), owns=True, gpus=False)
+    with pytest.raises(UsageError, match="GPU"):
+        check([gpu_party], Capacity({"CPU": 2.0}), owns=True)
+    with pytest.raises(UsageError, match="2.25 CPUs"):
+        check([_demand("a", num_shards=4)], Capacity({"CPU": 2.0}), owns=True, gpus=False)
