@@ -15,17 +15,22 @@ bench also measures what it gives two processes of pure CPU work at the time
 (`host_speedup_2_processes`), the ceiling of any 1 -> 2 worker speed-up measured here.
 
 Each import reports its steps: encode (Ray tasks: parse, encode, tag, hash; the part that
-scales with workers), during which the one process loads each range a worker finished, then
-place and write (that process alone: the funnel). The projection for R records on N nodes of C
-cores:
+scales with workers), during which the one process loads each range a worker finished (all but
+the keys of accounts and storage), then place and write (that process: the placing funnel),
+while a Ray task reads the keys and builds the owner's key index (the index funnel; the wait
+for it after placing is `index_wait_s`). The projection for R records on N nodes of C cores:
 
-    T(N) = max(R / (N * C * r_worker), R / r_load) + R / r_funnel
+    T(N) = max(R / (N * C * r_worker), R / r_load) + max(R / r_place, R / r_index)
 
 with r_worker the encode rate of one worker (per CPU second), r_load the rate at which the one
-process reads the ranges in (it keeps up with the workers or they wait on it) and r_funnel its
-rate through placing and writing (per wall second, the slower of the imports), all measured here.
-The memory that one process needs: its peak during an import above what it held before, per
-record (`peak_bytes_per_record`), and that times R (`funnel_gib`).
+process reads the ranges in (it keeps up with the workers or they wait on it), r_place its rate
+through placing and writing and r_index the index task's rate from its first read to its
+synced files (both per wall second, the slower of the imports), all measured here. The two
+funnels run at once; on a cluster on nodes of their own, on this host on the same two cores,
+so that the rates measured here are each slowed by the other. `funnel_rps` is the wall rate of
+both together on this host. The memory each needs: its peak during an import above what it held
+before, per record (`peak_bytes_per_record`, `index_bytes_per_record`), and that times R
+(`funnel_gib`, `index_gib`).
 
     python bench/chain_build.py                    # 1 M, 4 M, 16 M records
     python bench/chain_build.py --sizes 1000000    # one size
@@ -54,7 +59,7 @@ MAINNET = {"accounts": 388_000_000, "storage": 1_560_000_000, "codes": 2_400_000
 PER_RECORD = sum(MAINNET.values())
 PROJECT_RECORDS = 2_000_000_000
 PROJECT_CORES = 16
-FORMULA = "T(N) = max(R / (N * C * r_worker), R / r_load) + R / r_funnel"
+FORMULA = "T(N) = max(R / (N * C * r_worker), R / r_load) + max(R / r_place, R / r_index)"
 ROOM = 1.25  # both builds: slots for 1.25 times the records (the default 4 is for a dev chain)
 
 
@@ -287,7 +292,8 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
         row["host_speedup_2_processes"] = sorted(hosts)[len(hosts) // 2]
         for w in workers_list:
             seconds, steps = sorted(results[w], key=lambda x: x[0])[len(results[w]) // 2]
-            funnel = steps["place_s"] + steps["write_s"]
+            placing = steps["place_s"] + steps["write_s"]
+            funnel = placing + steps["index_wait_s"]
             row[f"w{w}"] = {
                 "seconds": round(seconds, 2), "records_per_s": round(records / seconds),
                 **{k: round(v, 2) for k, v in steps.items()},
@@ -295,6 +301,10 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                 "encode_cpu_rps": round(records / steps["encode_cpu_s"]),
                 "load_rps": round(records / steps["load_s"]),
                 "funnel_rps": round(records / funnel),
+                "place_rps": round(records / placing),
+                "index_rps": round(records / steps["index_s"]),
+                "index_bytes_per_record": round(steps.get("index_peak_mib", 0) * 2**20
+                                                / records),
                 "funnel_cpu_rps": round(records / steps["funnel_cpu_s"]),
                 "peak_bytes_per_record": round(steps["peak_mib"] * 2**20 / records),
                 "identical_to_single": same_bytes(work / f"import-{w}", work / "single")}
@@ -314,20 +324,26 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     # core), the slower of the imports
     r_worker = biggest["w1"]["encode_cpu_rps"]
     r_load = min(biggest[f"w{w}"]["load_rps"] for w in workers_list)
-    r_funnel = min(biggest[f"w{w}"]["funnel_rps"] for w in workers_list)
-    # the process that runs the funnel holds the records it places: its peak a record, at
-    # the largest size, times the projected records
+    r_place = min(biggest[f"w{w}"]["place_rps"] for w in workers_list)
+    r_index = min(biggest[f"w{w}"]["index_rps"] for w in workers_list)
+    # the process that places holds the records it places, the index task the keys: each
+    # one's peak a record, at the largest size, times the projected records
     peak = max(biggest[f"w{w}"]["peak_bytes_per_record"] for w in workers_list)
+    index_peak = max(biggest[f"w{w}"]["index_bytes_per_record"] for w in workers_list)
     projection = {str(n): round((max(PROJECT_RECORDS / (n * PROJECT_CORES * r_worker),
                                      PROJECT_RECORDS / r_load)
-                                 + PROJECT_RECORDS / r_funnel) / 60, 1)
+                                 + max(PROJECT_RECORDS / r_place, PROJECT_RECORDS / r_index))
+                                / 60, 1)
                   for n in (1, 2, 4, 8, 16, 32, 64)}
     return {"machine_cpus": cores, "room": ROOM, "sizes": rows,
             "projection": {"records": PROJECT_RECORDS, "cores_per_node": PROJECT_CORES,
                            "formula": FORMULA, "r_worker": r_worker, "r_load": r_load,
-                           "r_funnel": r_funnel, "minutes_by_nodes": projection,
+                           "r_place": r_place, "r_index": r_index,
+                           "minutes_by_nodes": projection,
                            "funnel_bytes_per_record": peak,
-                           "funnel_gib": round(PROJECT_RECORDS * peak / 2**30)}}
+                           "funnel_gib": round(PROJECT_RECORDS * peak / 2**30),
+                           "index_bytes_per_record": index_peak,
+                           "index_gib": round(PROJECT_RECORDS * index_peak / 2**30)}}
 
 
 def plot(result: dict, path: Path) -> None:

@@ -3,9 +3,10 @@
 The dump is cut into ranges of lines (`morphogen.chain.dumps.line_ranges`); Ray tasks, at most
 `workers` at once, encode, tag and hash each range (`morphogen.chain.bulk.encode_range`) into
 arrays in the work directory, which this process reads as soon as they are written (while the
-other ranges encode); it then places the three tables (`morphogen.chain.bulk.assemble`)
-and writes the owner directory beside `--out`, renamed into place whole. The tables are those
-`chain build` makes from the same state with the same seed.
+other ranges encode), all but the keys of accounts and storage; it then places the three
+tables (`morphogen.chain.bulk.assemble`) while a Ray task reads the keys and builds the owner's
+key index (`_index_to`), and writes the owner directory beside `--out`, renamed into place
+whole. The tables are those `chain build` makes from the same state with the same seed.
 
 A killed import leaves its work directory (`<out>.work`): run the same command again and it
 reuses every range already encoded (the manifest holds the dump's size and time and the build's
@@ -69,6 +70,75 @@ def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, f
             time.process_time() - cpu)
 
 
+def _index_to(files: list[str], folder: str, capacity: int) -> dict:
+    """The owner's key index of the ranges `files` (in dump order) built at `folder`, synced:
+    the tables' keys and tags in the export's order, checked distinct (`bulk.key_columns`),
+    for a table of `capacity` slots. Run beside the placement, in a process of its own (on a
+    cluster, on a node of its own): it reads of each range only its keys and what orders
+    them. Returns its seconds and CPU seconds."""
+    from morphogen.keyword.key_index import KeyIndex, slots_for
+
+    t, cpu = time.monotonic(), time.process_time()
+    before = _peak_reset()
+    seen: set[bytes] = set()
+    parts = []
+    for f in files:
+        part = {name: np.load(Path(f) / f"{name}.npy") for name in bulk.INDEX_FIELDS}
+        bulk.drop_seen_codes(part, seen)
+        parts.append(part)
+    columns = bulk.key_columns(parts)
+    del parts
+    shutil.rmtree(folder, ignore_errors=True)  # a killed import's
+    with KeyIndex.build(folder, columns, slots_for(max(capacity, len(columns)))) as index:
+        index.sync(durable=True)
+    out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu}
+    if before is not None:
+        out["index_peak_mib"] = _status_mib("VmHWM") - before
+    return out
+
+
+def _status_mib(field: str) -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise KeyError(field)
+
+
+def _peak_reset() -> float | None:
+    """The process's memory high-water mark set to what it holds now (Linux), which this
+    returns; None where it cannot be: the index task then reports no peak."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_mib("VmRSS")
+    except (OSError, KeyError):
+        return None
+
+
+def _keys_from(files: list[str]):
+    """`bulk.assemble`'s `keys_apart`: a table's keys in an order, read from the ranges."""
+
+    def keys(name: str, order: np.ndarray) -> np.ndarray:
+        prefix = bulk.PREFIXES[name]
+        parts = [{f"{prefix}_keys": np.load(Path(f) / f"{prefix}_keys.npy")} for f in files]
+        return bulk.gathered(parts, f"{prefix}_keys", order, bulk.KEY_SIZES[name])
+
+    return keys
+
+
+def _capacity(parts: list[dict], room: float, min_records: int) -> int:
+    """The slots of the three tables that `bulk.assemble` places `parts` into."""
+    from morphogen.chain.tables import TABLES, VALUE_SIZES, buckets_for
+    from morphogen.keyword.layout import Geometry
+
+    total = 0
+    for name in TABLES:
+        prefix, size = bulk.PREFIXES[name], VALUE_SIZES[name]
+        n = sum(len(p[f"{prefix}_tags"]) for p in parts)
+        total += Geometry("page", size, buckets_for(n, size, room=room,
+                                                     min_records=min_records)).capacity
+    return total
+
+
 def _manifest(work: Path, dump: Path, ranges: list, seed: int | None) -> dict:
     stat = dump.stat()
     want = {"format": FORMAT, "dump": str(dump.resolve()), "size": stat.st_size,
@@ -89,6 +159,8 @@ def _manifest(work: Path, dump: Path, ranges: list, seed: int | None) -> dict:
 
 
 def _ray_encode(workers: int | None, address: str | None):
+    """Ray (connected to `address`, else a local instance started), the encoding task and
+    the tasks in flight at most."""
     import ray
 
     from cluster.local import init_local, quiet_ray_logs
@@ -193,7 +265,9 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
     """The dump (JSON lines: geth's, or anvil's rewritten by `anvil_dump.anvil_lines`) as version 1
     of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
     `timings` gets the seconds of each step: encode (with the loads of the ranges it
-    finished, `load_s` of it), then place and write."""
+    finished, `load_s` of it), then place, the wait for the key index after it
+    (`index_wait_s`; the index task's own `index_s`, `index_cpu_s`, `index_peak_mib`) and
+    write."""
     timings = {} if timings is None else timings
     from filelock import FileLock, Timeout
 
@@ -224,36 +298,56 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             # mapped ranges are the page cache's to evict, and at 16 M records placing from
             # them ran 1.8x slower than from memory
             t = time.monotonic()
-            part = {f.stem: np.load(f) for f in Path(folder).glob("*.npy")}
+            # not the keys of accounts and storage: another process indexes them (`_index_to`)
+            part = {name: np.load(Path(folder) / f"{name}.npy") for name in bulk.PLACE_FIELDS}
             bulk.drop_seen_codes(part, codes)  # each code's records held once
             loaded[i] = part
             timings["load_s"] += time.monotonic() - t
 
         try:
-            _, seed = encode_ranges(dump, work, body, workers=workers, address=address,
-                                    seed=seed, range_bytes=range_bytes, report=report,
-                                    timings=timings, encoded=load)
+            files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
+                                        seed=seed, range_bytes=range_bytes, report=report,
+                                        timings=timings, encoded=load)
         except dumps.DumpError:
             shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
             raise
         t2, cpu = time.monotonic(), time.process_time()
         parts = [loaded.pop(i) for i in sorted(loaded)]
+        # the key index (a third of what one process did after encoding) is built by a Ray
+        # task while this process places the pages
+        ray, _, _ = _ray_encode(workers, address)
+        index_dir = work / "keys"
+        indexing = ray.remote(num_cpus=1, max_retries=0)(_index_to).remote(
+            files, str(index_dir), _capacity(parts, room, min_records))
         try:
-            table = bulk.assemble(parts, seed=seed, signing_key=signing_key, anchor=anchor,
-                                  room=room, min_records=min_records, created=created)
+            try:
+                table = bulk.assemble(parts, seed=seed, signing_key=signing_key,
+                                      anchor=anchor, room=room, min_records=min_records,
+                                      created=created, keys_apart=_keys_from(files))
+                del parts
+                t3 = time.monotonic()
+                try:
+                    timings.update(ray.get(indexing))
+                except ray.exceptions.RayTaskError as exc:
+                    raise exc.cause if isinstance(exc.cause, RecordError) else exc from None
+                indexing = None
+            finally:
+                if indexing is not None:  # this process failed first: the task is not needed
+                    ray.cancel(indexing, force=True)
+                    ray.wait([indexing], timeout=60)
         except RecordError:  # the dump's fault (an address in two ranges): it stays refused
             shutil.rmtree(work, ignore_errors=True)
             raise
-        del parts
-        t3 = time.monotonic()
+        t4 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
-        snapshot = out / create_owner_dir(table, partial).relative_to(partial)
+        snapshot = out / create_owner_dir(table, partial,
+                                          keys_folder=index_dir).relative_to(partial)
         if out.exists():
             out.rmdir()
         os.replace(partial, out)
-        t4 = time.monotonic()
-        timings.update(encode_s=t2 - t0, place_s=t3 - t2, write_s=t4 - t3,
-                       funnel_cpu_s=time.process_time() - cpu)
+        t5 = time.monotonic()
+        timings.update(encode_s=t2 - t0, place_s=t3 - t2, index_wait_s=t4 - t3,
+                       write_s=t5 - t4, funnel_cpu_s=time.process_time() - cpu)
         records = sum(d.records for d in _parts(table))
         report(f"placed {records:,} records in {t3 - t2:,.1f} s, wrote them in "
                f"{t4 - t3:,.1f} s")

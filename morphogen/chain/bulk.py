@@ -14,6 +14,10 @@ over the whole table, so it is sequential and order-dependent; everything before
    hashes modulo the table's size, and place them with `place_table`, the very function and
    draws the one-process build uses: the same records give the same bytes.
 
+Step 2 splits in two processes where the ranges are kept as files (`chain import`): one places
+from the values, tags and hashes (`assemble(keys_apart=...)`), the other reads the keys and
+tags and builds the owner's key index from them (`key_columns`), at the same time.
+
 Costs: step 1 is per record, O(records / workers). Step 2 touches each record a few times
 (merge, gather, modulo, placement, slot writes) and hashes each page once for the tree; its
 rate is what `bench/chain_build.py` reports as the funnel. Its memory is the records once and
@@ -24,8 +28,9 @@ hashes become the buckets where they lie.
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -40,6 +45,7 @@ from morphogen.keyword import radix
 from morphogen.keyword.build import KeywordTable, join_tables, place_table
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.hashing import seeded_hashes
+from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
 from morphogen.keyword.pages import tags_of
 from morphogen.keyword.records import RecordError
@@ -170,7 +176,8 @@ def drop_seen_codes(part: dict, seen: set[bytes]) -> None:
     dup = np.asarray(have, bool)
     rows = np.repeat(~dup, chunks)
     for name in CODE_FIELDS:
-        part[name] = np.ascontiguousarray(part[name][rows])
+        if name in part:  # a process reading some fields only (`INDEX_FIELDS`)
+            part[name] = np.ascontiguousarray(part[name][rows])
     part["code_chunks"] = np.where(dup, 0, chunks).astype(np.int64)
 
 
@@ -311,15 +318,12 @@ def gathered(parts: Sequence[dict], name: str, order: np.ndarray, width: int,
     return out
 
 
-def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                        np.ndarray]]:
-    """Each table's (keys, values, tags, hashes) in the export's order, from the ranges'
-    outputs in any order. The ranges' record arrays are consumed: each is dropped from its
-    dict as soon as it is gathered, so the funnel holds the records once (at mainnet size the
-    difference is a second copy of some 200 GiB)."""
+def orders(parts: Sequence[dict]) -> dict[str, np.ndarray]:
+    """Each table's order: row of the ranges' concatenated records -> its place in the
+    export's order (accounts by address, each account's storage after it, each code once at
+    its least address). Reads only the ranges' addresses, storage counts and code ids."""
     acc_keys = _cat(parts, "acc_keys", 20)
-    runs = [len(p["acc_keys"]) for p in parts]
-    acc = merge_sorted(acc_keys, runs)
+    acc = merge_sorted(acc_keys, [len(p["acc_keys"]) for p in parts])
     del acc_keys
     counts = np.concatenate([p["sto_counts"] for p in parts]) if parts else np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -344,16 +348,56 @@ def canonical(parts: Sequence[dict]) -> dict[str, tuple[np.ndarray, np.ndarray, 
     for i in np.flatnonzero(chunks):
         holder.setdefault(ids[i].tobytes(), int(i))
     code = _segments(cstarts, chunks, np.asarray([holder[c] for c in keep], np.int64))
+    return {"accounts": acc, "storage": sto, "code": code}
+
+
+PREFIXES = {"accounts": "acc", "storage": "sto", "code": "code"}
+FIELDS = {"keys": None, "vals": None, "tags": TAG_SIZE, "hash": 3}
+
+
+def canonical(parts: Sequence[dict], fields: dict[str, Sequence[str]] | None = None,
+              order: dict[str, np.ndarray] | None = None) -> dict[str, tuple[np.ndarray, ...]]:
+    """Each table's (keys, values, tags, hashes) in the export's order, from the ranges'
+    outputs in any order (`fields[name]`: those fields only, in that order). The ranges'
+    record arrays are consumed: each is dropped from its dict as soon as it is gathered, so
+    the funnel holds the records once (at mainnet size the difference is a second copy of
+    some 200 GiB)."""
+    order = orders(parts) if order is None else order
     out = {}
-    for name, prefix, order in (("accounts", "acc", acc), ("storage", "sto", sto),
-                                ("code", "code", code)):
-        width = KEY_SIZES[name]
-        dest = destinations(sum(len(p[f"{prefix}_keys"]) for p in parts), order)
-        out[name] = tuple(gathered(parts, f"{prefix}_{field}", order, w, dt, dest, release=True)
-                          for field, w, dt in (
-            ("keys", width, np.uint8), ("vals", VALUE_SIZES[name], np.uint8),
-            ("tags", TAG_SIZE, np.uint8), ("hash", 3, np.uint64)))
+    for name in TABLES:
+        prefix = PREFIXES[name]
+        widths = {"keys": KEY_SIZES[name], "vals": VALUE_SIZES[name], "tags": TAG_SIZE,
+                  "hash": 3}
+        dest = destinations(sum(len(p[f"{prefix}_tags"]) for p in parts), order[name])
+        out[name] = tuple(
+            gathered(parts, f"{prefix}_{field}", order[name], widths[field],
+                     np.uint64 if field == "hash" else np.uint8, dest, release=True)
+            for field in (fields or {}).get(name, ("keys", "vals", "tags", "hash")))
     return out
+
+
+def key_columns(parts: Sequence[dict]) -> KeyColumns:
+    """The joined tables' tags and keys in the export's order (what the owner's key index is
+    built from), every key and tag checked distinct: the part of step 2 that does not wait on
+    placement, so another process does it beside the one that places (`assemble(keys_apart=
+    ...)`). `parts` need only the ranges' keys, tags, storage counts and code ids."""
+    tables = canonical(parts, {name: ("keys", "tags") for name in TABLES})
+    columns = []
+    for name in TABLES:
+        keys, tags = tables.pop(name)
+        _refuse_repeats(keys, tags, WHAT[name])
+        columns.append(KeyColumns.of(tags, keys))
+    return KeyColumns.concat(columns)
+
+
+WHAT = {"accounts": "address", "storage": "storage key", "code": "code chunk"}
+INDEX_FIELDS = ("acc_keys", "acc_tags", "sto_keys", "sto_tags", "sto_counts", "code_keys",
+                "code_tags", "code_ids", "code_first", "code_chunks")
+# what the placing process reads of a range when the keys are indexed apart: the addresses
+# order the tables, and code (a small table) keeps its keys for a placement's rare redraw
+PLACE_FIELDS = ("acc_keys", "acc_vals", "acc_tags", "acc_hash", "sto_vals", "sto_tags",
+                "sto_hash", "sto_counts", "code_keys", "code_vals", "code_tags", "code_hash",
+                "code_ids", "code_first", "code_chunks")
 
 
 @numba.njit(cache=True, parallel=True)
@@ -366,11 +410,15 @@ def _buckets_in_place(hashes, buckets):
 def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.ndarray,
                    hashes: np.ndarray, *, seed: int, signing_key: Ed25519PrivateKey,
                    anchor: Anchor, room: float, min_records: int, created: int | None,
-                   out: np.ndarray | None = None) -> KeywordTable:
+                   out: np.ndarray | None = None,
+                   rekey: Callable[[], np.ndarray] | None = None) -> KeywordTable:
     """One table placed exactly as `build_chain_tables` places it (step 2), into `out` where
-    given (`table_pages` zeros). `hashes` becomes the records' buckets in place."""
-    _refuse_repeats(keys, tags, {"accounts": "address", "storage": "storage key",
-                                 "code": "code chunk"}[name])
+    given (`table_pages` zeros). `hashes` becomes the records' buckets in place. `rekey`:
+    the keys are elsewhere (`keys` only counts them; the table's `keys` are then not its
+    own): the keys in order, read for a placement that draws other seeds, and the keys' and
+    tags' checks are `key_columns`'."""
+    if rekey is None:
+        _refuse_repeats(keys, tags, WHAT[name])
     draws = table_draws(seed, name)
     dataset = draws.token(DATASET_SIZE)
     planned = plan(seed)[name][1]
@@ -384,7 +432,7 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
         if tuple(seeds) == planned and first:
             h = np.ascontiguousarray(first.pop(), np.uint64)
         else:
-            h = seeds_hashes(keys, seeds)
+            h = seeds_hashes(keys if rekey is None else rekey(), seeds)
         _buckets_in_place(h, np.uint64(buckets))
         return h.view(np.int64)
 
@@ -397,12 +445,34 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
 
 def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey,
              anchor: Anchor, room: float = 4.0, min_records: int = 4096,
-             created: int | None = None) -> KeywordTable:
+             created: int | None = None,
+             keys_apart: Callable[[str, np.ndarray], np.ndarray] | None = None
+             ) -> KeywordTable:
     """The joined tables of the ranges' outputs (`encode_range`), as `build_chain_tables`
-    with the same `seed` and `created` makes them from the same state."""
+    with the same `seed` and `created` makes them from the same state.
+
+    `keys_apart(name, order)`: the owner's key index is built by another process
+    (`key_columns`), so the accounts' and storage's keys are not gathered here (`parts` need
+    only `PLACE_FIELDS`) and the table's `keys` are not the owner's; the callable gives a
+    table's keys in `order` from wherever the ranges are kept, for the rare placement that
+    must draw other seeds."""
     if room < 1 or min_records < 0:
         raise ValueError("room is at least 1 and min_records at least 0")
-    tables = canonical(parts)
+    fields = None
+    order = None
+    if keys_apart is not None:
+        order = orders(parts)
+        fields = {"accounts": ("vals", "tags", "hash"), "storage": ("vals", "tags", "hash"),
+                  "code": ("keys", "vals", "tags", "hash")}
+    tables = canonical(parts, fields, order)
+    rekeys: dict[str, Callable[[], np.ndarray] | None] = {"code": None}
+    if keys_apart is not None:
+        for name in ("accounts", "storage"):
+            n = len(order[name])
+            tables[name] = (np.zeros((n, 0), np.uint8), *tables[name])
+            rekeys[name] = functools.partial(keys_apart, name, order[name])
+    else:
+        rekeys.update(accounts=None, storage=None)
     # the joined matrix allocated once, each table placed into its part: joining tables built
     # apart would copy every page once more
     spans = [Geometry("page", VALUE_SIZES[name], buckets_for(
@@ -416,5 +486,5 @@ def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey
         placed.append(assemble_table(name, *tables.pop(name), seed=seed,
                                      signing_key=signing_key, anchor=anchor, room=room,
                                      min_records=min_records, created=created,
-                                     out=pages[ends[i]:ends[i + 1]]))
+                                     out=pages[ends[i]:ends[i + 1]], rekey=rekeys[name]))
     return join_tables(placed)

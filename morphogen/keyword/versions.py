@@ -109,17 +109,23 @@ class VersionStore:
 
     def write(self, version: int, pages: np.ndarray, *, full: bool,
               keys: Mapping[bytes, bytes], key_puts: dict[bytes, bytes], key_dels: set[bytes],
-              batch: ChangeBatch | None) -> Path:
+              batch: ChangeBatch | None, keys_folder: Path | None = None) -> Path:
         """Write `version` (full: the pages and every key; else the batch and the key
         changes) and rename it into place; returns its directory. A `KeyIndex` as `keys` is
-        copied as files (synced first); any other mapping is indexed afresh."""
+        copied as files (synced first); any other mapping is indexed afresh. `keys_folder`
+        (full only): the version's key index, already built and synced on this file system
+        (`KeyIndex.build`), moved in instead; `keys` is then not read."""
         final = vdir(self.root, version)
         tmp = self.root / f".{final.name}.tmp-{secrets.token_hex(4)}"
         tmp.mkdir()
         if full:
             write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
                            source="morphogen keyword table", tables=tables_of(pages))
-            _write_keys(tmp / KEYS_DIR, pages, keys)
+            if keys_folder is None:
+                _write_keys(tmp / KEYS_DIR, pages, keys)
+            else:
+                os.replace(keys_folder, tmp / KEYS_DIR)
+                fsync_dir(tmp)
         else:
             _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
                                     "del": sorted(key_dels)})

@@ -24,6 +24,7 @@ from morphogen.chain.tables import build_chain_tables
 from morphogen.client.admin import AdminClient
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.owner import OwnerTable, create_owner_dir
+from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import load_signing_key
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
 from tests.integration.conftest import delete_apps, deploy
@@ -102,6 +103,19 @@ def test_a_malformed_line_leaves_nothing_behind(dump, capsys):
     assert code != 0
     assert "bad.jsonl:251: address '0x1234'" in capsys.readouterr().err
     assert [p.name for p in dump["root"].iterdir() if p.name.startswith("refused")] == []
+
+
+def test_an_address_in_two_ranges_is_refused_by_the_index_and_leaves_nothing(dump):
+    """The key index, built by a Ray task beside the placement, finds an address that two
+    ranges both hold: the import is refused with it, and nothing it wrote is left."""
+    twice = dump["root"] / "twice.jsonl"
+    lines = dump["path"].read_text().splitlines()
+    twice.write_text("\n".join(lines + [lines[3]]) + "\n")  # ranges apart: first and last
+    out = dump["root"] / "twice-out"
+    with pytest.raises(RecordError, match=r"address 0x[0-9a-f]{40} twice in the dump"):
+        import_dump(twice, out, signing_key=dump["key"], anchor=ANCHOR, workers=2, seed=3,
+                    created=1000, min_records=256, range_bytes=20_000, report=lambda line: None)
+    assert [p.name for p in dump["root"].iterdir() if p.name.startswith("twice-out")] == []
 
 
 def test_a_worker_never_waits_on_the_read_of_the_range_before(dump, tmp_path):

@@ -68,6 +68,63 @@ def test_ranges_built_apart_equal_the_one_process_build(tmp_path, target, drop_c
     assert got.descriptor == want.descriptor
 
 
+def _keys_of(parts: list[dict]):
+    """`assemble`'s `keys_apart`, from copies of the ranges' keys (assemble drops its own)."""
+    kept = {f: [p[f].copy() for p in parts] for f in ("acc_keys", "sto_keys")}
+
+    def keys(name, order):
+        prefix = bulk.PREFIXES[name]
+        return bulk.gathered([{f"{prefix}_keys": k} for k in kept[f"{prefix}_keys"]],
+                             f"{prefix}_keys", order, bulk.KEY_SIZES[name])
+
+    return keys
+
+
+@pytest.mark.parametrize("redraw", [False, True])
+@pytest.mark.parametrize("target", [1, 3000])
+def test_keys_indexed_apart_equal_the_one_process_build(tmp_path, monkeypatch, target, redraw):
+    """The import's split: one process places from the values, tags and hashes, another builds
+    the key index from the keys and tags; together they are the one-process build's table.
+    `redraw`: no draw is the planned one, so every placement hashes keys read from the ranges
+    (the path of a placement that must draw other seeds)."""
+    state = geth_dump(tmp_path / "d.jsonl", 300)
+    parts = encoded(tmp_path / "d.jsonl", target, seed=5)
+    random.Random(0).shuffle(parts)
+    seen: set[bytes] = set()
+    for part in parts:
+        bulk.drop_seen_codes(part, seen)
+    index_parts = [{f: p[f].copy() for f in bulk.INDEX_FIELDS} for p in parts]
+    keys_apart = _keys_of(parts)
+    place_parts = [{f: p[f] for f in bulk.PLACE_FIELDS} for p in parts]
+    asked = []
+
+    def counted(name, order):
+        asked.append(name)
+        return keys_apart(name, order)
+
+    if redraw:
+        real = bulk.plan
+        monkeypatch.setattr(bulk, "plan", lambda seed: {
+            name: (token, (0, 0, 0)) for name, (token, _) in real(seed).items()})
+    got = bulk.assemble(place_parts, seed=5, signing_key=KEY, anchor=ANCHOR, created=1000,
+                        min_records=64, keys_apart=counted)
+    want = single(tmp_path, state, seed=5)
+    assert np.array_equal(got.pages, want.pages)
+    assert got.descriptor == want.descriptor
+    assert sorted(set(asked)) == (["accounts", "storage"] if redraw else [])
+    assert list(bulk.key_columns(index_parts).items()) == list(want.keys.items())
+
+
+def test_the_index_apart_refuses_an_address_twice(tmp_path):
+    path = tmp_path / "d.jsonl"
+    geth_dump(path, 10)
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + [lines[4]]) + "\n")
+    parts = encoded(path, 200, seed=1)
+    with pytest.raises(RecordError, match="twice"):
+        bulk.key_columns([{f: p[f] for f in bulk.INDEX_FIELDS} for p in parts])
+
+
 @pytest.mark.parametrize("dtype,width", [(np.uint8, 52), (np.uint64, 3)])
 def test_rows_gathered_from_the_ranges_equal_a_gather_of_their_concatenation(dtype, width):
     rng = np.random.default_rng(4)
