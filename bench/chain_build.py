@@ -24,13 +24,15 @@ for it after placing is `index_wait_s`). The projection for R records on N nodes
 
 with r_worker the encode rate of one worker (per CPU second), r_load the rate at which the one
 process reads the ranges in (it keeps up with the workers or they wait on it), r_place its rate
-through placing and writing and r_index the index task's rate from its first read to its
-synced files (both per wall second, the slower of the imports), all measured here. The two
-funnels run at once; on a cluster on nodes of their own, on this host on the same two cores,
-so that the rates measured here are each slowed by the other. `funnel_rps` is the wall rate of
-both together on this host. The memory each needs: its peak during an import above what it held
-before, per record (`peak_bytes_per_record`, `index_bytes_per_record`), and that times R
-(`funnel_gib`, `index_gib`).
+through placing and writing and r_index the index's rate from its first read to its synced
+files, all measured here. The two funnels run at once: on a cluster on nodes of their own, on
+this host on the same two cores, each slowed by the other. So r_place and r_index are measured
+alone too, once a size, from the same encoded ranges (`funnels_alone`, per wall second; the
+result compared with the one-process build's), and the projection uses those; the rates
+within the imports are in the rows (`place_rps`, `index_rps`; `funnel_rps`, both together on
+this host). The memory each needs: its peak during an import above what it held before, per
+record (`peak_bytes_per_record`, `index_bytes_per_record`), and that times R (`funnel_gib`,
+`index_gib`).
 
     python bench/chain_build.py                    # 1 M, 4 M, 16 M records
     python bench/chain_build.py --sizes 1000000    # one size
@@ -225,6 +227,40 @@ def imported(dump: Path, out: Path, key, workers: int) -> tuple[float, dict]:
     return seconds, timings
 
 
+def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
+    """Each of the two funnels timed alone on this host, from the same encoded ranges, as each
+    runs on a node of its own on a cluster: the key index (`_index_to`, from its first read
+    to its synced files), then the placing (`bulk.assemble` from the ranges read in, and the
+    owner directory written with that index moved in). The ranges' encoding and the placing
+    process's reads (the import overlaps them with encoding: `load_s`) are not timed."""
+    from cluster import chain_import as ci
+    from morphogen.chain import bulk, dumps
+    from morphogen.keyword.descriptor import Anchor
+    from morphogen.keyword.owner import create_owner_dir
+
+    ranges = work / "alone.work"
+    shutil.rmtree(ranges, ignore_errors=True)
+    files, seed = ci.encode_ranges(dump, ranges, dumps.info(dump).body, seed=9,
+                                   range_bytes=8 << 20, report=lambda line: None)
+    codes: set[bytes] = set()
+    parts = []
+    for f in files:
+        part = {name: np.load(Path(f) / f"{name}.npy") for name in bulk.PLACE_FIELDS}
+        bulk.drop_seen_codes(part, codes)
+        parts.append(part)
+    gc.collect()
+    index = ci._index_to(files, str(ranges / "keys"), ci._capacity(parts, ROOM, 0))
+    t = time.perf_counter()
+    table = bulk.assemble(parts, seed=seed, signing_key=key, anchor=Anchor(1, 5, "0x" + "ab" * 32),
+                          room=ROOM, min_records=0, created=1000, keys_apart=ci._keys_from(files))
+    del parts
+    create_owner_dir(table, out, keys_folder=ranges / "keys")
+    place_s = time.perf_counter() - t
+    del table
+    shutil.rmtree(ranges)
+    return {"index_alone_s": index["index_s"], "place_alone_s": place_s}
+
+
 def same_bytes(a: Path, b: Path) -> bool:
     for path in sorted(a.rglob("*")):
         if path.is_file() and path.name != "manifest.json":
@@ -254,6 +290,8 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     # of a small dump: a first import would count their loading in its time and memory
     write_dumps(make_state(2_000), work / "warm.jsonl", work / "warm-export.jsonl")
     imported(work / "warm.jsonl", work / "warm-out", key, 1)
+    shutil.rmtree(work / "warm-out")
+    funnels_alone(work / "warm.jsonl", work, work / "warm-out", key)
     shutil.rmtree(work / "warm-out")
     rows = []
     for size in sizes:
@@ -309,6 +347,16 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                 "peak_bytes_per_record": round(steps["peak_mib"] * 2**20 / records),
                 "identical_to_single": same_bytes(work / f"import-{w}", work / "single")}
             _log(f"[bench] {w} workers: {row[f'w{w}']}")
+        # the funnels alone, once a size (after the rounds: the one-process build's directory
+        # from the last round is there to compare with)
+        alone = funnels_alone(dump, work, work / "alone", key)
+        row["funnels_alone"] = {
+            **{k: round(v, 2) for k, v in alone.items()},
+            "place_rps": round(records / alone["place_alone_s"]),
+            "index_rps": round(records / alone["index_alone_s"]),
+            "identical_to_single": same_bytes(work / "alone", work / "single")}
+        _log(f"[bench] funnels alone: {row['funnels_alone']}")
+        shutil.rmtree(work / "alone")
         one, two = row["w1"], row.get("w2", row["w1"])
         row["per_core_vs_single"] = round(one["records_per_s"] / row["single_rps"], 2)
         row["per_core_cpu_vs_single"] = round(
@@ -324,8 +372,10 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     # core), the slower of the imports
     r_worker = biggest["w1"]["encode_cpu_rps"]
     r_load = min(biggest[f"w{w}"]["load_rps"] for w in workers_list)
-    r_place = min(biggest[f"w{w}"]["place_rps"] for w in workers_list)
-    r_index = min(biggest[f"w{w}"]["index_rps"] for w in workers_list)
+    # the funnels alone (on a cluster each has a node; here, timed together, each is slowed
+    # by the other on the same two cores: those rates are in the rows too)
+    r_place = biggest["funnels_alone"]["place_rps"]
+    r_index = biggest["funnels_alone"]["index_rps"]
     # the process that places holds the records it places, the index task the keys: each
     # one's peak a record, at the largest size, times the projected records
     peak = max(biggest[f"w{w}"]["peak_bytes_per_record"] for w in workers_list)
