@@ -28,7 +28,9 @@ through placing and writing and r_index the index's rate from its first read to 
 files, all measured here. The two funnels run at once: on a cluster on nodes of their own, on
 this host on the same two cores, each slowed by the other. So r_place and r_index are measured
 alone too, once a size, from the same encoded ranges (`funnels_alone`, per wall second; the
-result compared with the one-process build's), and the projection uses those; the rates
+result compared with the one-process build's), and the projection uses those, beside the same
+projection with the one funnel of before (`r_one_process`: place, then write with the index
+built in the same process; measured from the same ranges in the same run); the rates
 within the imports are in the rows (`place_rps`, `index_rps`; `funnel_rps`, both together on
 this host). The memory each needs: its peak during an import above what it held before, per
 record (`peak_bytes_per_record`, `index_bytes_per_record`), and that times R (`funnel_gib`,
@@ -231,8 +233,11 @@ def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
     """Each of the two funnels timed alone on this host, from the same encoded ranges, as each
     runs on a node of its own on a cluster: the key index (`_index_to`, from its first read
     to its synced files), then the placing (`bulk.assemble` from the ranges read in, and the
-    owner directory written with that index moved in). The ranges' encoding and the placing
-    process's reads (the import overlaps them with encoding: `load_s`) are not timed."""
+    owner directory written with that index moved in). The baseline first, from the same
+    ranges: the one-process funnel that imports ran before the index had a task of its own
+    (placing, then the owner directory with the index built in the same process). The ranges'
+    encoding and the reads of them (the import overlaps those with encoding: `load_s`) are
+    not timed."""
     from cluster import chain_import as ci
     from morphogen.chain import bulk, dumps
     from morphogen.keyword.descriptor import Anchor
@@ -242,23 +247,42 @@ def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
     shutil.rmtree(ranges, ignore_errors=True)
     files, seed = ci.encode_ranges(dump, ranges, dumps.info(dump).body, seed=9,
                                    range_bytes=8 << 20, report=lambda line: None)
-    codes: set[bytes] = set()
-    parts = []
-    for f in files:
-        part = {name: np.load(Path(f) / f"{name}.npy") for name in bulk.PLACE_FIELDS}
-        bulk.drop_seen_codes(part, codes)
-        parts.append(part)
+
+    def read(fields) -> list[dict]:
+        codes: set[bytes] = set()
+        parts = []
+        for f in files:
+            part = {name: np.load(Path(f) / f"{name}.npy") for name in fields}
+            bulk.drop_seen_codes(part, codes)
+            parts.append(part)
+        gc.collect()
+        return parts
+
+    anchor = Anchor(1, 5, "0x" + "ab" * 32)
+    # the baseline: one process places and writes, the key index built after the pages (as
+    # every import did before the index had a task of its own)
+    whole = read((*bulk.PLACE_FIELDS, "sto_keys"))
+    t = time.perf_counter()
+    table = bulk.assemble(whole, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
+                          min_records=0, created=1000)
+    del whole
+    create_owner_dir(table, work / "one-process")
+    one_s = time.perf_counter() - t
+    del table
+    shutil.rmtree(work / "one-process")
     gc.collect()
+    parts = read(bulk.PLACE_FIELDS)
     index = ci._index_to(files, str(ranges / "keys"), ci._capacity(parts, ROOM, 0))
     t = time.perf_counter()
-    table = bulk.assemble(parts, seed=seed, signing_key=key, anchor=Anchor(1, 5, "0x" + "ab" * 32),
-                          room=ROOM, min_records=0, created=1000, keys_apart=ci._keys_from(files))
+    table = bulk.assemble(parts, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
+                          min_records=0, created=1000, keys_apart=ci._keys_from(files))
     del parts
     create_owner_dir(table, out, keys_folder=ranges / "keys")
     place_s = time.perf_counter() - t
     del table
     shutil.rmtree(ranges)
-    return {"index_alone_s": index["index_s"], "place_alone_s": place_s}
+    return {"one_process_s": one_s, "index_alone_s": index["index_s"],
+            "place_alone_s": place_s}
 
 
 def same_bytes(a: Path, b: Path) -> bool:
@@ -354,6 +378,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
             **{k: round(v, 2) for k, v in alone.items()},
             "place_rps": round(records / alone["place_alone_s"]),
             "index_rps": round(records / alone["index_alone_s"]),
+            "one_process_rps": round(records / alone["one_process_s"]),
             "identical_to_single": same_bytes(work / "alone", work / "single")}
         _log(f"[bench] funnels alone: {row['funnels_alone']}")
         shutil.rmtree(work / "alone")
@@ -376,6 +401,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     # by the other on the same two cores: those rates are in the rows too)
     r_place = biggest["funnels_alone"]["place_rps"]
     r_index = biggest["funnels_alone"]["index_rps"]
+    r_one = biggest["funnels_alone"]["one_process_rps"]
     # the process that places holds the records it places, the index task the keys: each
     # one's peak a record, at the largest size, times the projected records
     peak = max(biggest[f"w{w}"]["peak_bytes_per_record"] for w in workers_list)
@@ -385,11 +411,16 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                                  + max(PROJECT_RECORDS / r_place, PROJECT_RECORDS / r_index))
                                 / 60, 1)
                   for n in (1, 2, 4, 8, 16, 32, 64)}
+    # the same projection with the one-process funnel of the same run (the baseline)
+    baseline = {str(n): round((max(PROJECT_RECORDS / (n * PROJECT_CORES * r_worker),
+                                   PROJECT_RECORDS / r_load) + PROJECT_RECORDS / r_one) / 60, 1)
+                for n in (1, 2, 4, 8, 16, 32, 64)}
     return {"machine_cpus": cores, "room": ROOM, "sizes": rows,
             "projection": {"records": PROJECT_RECORDS, "cores_per_node": PROJECT_CORES,
                            "formula": FORMULA, "r_worker": r_worker, "r_load": r_load,
                            "r_place": r_place, "r_index": r_index,
-                           "minutes_by_nodes": projection,
+                           "minutes_by_nodes": projection, "r_one_process": r_one,
+                           "minutes_by_nodes_one_process_funnel": baseline,
                            "funnel_bytes_per_record": peak,
                            "funnel_gib": round(PROJECT_RECORDS * peak / 2**30),
                            "index_bytes_per_record": index_peak,
