@@ -158,12 +158,16 @@ def host_speedup() -> float:
 
 def _warm(dump: str) -> int:
     # a worker's first task imports the encoder and loads its compiled kernels (seconds, once
-    # a worker): done before the timed import, as on a cluster that is already running
+    # a worker), and so does its first key index: both done before the timed import, as on a
+    # cluster that is already running
+    from cluster.chain_import import _encode_to, _index_to
     from morphogen.chain import bulk, dumps
 
     info = dumps.info(dump)
     a, b = dumps.line_ranges(dump, info.body, 1)[0]
-    bulk.encode_range(dump, a, b, bulk.plan(1))
+    with tempfile.TemporaryDirectory() as tmp:
+        _encode_to(dump, a, b, bulk.plan(1), f"{tmp}/r0")
+        _index_to([f"{tmp}/r0"], f"{tmp}/keys", 0)
     time.sleep(1.0)  # hold this worker, so that the others warm on workers of their own
     return os.getpid()
 
