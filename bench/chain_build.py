@@ -16,25 +16,27 @@ bench also measures what it gives two processes of pure CPU work at the time
 
 Each import reports its steps: encode (Ray tasks: parse, encode, tag, hash; the part that
 scales with workers), during which the one process loads each range a worker finished (all but
-the keys of accounts and storage), then place and write (that process: the placing funnel),
-while a Ray task reads the keys and builds the owner's key index (the index funnel; the wait
-for it after placing is `index_wait_s`). The projection for R records on N nodes of C cores:
+the keys of accounts and storage) and the key index's actor reads its keys, then place and write
+(that process: the placing funnel) while the actor builds the owner's key index (the index
+funnel; the wait for it after placing is `index_wait_s`). The projection for R records on N
+nodes of C cores:
 
-    T(N) = max(R / (N * C * r_worker), R / r_load) + max(R / r_place, R / r_index)
+    T(N) = max(R / (N * C * r_worker), R / r_load, R / r_index_read)
+           + max(R / r_place, R / r_index)
 
-with r_worker the encode rate of one worker (per CPU second), r_load the rate at which the one
-process reads the ranges in (it keeps up with the workers or they wait on it), r_place its rate
-through placing and writing and r_index the index's rate from its first read to its synced
-files, all measured here. The two funnels run at once: on a cluster on nodes of their own, on
-this host on the same two cores, each slowed by the other. So r_place and r_index are measured
-alone too, once a size, from the same encoded ranges (`funnels_alone`, per wall second; the
-result compared with the one-process build's), and the projection uses those, beside the same
-projection with the one funnel of before (`r_one_process`: place, then write with the index
-built in the same process; measured from the same ranges in the same run); the rates
-within the imports are in the rows (`place_rps`, `index_rps`; `funnel_rps`, both together on
-this host). The memory each needs: its peak during an import above what it held before, per
-record (`peak_bytes_per_record`, `index_bytes_per_record`), and that times R (`funnel_gib`,
-`index_gib`).
+with r_worker the encode rate of one worker (per CPU second), r_load and r_index_read the rates
+at which the one process and the actor read the ranges in (they keep up with the workers or
+the workers wait on them), r_place the placing rate through placing and writing and r_index the
+index's from its build's start to its synced files, all measured here. The two funnels run at
+once: on a cluster on nodes of their own, on this host on the same two cores, each slowed by
+the other. So r_place and r_index are measured alone too, once a size, from the same encoded
+ranges (`funnels_alone`, per wall second; the result compared with the one-process build's),
+and the projection uses those, beside the same projection with the one funnel of before
+(`r_one_process`: place, then write with the index built in the same process; measured from
+the same ranges in the same run); the rates within the imports are in the rows (`place_rps`,
+`index_rps`; `funnel_rps`, both together on this host). The memory each needs: its peak
+during an import above what it held before, per record (`peak_bytes_per_record`,
+`index_bytes_per_record`), and that times R (`funnel_gib`, `index_gib`).
 
     python bench/chain_build.py                    # 1 M, 4 M, 16 M records
     python bench/chain_build.py --sizes 1000000    # one size
@@ -63,7 +65,8 @@ MAINNET = {"accounts": 388_000_000, "storage": 1_560_000_000, "codes": 2_400_000
 PER_RECORD = sum(MAINNET.values())
 PROJECT_RECORDS = 2_000_000_000
 PROJECT_CORES = 16
-FORMULA = "T(N) = max(R / (N * C * r_worker), R / r_load) + max(R / r_place, R / r_index)"
+FORMULA = ("T(N) = max(R / (N * C * r_worker), R / r_load, R / r_index_read)"
+           " + max(R / r_place, R / r_index)")
 ROOM = 1.25  # both builds: slots for 1.25 times the records (the default 4 is for a dev chain)
 
 
@@ -286,6 +289,7 @@ def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
     del table
     shutil.rmtree(ranges)
     return {"one_process_s": one_s, "index_alone_s": index["index_s"],
+            "index_read_alone_s": index["index_read_s"],
             "place_alone_s": place_s}
 
 
@@ -369,6 +373,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                 "funnel_rps": round(records / funnel),
                 "place_rps": round(records / placing),
                 "index_rps": round(records / steps["index_s"]),
+                "index_read_rps": round(records / steps["index_read_s"]),
                 "index_bytes_per_record": round(steps.get("index_peak_mib", 0) * 2**20
                                                 / records),
                 "funnel_cpu_rps": round(records / steps["funnel_cpu_s"]),
@@ -401,6 +406,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     # core), the slower of the imports
     r_worker = biggest["w1"]["encode_cpu_rps"]
     r_load = min(biggest[f"w{w}"]["load_rps"] for w in workers_list)
+    r_read = min(biggest[f"w{w}"]["index_read_rps"] for w in workers_list)
     # the funnels alone (on a cluster each has a node; here, timed together, each is slowed
     # by the other on the same two cores: those rates are in the rows too)
     r_place = biggest["funnels_alone"]["place_rps"]
@@ -411,7 +417,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     peak = max(biggest[f"w{w}"]["peak_bytes_per_record"] for w in workers_list)
     index_peak = max(biggest[f"w{w}"]["index_bytes_per_record"] for w in workers_list)
     projection = {str(n): round((max(PROJECT_RECORDS / (n * PROJECT_CORES * r_worker),
-                                     PROJECT_RECORDS / r_load)
+                                     PROJECT_RECORDS / r_load, PROJECT_RECORDS / r_read)
                                  + max(PROJECT_RECORDS / r_place, PROJECT_RECORDS / r_index))
                                 / 60, 1)
                   for n in (1, 2, 4, 8, 16, 32, 64)}
@@ -422,6 +428,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     return {"machine_cpus": cores, "room": ROOM, "sizes": rows,
             "projection": {"records": PROJECT_RECORDS, "cores_per_node": PROJECT_CORES,
                            "formula": FORMULA, "r_worker": r_worker, "r_load": r_load,
+                           "r_index_read": r_read,
                            "r_place": r_place, "r_index": r_index,
                            "minutes_by_nodes": projection, "r_one_process": r_one,
                            "minutes_by_nodes_one_process_funnel": baseline,

@@ -4,9 +4,10 @@ The dump is cut into ranges of lines (`morphogen.chain.dumps.line_ranges`); Ray 
 `workers` at once, encode, tag and hash each range (`morphogen.chain.bulk.encode_range`) into
 arrays in the work directory, which this process reads as soon as they are written (while the
 other ranges encode), all but the keys of accounts and storage; it then places the three
-tables (`morphogen.chain.bulk.assemble`) while a Ray task reads the keys and builds the owner's
-key index (`_index_to`), and writes the owner directory beside `--out`, renamed into place
-whole. The tables are those `chain build` makes from the same state with the same seed.
+tables (`morphogen.chain.bulk.assemble`) while a Ray actor that read the keys as the ranges
+were written builds the owner's key index (`KeyIndexBuilder`), and writes the owner directory
+beside `--out`, renamed into place whole. The tables are those `chain build` makes from the
+same state with the same seed.
 
 A killed import leaves its work directory (`<out>.work`): run the same command again and it
 reuses every range already encoded (the manifest holds the dump's size and time and the build's
@@ -70,31 +71,77 @@ def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, f
             time.process_time() - cpu)
 
 
-def _index_to(files: list[str], folder: str, capacity: int) -> dict:
-    """The owner's key index of the ranges `files` (in dump order) built at `folder`, synced:
-    the tables' keys and tags in the export's order, checked distinct (`bulk.key_columns`),
-    for a table of `capacity` slots. Run beside the placement, in a process of its own (on a
-    cluster, on a node of its own): it reads of each range only its keys and what orders
-    them. Returns its seconds and CPU seconds."""
-    from morphogen.keyword.key_index import KeyIndex, slots_for
+class KeyIndexBuilder:
+    """The owner's key index of an import's ranges, built apart from the placement (a Ray
+    actor of the import; on a cluster, on a node of its own). `read` takes each range's keys
+    and tags (and what orders them) as soon as a worker has written it, so the reads come
+    from the page cache while the other ranges encode, as the placing process's do; `build`,
+    once every range is read, lays them out in the export's order, checks every key and tag
+    distinct (`bulk.key_columns`) and writes the index at `folder`, synced."""
 
-    t, cpu = time.monotonic(), time.process_time()
-    before = _peak_reset()
-    seen: set[bytes] = set()
-    parts = []
-    for f in files:
-        part = {name: np.load(Path(f) / f"{name}.npy") for name in bulk.INDEX_FIELDS}
-        bulk.drop_seen_codes(part, seen)
-        parts.append(part)
-    columns = bulk.key_columns(parts)
-    del parts
-    shutil.rmtree(folder, ignore_errors=True)  # a killed import's
-    with KeyIndex.build(folder, columns, slots_for(max(capacity, len(columns)))) as index:
-        index.sync(durable=True)
-    out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu}
-    if before is not None:
-        out["index_peak_mib"] = _status_mib("VmHWM") - before
-    return out
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.parts: dict[int, dict] = {}
+        self.codes: set[bytes] = set()
+        self.read_s = 0.0
+
+    def warm(self) -> None:
+        """Loads the build's compiled kernels (about half a second a process) by building the
+        index of three made-up records: called as the import starts, so that the build after
+        the encoding does not wait on it."""
+        import tempfile
+
+        from morphogen.keyword.key_index import KeyIndex
+
+        rng = np.random.default_rng()
+
+        def rows(n: int, width: int) -> np.ndarray:
+            return rng.integers(0, 256, (n, width), dtype=np.uint8)
+
+        part = {"acc_keys": np.sort(rows(2, 20), axis=0), "acc_tags": rows(2, 16),
+                "sto_keys": rows(1, 52), "sto_tags": rows(1, 16),
+                "sto_counts": np.array([1, 0], np.int64), "code_keys": rows(0, 36),
+                "code_tags": rows(0, 16), "code_ids": rows(0, 32), "code_first": rows(0, 20),
+                "code_chunks": np.zeros(0, np.int64)}
+        part["acc_keys"][1, 0] = part["acc_keys"][0, 0] + 1  # two addresses, in order
+        columns = bulk.key_columns([part])
+        with tempfile.TemporaryDirectory() as tmp, KeyIndex.build(tmp, columns, 64):
+            pass
+
+    def read(self, i: int, range_folder: str) -> None:
+        t = time.monotonic()
+        part = {name: np.load(Path(range_folder) / f"{name}.npy") for name in bulk.INDEX_FIELDS}
+        bulk.drop_seen_codes(part, self.codes)
+        self.parts[i] = part
+        self.read_s += time.monotonic() - t
+
+    def build(self, capacity: int) -> dict:
+        """The index for a table of `capacity` slots; returns the seconds and CPU seconds it
+        took (`index_s`, `index_cpu_s`), its memory's peak above what it held before where
+        it can be read (`index_peak_mib`), and the reads' seconds (`index_read_s`)."""
+        from morphogen.keyword.key_index import KeyIndex, slots_for
+
+        t, cpu = time.monotonic(), time.process_time()
+        before = _peak_reset()
+        parts = [self.parts.pop(i) for i in sorted(self.parts)]
+        columns = bulk.key_columns(parts)
+        del parts
+        shutil.rmtree(self.folder, ignore_errors=True)  # a killed import's
+        with KeyIndex.build(self.folder, columns, slots_for(max(capacity, len(columns)))) as ix:
+            ix.sync(durable=True)
+        out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu,
+               "index_read_s": self.read_s}
+        if before is not None:
+            out["index_peak_mib"] = _status_mib("VmHWM") - before
+        return out
+
+
+def _index_to(files: list[str], folder: str, capacity: int) -> dict:
+    """`KeyIndexBuilder` in this process: every range of `files` read, then the index built."""
+    builder = KeyIndexBuilder(folder)
+    for i, f in enumerate(files):
+        builder.read(i, f)
+    return builder.build(capacity)
 
 
 def _status_mib(field: str) -> float:
@@ -288,6 +335,13 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         if body is None:
             body = dumps.info(dump).body
         t0 = time.monotonic()
+        ray, _, _ = _ray_encode(workers, address)
+        index_dir = work / "keys"
+        # zero CPUs: it must not take an encoding worker's place; its reads are a copy from
+        # the page cache, and its build comes once the workers are done
+        builder = ray.remote(num_cpus=0, max_restarts=0)(KeyIndexBuilder).remote(
+            str(index_dir))
+        builder.warm.remote()
         loaded: dict[int, dict] = {}
         codes: set[bytes] = set()
         timings["load_s"] = 0.0
@@ -298,46 +352,48 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             # mapped ranges are the page cache's to evict, and at 16 M records placing from
             # them ran 1.8x slower than from memory
             t = time.monotonic()
-            # not the keys of accounts and storage: another process indexes them (`_index_to`)
+            # not the keys of accounts and storage: the builder indexes them
             part = {name: np.load(Path(folder) / f"{name}.npy") for name in bulk.PLACE_FIELDS}
             bulk.drop_seen_codes(part, codes)  # each code's records held once
             loaded[i] = part
             timings["load_s"] += time.monotonic() - t
+            builder.read.remote(i, folder)  # in call order: its reads follow the workers'
 
-        try:
-            files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
-                                        seed=seed, range_bytes=range_bytes, report=report,
-                                        timings=timings, encoded=load)
-        except dumps.DumpError:
-            shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
-            raise
-        t2, cpu = time.monotonic(), time.process_time()
-        parts = [loaded.pop(i) for i in sorted(loaded)]
-        # the key index (a third of what one process did after encoding) is built by a Ray
-        # task while this process places the pages
-        ray, _, _ = _ray_encode(workers, address)
-        index_dir = work / "keys"
-        indexing = ray.remote(num_cpus=1, max_retries=0)(_index_to).remote(
-            files, str(index_dir), _capacity(parts, room, min_records))
+        indexing = None
         try:
             try:
-                table = bulk.assemble(parts, seed=seed, signing_key=signing_key,
-                                      anchor=anchor, room=room, min_records=min_records,
-                                      created=created, keys_apart=_keys_from(files))
-                del parts
-                t3 = time.monotonic()
-                try:
-                    timings.update(ray.get(indexing))
-                except ray.exceptions.RayTaskError as exc:
-                    raise exc.cause if isinstance(exc.cause, RecordError) else exc from None
-                indexing = None
-            finally:
-                if indexing is not None:  # this process failed first: the task is not needed
-                    ray.cancel(indexing, force=True)
-                    ray.wait([indexing], timeout=60)
+                files, seed = encode_ranges(dump, work, body, workers=workers, address=address,
+                                            seed=seed, range_bytes=range_bytes, report=report,
+                                            timings=timings, encoded=load)
+            except dumps.DumpError:
+                ray.kill(builder)  # first: it reads the ranges
+                shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
+                raise
+            t2, cpu = time.monotonic(), time.process_time()
+            parts = [loaded.pop(i) for i in sorted(loaded)]
+            # the key index (a third of what one process did after encoding) is built by the
+            # builder while this process places the pages
+            indexing = builder.build.remote(_capacity(parts, room, min_records))
+            table = bulk.assemble(parts, seed=seed, signing_key=signing_key,
+                                  anchor=anchor, room=room, min_records=min_records,
+                                  created=created, keys_apart=_keys_from(files))
+            del parts
+            t3 = time.monotonic()
+            try:
+                timings.update(ray.get(indexing))
+            except ray.exceptions.RayTaskError as exc:
+                raise exc.cause if isinstance(exc.cause, RecordError) else exc from None
+            indexing = None
         except RecordError:  # the dump's fault (an address in two ranges): it stays refused
+            ray.kill(builder)
             shutil.rmtree(work, ignore_errors=True)
             raise
+        finally:
+            # on any failure of this process a build still writing is stopped (a killed one's
+            # files are removed by the next); done, it lets go of what it read
+            ray.kill(builder)
+            if indexing is not None:
+                ray.wait([indexing], timeout=60)
         t4 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
         snapshot = out / create_owner_dir(table, partial,
@@ -349,8 +405,8 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         timings.update(encode_s=t2 - t0, place_s=t3 - t2, index_wait_s=t4 - t3,
                        write_s=t5 - t4, funnel_cpu_s=time.process_time() - cpu)
         records = sum(d.records for d in _parts(table))
-        report(f"placed {records:,} records in {t3 - t2:,.1f} s, wrote them in "
-               f"{t4 - t3:,.1f} s")
+        report(f"placed {records:,} records in {t3 - t2:,.1f} s (their key index in "
+               f"{t4 - t2:,.1f} s), wrote them in {t5 - t4:,.1f} s")
         log.info("import of %s: %d records into %s", dump.name, records, out)
         shutil.rmtree(work, ignore_errors=True)
     finally:
