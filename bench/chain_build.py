@@ -16,27 +16,27 @@ bench also measures what it gives two processes of pure CPU work at the time
 
 Each import reports its steps: encode (Ray tasks: parse, encode, tag, hash; the part that
 scales with workers), during which the one process loads each range a worker finished (all but
-the keys of accounts and storage) and the key index's actor reads its keys, then place and write
-(that process: the placing funnel) while the actor builds the owner's key index (the index
-funnel; the wait for it after placing is `index_wait_s`). The projection for R records on N
-nodes of C cores:
+the keys of accounts and storage) and puts what the key index needs of it in the object store,
+then place and write (that process: the placing funnel) while a Ray task builds the owner's key
+index (the index funnel; the wait for it after placing is `index_wait_s`). The projection for
+R records on N nodes of C cores:
 
     T(N) = max(R / (N * C * r_worker), R / r_load, R / r_index_read)
            + max(R / r_place, R / r_index)
 
-with r_worker the encode rate of one worker (per CPU second), r_load and r_index_read the rates
-at which the one process and the actor read the ranges in (they keep up with the workers or
-the workers wait on them), r_place the placing rate through placing and writing and r_index the
-index's from its build's start to its synced files, all measured here. The two funnels run at
-once: on a cluster on nodes of their own, on this host on the same two cores, each slowed by
-the other. So r_place and r_index are measured alone too, once a size, from the same encoded
-ranges (`funnels_alone`, per wall second; the result compared with the one-process build's),
-and the projection uses those, beside the same projection with the one funnel of before
-(`r_one_process`: place, then write with the index built in the same process; measured from
-the same ranges in the same run); the rates within the imports are in the rows (`place_rps`,
-`index_rps`; `funnel_rps`, both together on this host). The memory each needs: its peak
-during an import above what it held before, per record (`peak_bytes_per_record`,
-`index_bytes_per_record`), and that times R (`funnel_gib`, `index_gib`).
+with r_worker the encode rate of one worker (per CPU second), r_load and r_index_read the rates at
+which the one process reads the ranges in and puts the index's part of them in the object store
+(they keep up with the workers or the workers wait on them), r_place the placing rate through
+placing and writing and r_index the index's from its build's start to its synced files, all
+measured here. The two funnels run at once: on a cluster on nodes of their own, on this host on the
+same two cores, each slowed by the other. So r_place and r_index are measured alone too, once a
+size, from the same encoded ranges (`funnels_alone`, per wall second; the result compared with the
+one-process build's), and the projection uses those, beside the same projection with the one funnel
+of before (`r_one_process`: place, then write with the index built in the same process; measured
+from the same ranges in the same run); the rates within the imports are in the rows (`place_rps`,
+`index_rps`; `funnel_rps`, both together on this host). The memory each needs: its peak during an
+import above what it held before, per record (`peak_bytes_per_record`, `index_bytes_per_record`),
+and that times R (`funnel_gib`, `index_gib`).
 
     python bench/chain_build.py                    # 1 M, 4 M, 16 M records
     python bench/chain_build.py --sizes 1000000    # one size
@@ -373,7 +373,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                 "funnel_rps": round(records / funnel),
                 "place_rps": round(records / placing),
                 "index_rps": round(records / steps["index_s"]),
-                "index_read_rps": round(records / steps["index_read_s"]),
+                "index_read_rps": round(records / steps["index_put_s"]),
                 "index_bytes_per_record": round(steps.get("index_peak_mib", 0) * 2**20
                                                 / records),
                 "funnel_cpu_rps": round(records / steps["funnel_cpu_s"]),

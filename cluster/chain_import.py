@@ -4,10 +4,10 @@ The dump is cut into ranges of lines (`morphogen.chain.dumps.line_ranges`); Ray 
 `workers` at once, encode, tag and hash each range (`morphogen.chain.bulk.encode_range`) into
 arrays in the work directory, which this process reads as soon as they are written (while the
 other ranges encode), all but the keys of accounts and storage; it then places the three
-tables (`morphogen.chain.bulk.assemble`) while a Ray actor that read the keys as the ranges
-were written builds the owner's key index (`KeyIndexBuilder`), and writes the owner directory
-beside `--out`, renamed into place whole. The tables are those `chain build` makes from the
-same state with the same seed.
+tables (`morphogen.chain.bulk.assemble`) while a Ray task builds the owner's key index from
+the keys, which this process put in the object store as it read each range (`_index_task`),
+and writes the owner directory beside `--out`, renamed into place whole. The tables are those
+`chain build` makes from the same state with the same seed.
 
 A killed import leaves its work directory (`<out>.work`): run the same command again and it
 reuses every range already encoded (the manifest holds the dump's size and time and the build's
@@ -71,77 +71,46 @@ def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, f
             time.process_time() - cpu)
 
 
-class KeyIndexBuilder:
-    """The owner's key index of an import's ranges, built apart from the placement (a Ray
-    actor of the import; on a cluster, on a node of its own). `read` takes each range's keys
-    and tags (and what orders them) as soon as a worker has written it, so the reads come
-    from the page cache while the other ranges encode, as the placing process's do; `build`,
-    once every range is read, lays them out in the export's order, checks every key and tag
-    distinct (`bulk.key_columns`) and writes the index at `folder`, synced."""
+def _index_build(folder: str, capacity: int, parts: list[dict]) -> dict:
+    """The owner's key index of the ranges' `parts` (in dump order; `bulk.INDEX_FIELDS` of
+    each) written at `folder` and synced: their keys and tags laid out in the export's order
+    and checked distinct (`bulk.key_columns`), for a table of `capacity` slots. Returns its
+    seconds and CPU seconds (`index_s`, `index_cpu_s`) and, where it can be read, its
+    memory's peak above what it held before (`index_peak_mib`)."""
+    from morphogen.keyword.key_index import KeyIndex, slots_for
 
-    def __init__(self, folder: str) -> None:
-        self.folder = folder
-        self.parts: dict[int, dict] = {}
-        self.codes: set[bytes] = set()
-        self.read_s = 0.0
+    t, cpu = time.monotonic(), time.process_time()
+    before = _peak_reset()
+    columns = bulk.key_columns(parts)
+    del parts
+    shutil.rmtree(folder, ignore_errors=True)  # a killed import's
+    with KeyIndex.build(folder, columns, slots_for(max(capacity, len(columns)))) as index:
+        index.sync(durable=True)
+    out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu}
+    if before is not None:
+        out["index_peak_mib"] = _status_mib("VmHWM") - before
+    return out
 
-    def warm(self) -> None:
-        """Loads the build's compiled kernels (about half a second a process) by building the
-        index of three made-up records: called as the import starts, so that the build after
-        the encoding does not wait on it."""
-        import tempfile
 
-        from morphogen.keyword.key_index import KeyIndex
+def _index_task(folder: str, capacity: int, refs: list) -> dict:
+    """`_index_build` as a Ray task, of the parts this process's reads put in the object
+    store (on this node, read in place; on another, fetched)."""
+    import ray
 
-        rng = np.random.default_rng()
-
-        def rows(n: int, width: int) -> np.ndarray:
-            return rng.integers(0, 256, (n, width), dtype=np.uint8)
-
-        part = {"acc_keys": np.sort(rows(2, 20), axis=0), "acc_tags": rows(2, 16),
-                "sto_keys": rows(1, 52), "sto_tags": rows(1, 16),
-                "sto_counts": np.array([1, 0], np.int64), "code_keys": rows(0, 36),
-                "code_tags": rows(0, 16), "code_ids": rows(0, 32), "code_first": rows(0, 20),
-                "code_chunks": np.zeros(0, np.int64)}
-        part["acc_keys"][1, 0] = part["acc_keys"][0, 0] + 1  # two addresses, in order
-        columns = bulk.key_columns([part])
-        with tempfile.TemporaryDirectory() as tmp, KeyIndex.build(tmp, columns, 64):
-            pass
-
-    def read(self, i: int, range_folder: str) -> None:
-        t = time.monotonic()
-        part = {name: np.load(Path(range_folder) / f"{name}.npy") for name in bulk.INDEX_FIELDS}
-        bulk.drop_seen_codes(part, self.codes)
-        self.parts[i] = part
-        self.read_s += time.monotonic() - t
-
-    def build(self, capacity: int) -> dict:
-        """The index for a table of `capacity` slots; returns the seconds and CPU seconds it
-        took (`index_s`, `index_cpu_s`), its memory's peak above what it held before where
-        it can be read (`index_peak_mib`), and the reads' seconds (`index_read_s`)."""
-        from morphogen.keyword.key_index import KeyIndex, slots_for
-
-        t, cpu = time.monotonic(), time.process_time()
-        before = _peak_reset()
-        parts = [self.parts.pop(i) for i in sorted(self.parts)]
-        columns = bulk.key_columns(parts)
-        del parts
-        shutil.rmtree(self.folder, ignore_errors=True)  # a killed import's
-        with KeyIndex.build(self.folder, columns, slots_for(max(capacity, len(columns)))) as ix:
-            ix.sync(durable=True)
-        out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu,
-               "index_read_s": self.read_s}
-        if before is not None:
-            out["index_peak_mib"] = _status_mib("VmHWM") - before
-        return out
+    return _index_build(folder, capacity, ray.get(refs))
 
 
 def _index_to(files: list[str], folder: str, capacity: int) -> dict:
-    """`KeyIndexBuilder` in this process: every range of `files` read, then the index built."""
-    builder = KeyIndexBuilder(folder)
-    for i, f in enumerate(files):
-        builder.read(i, f)
-    return builder.build(capacity)
+    """`_index_build` of the ranges `files` read here (their reads' seconds: `index_read_s`)."""
+    t = time.monotonic()
+    codes: set[bytes] = set()
+    parts = []
+    for f in files:
+        part = {name: np.load(Path(f) / f"{name}.npy") for name in bulk.INDEX_FIELDS}
+        bulk.drop_seen_codes(part, codes)
+        parts.append(part)
+    read_s = time.monotonic() - t
+    return {**_index_build(folder, capacity, parts), "index_read_s": read_s}
 
 
 def _status_mib(field: str) -> float:
@@ -337,14 +306,10 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         t0 = time.monotonic()
         ray, _, _ = _ray_encode(workers, address)
         index_dir = work / "keys"
-        # zero CPUs: it must not take an encoding worker's place; its reads are a copy from
-        # the page cache, and its build comes once the workers are done
-        builder = ray.remote(num_cpus=0, max_restarts=0)(KeyIndexBuilder).remote(
-            str(index_dir))
-        builder.warm.remote()
         loaded: dict[int, dict] = {}
+        index_refs: dict[int, object] = {}
         codes: set[bytes] = set()
-        timings["load_s"] = 0.0
+        timings["load_s"] = timings["index_put_s"] = 0.0
 
         def load(i: int, folder: str) -> None:
             # read as soon as a worker wrote it (still in the page cache), while the others
@@ -352,12 +317,19 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             # mapped ranges are the page cache's to evict, and at 16 M records placing from
             # them ran 1.8x slower than from memory
             t = time.monotonic()
-            # not the keys of accounts and storage: the builder indexes them
+            # not the keys of accounts and storage: only the key index needs them
             part = {name: np.load(Path(folder) / f"{name}.npy") for name in bulk.PLACE_FIELDS}
             bulk.drop_seen_codes(part, codes)  # each code's records held once
             loaded[i] = part
-            timings["load_s"] += time.monotonic() - t
-            builder.read.remote(i, folder)  # in call order: its reads follow the workers'
+            t1 = time.monotonic()
+            timings["load_s"] += t1 - t
+            # what the key index needs of the range, into the object store now, while the
+            # range is in the page cache: read after the encoding, at 16 M records the reads
+            # waited on the disk
+            index_refs[i] = ray.put({name: part[name] if name in part else
+                                     np.load(Path(folder) / f"{name}.npy")
+                                     for name in bulk.INDEX_FIELDS})
+            timings["index_put_s"] += time.monotonic() - t1
 
         indexing = None
         try:
@@ -366,14 +338,16 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
                                             seed=seed, range_bytes=range_bytes, report=report,
                                             timings=timings, encoded=load)
             except dumps.DumpError:
-                ray.kill(builder)  # first: it reads the ranges
                 shutil.rmtree(work, ignore_errors=True)  # nothing of a refused dump stays
                 raise
             t2, cpu = time.monotonic(), time.process_time()
             parts = [loaded.pop(i) for i in sorted(loaded)]
-            # the key index (a third of what one process did after encoding) is built by the
-            # builder while this process places the pages
-            indexing = builder.build.remote(_capacity(parts, room, min_records))
+            # the key index (a third of what one process did after encoding) is built by a
+            # Ray task (on a cluster, on a node of its own) while this process places
+            refs = [index_refs.pop(i) for i in sorted(index_refs)]
+            indexing = ray.remote(num_cpus=1, max_retries=0)(_index_task).remote(
+                str(index_dir), _capacity(parts, room, min_records), refs)
+            del refs
             table = bulk.assemble(parts, seed=seed, signing_key=signing_key,
                                   anchor=anchor, room=room, min_records=min_records,
                                   created=created, keys_apart=_keys_from(files))
@@ -385,14 +359,13 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
                 raise exc.cause if isinstance(exc.cause, RecordError) else exc from None
             indexing = None
         except RecordError:  # the dump's fault (an address in two ranges): it stays refused
-            ray.kill(builder)
             shutil.rmtree(work, ignore_errors=True)
             raise
         finally:
-            # on any failure of this process a build still writing is stopped (a killed one's
-            # files are removed by the next); done, it lets go of what it read
-            ray.kill(builder)
-            if indexing is not None:
+            index_refs.clear()
+            if indexing is not None:  # this process failed first: the index is not needed
+                # (a build stopped while writing leaves files the next one removes)
+                ray.cancel(indexing, force=True)
                 ray.wait([indexing], timeout=60)
         t4 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
