@@ -281,7 +281,8 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
     """The dump (JSON lines: geth's, or anvil's rewritten by `anvil_dump.anvil_lines`) as version 1
     of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
     `timings` gets the seconds of each step: encode (with the loads of the ranges it
-    finished, `load_s` of it), then place, the wait for the key index after it
+    finished, `load_s` of it, and their puts for the key index, `index_put_s`), then place,
+    the wait for the key index after it
     (`index_wait_s`; the index task's own `index_s`, `index_cpu_s`, `index_peak_mib`) and
     write."""
     timings = {} if timings is None else timings

@@ -25,6 +25,7 @@ a version away before deleting it, for the same reason.
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 import shutil
@@ -124,7 +125,7 @@ class VersionStore:
             if keys_folder is None:
                 _write_keys(tmp / KEYS_DIR, pages, keys)
             else:
-                os.replace(keys_folder, tmp / KEYS_DIR)
+                _move_index(keys_folder, tmp / KEYS_DIR)
                 fsync_dir(tmp)
         else:
             _pack(tmp / KEYS_DIFF, {"put": [[t, k] for t, k in key_puts.items()],
@@ -335,6 +336,20 @@ class VersionStore:
 
 def _capacity(pages: np.ndarray) -> int:
     return sum(p.descriptor.geometry.capacity for p in parts_of(pages))
+
+
+def _move_index(src: Path, dst: Path) -> None:
+    """A synced key index folder moved to `dst`: renamed, or copied and synced where the two
+    are on different file systems."""
+    try:
+        os.replace(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        KeyIndex.copy(src, dst)
+        with KeyIndex(dst) as copy:
+            copy.sync(durable=True)
+        shutil.rmtree(src)
 
 
 def _write_keys(folder: Path, pages: np.ndarray, keys: Mapping[bytes, bytes]) -> None:

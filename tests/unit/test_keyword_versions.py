@@ -503,3 +503,40 @@ def test_a_checkpoint_killed_between_its_renames_is_made_again(tmp_path: Path) -
     assert OwnerTable(root).keys(version) == owner.store.keys(version)
     assert bytes(16) not in owner.store.keys(version)
     assert len(owner.store.keys(version)) == len(owner.keys())
+
+
+@pytest.mark.parametrize("other_fs", [False, True])
+def test_an_index_built_apart_is_moved_into_the_version(tmp_path, monkeypatch, other_fs):
+    """`create_owner_dir(keys_folder=...)` (an import's index, built by another process): the
+    folder becomes the version's index whole, renamed, or copied and synced where the work
+    directory is on another file system; the folder it came from is gone either way."""
+    import errno
+    import os
+
+    from morphogen.keyword import versions
+    from morphogen.keyword.key_columns import KeyColumns
+    from morphogen.keyword.key_index import KeyIndex
+
+    rng = np.random.default_rng(3)
+    tags = rng.integers(0, 256, (50, 16), dtype=np.uint8)
+    keys = rng.integers(0, 256, (50, 20), dtype=np.uint8)
+    built = tmp_path / "built"
+    with KeyIndex.build(built, KeyColumns.of(tags, keys), 128) as index:
+        index.sync(durable=True)
+    want = {p.name: p.read_bytes() for p in built.iterdir()}
+    if other_fs:
+        real = os.replace
+
+        def no_rename_across(src, dst):
+            if Path(src) == built:
+                raise OSError(errno.EXDEV, "Invalid cross-device link")
+            return real(src, dst)
+
+        monkeypatch.setattr(versions.os, "replace", no_rename_across)
+    dst = tmp_path / "version" / "keys"
+    dst.parent.mkdir()
+    versions._move_index(built, dst)
+    assert not built.exists()
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == want
+    with KeyIndex(dst) as moved:
+        assert moved[tags[7].tobytes()] == keys[7].tobytes()
