@@ -83,10 +83,12 @@ def _index_build(folder: str, capacity: int, parts: list[dict]) -> dict:
     before = _peak_reset()
     columns = bulk.key_columns(parts)
     del parts
+    t1 = time.monotonic()
     shutil.rmtree(folder, ignore_errors=True)  # a killed import's
     with KeyIndex.build(folder, columns, slots_for(max(capacity, len(columns)))) as index:
         index.sync(durable=True)
-    out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu}
+    out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu,
+           "index_order_s": t1 - t}
     if before is not None:
         out["index_peak_mib"] = _status_mib("VmHWM") - before
     return out
@@ -97,7 +99,9 @@ def _index_task(folder: str, capacity: int, refs: list) -> dict:
     store (on this node, read in place; on another, fetched)."""
     import ray
 
-    return _index_build(folder, capacity, ray.get(refs))
+    t = time.monotonic()
+    parts = ray.get(refs)
+    return {**_index_build(folder, capacity, parts), "index_get_s": time.monotonic() - t}
 
 
 def _index_to(files: list[str], folder: str, capacity: int) -> dict:
