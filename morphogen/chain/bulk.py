@@ -352,7 +352,6 @@ def orders(parts: Sequence[dict]) -> dict[str, np.ndarray]:
 
 
 PREFIXES = {"accounts": "acc", "storage": "sto", "code": "code"}
-FIELDS = {"keys": None, "vals": None, "tags": TAG_SIZE, "hash": 3}
 
 
 def canonical(parts: Sequence[dict], fields: dict[str, Sequence[str]] | None = None,
