@@ -206,18 +206,11 @@ def _single_build(export: str, out: str, raw_key: bytes) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - cpu
 
 
-def _status_mib(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(field)
-
-
 def imported(dump: Path, out: Path, key, workers: int) -> tuple[float, dict]:
     """One import's seconds and steps, with `peak_mib`: the most this process (the one
     that reads the ranges in and runs the funnel) held at once during it, above what it held
     before (its high-water mark reset first)."""
-    from cluster.chain_import import import_dump
+    from cluster.chain_import import _peak_reset, _status_mib, import_dump
     from morphogen.keyword.descriptor import Anchor
 
     timings: dict = {}
@@ -225,8 +218,7 @@ def imported(dump: Path, out: Path, key, workers: int) -> tuple[float, dict]:
     # what the heap keeps of earlier imports goes back to the system, so that this import's
     # own arrays count (reusing the kept memory would hide them)
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    Path("/proc/self/clear_refs").write_text("5")  # the high-water mark := resident now
-    before = _status_mib("VmRSS")
+    before = _peak_reset()  # the high-water mark := resident now
     t = time.perf_counter()
     import_dump(dump, out, signing_key=key, anchor=Anchor(1, 5, "0x" + "ab" * 32),
                 workers=workers, room=ROOM, min_records=0, seed=9, created=1000,
@@ -259,7 +251,7 @@ def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
         codes: set[bytes] = set()
         parts = []
         for f in files:
-            part = {name: np.load(Path(f) / f"{name}.npy") for name in fields}
+            part = ci.read_range(f, fields)
             bulk.drop_seen_codes(part, codes)
             parts.append(part)
         gc.collect()

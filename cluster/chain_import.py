@@ -71,6 +71,11 @@ def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, f
             time.process_time() - cpu)
 
 
+def read_range(folder: str | os.PathLike[str], fields) -> dict[str, np.ndarray]:
+    """The arrays `fields` of the range a worker wrote at `folder` (`_encode_to`)."""
+    return {name: np.load(Path(folder) / f"{name}.npy") for name in fields}
+
+
 def _index_build(folder: str, capacity: int, parts: list[dict]) -> dict:
     """The owner's key index of the ranges' `parts` (in dump order; `bulk.INDEX_FIELDS` of
     each) written at `folder` and synced: their keys and tags laid out in the export's order
@@ -110,7 +115,7 @@ def _index_to(files: list[str], folder: str, capacity: int) -> dict:
     codes: set[bytes] = set()
     parts = []
     for f in files:
-        part = {name: np.load(Path(f) / f"{name}.npy") for name in bulk.INDEX_FIELDS}
+        part = read_range(f, bulk.INDEX_FIELDS)
         bulk.drop_seen_codes(part, codes)
         parts.append(part)
     read_s = time.monotonic() - t
@@ -139,7 +144,7 @@ def _keys_from(files: list[str]):
 
     def keys(name: str, order: np.ndarray) -> np.ndarray:
         prefix = bulk.PREFIXES[name]
-        parts = [{f"{prefix}_keys": np.load(Path(f) / f"{prefix}_keys.npy")} for f in files]
+        parts = [read_range(f, (f"{prefix}_keys",)) for f in files]
         return bulk.gathered(parts, f"{prefix}_keys", order, bulk.KEY_SIZES[name])
 
     return keys
@@ -147,16 +152,12 @@ def _keys_from(files: list[str]):
 
 def _capacity(parts: list[dict], room: float, min_records: int) -> int:
     """The slots of the three tables that `bulk.assemble` places `parts` into."""
-    from morphogen.chain.tables import TABLES, VALUE_SIZES, buckets_for
-    from morphogen.keyword.layout import Geometry
+    from morphogen.chain.tables import TABLES
 
-    total = 0
-    for name in TABLES:
-        prefix, size = bulk.PREFIXES[name], VALUE_SIZES[name]
-        n = sum(len(p[f"{prefix}_tags"]) for p in parts)
-        total += Geometry("page", size, buckets_for(n, size, room=room,
-                                                     min_records=min_records)).capacity
-    return total
+    return sum(bulk.table_geometry(name, sum(len(p[f"{bulk.PREFIXES[name]}_tags"])
+                                             for p in parts),
+                                   room=room, min_records=min_records).capacity
+               for name in TABLES)
 
 
 def _manifest(work: Path, dump: Path, ranges: list, seed: int | None) -> dict:
@@ -286,9 +287,8 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
     of a new owner directory `out`, anchored at `anchor`; returns its snapshot directory.
     `timings` gets the seconds of each step: encode (with the loads of the ranges it
     finished, `load_s` of it, and their puts for the key index, `index_put_s`), then place,
-    the wait for the key index after it
-    (`index_wait_s`; the index task's own `index_s`, `index_cpu_s`, `index_peak_mib`) and
-    write."""
+    the wait for the key index after it (`index_wait_s`; the index task's own `index_s`,
+    `index_cpu_s`, `index_peak_mib`) and write."""
     timings = {} if timings is None else timings
     from filelock import FileLock, Timeout
 
@@ -323,7 +323,7 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             # them ran 1.8x slower than from memory
             t = time.monotonic()
             # not the keys of accounts and storage: only the key index needs them
-            part = {name: np.load(Path(folder) / f"{name}.npy") for name in bulk.PLACE_FIELDS}
+            part = read_range(folder, bulk.PLACE_FIELDS)
             bulk.drop_seen_codes(part, codes)  # each code's records held once
             loaded[i] = part
             t1 = time.monotonic()
@@ -331,9 +331,9 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             # what the key index needs of the range, into the object store now, while the
             # range is in the page cache: read after the encoding, at 16 M records the reads
             # waited on the disk
-            index_refs[i] = ray.put({name: part[name] if name in part else
-                                     np.load(Path(folder) / f"{name}.npy")
-                                     for name in bulk.INDEX_FIELDS})
+            index_refs[i] = ray.put(
+                {name: part[name] for name in bulk.INDEX_FIELDS if name in part}
+                | read_range(folder, (n for n in bulk.INDEX_FIELDS if n not in part)))
             timings["index_put_s"] += time.monotonic() - t1
 
         indexing = None

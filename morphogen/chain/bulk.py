@@ -442,6 +442,12 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
         num_buckets=buckets_for(len(keys), size, room=room, min_records=min_records), out=out)
 
 
+def table_geometry(name: str, records: int, *, room: float, min_records: int) -> Geometry:
+    """The geometry `assemble` gives table `name` of `records` records."""
+    size = VALUE_SIZES[name]
+    return Geometry("page", size, buckets_for(records, size, room=room, min_records=min_records))
+
+
 def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey,
              anchor: Anchor, room: float = 4.0, min_records: int = 4096,
              created: int | None = None,
@@ -464,19 +470,15 @@ def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey
         fields = {"accounts": ("vals", "tags", "hash"), "storage": ("vals", "tags", "hash"),
                   "code": ("keys", "vals", "tags", "hash")}
     tables = canonical(parts, fields, order)
-    rekeys: dict[str, Callable[[], np.ndarray] | None] = {"code": None}
+    rekeys: dict[str, Callable[[], np.ndarray] | None] = dict.fromkeys(TABLES)
     if keys_apart is not None:
         for name in ("accounts", "storage"):
-            n = len(order[name])
-            tables[name] = (np.zeros((n, 0), np.uint8), *tables[name])
+            tables[name] = (np.zeros((len(order[name]), 0), np.uint8), *tables[name])
             rekeys[name] = functools.partial(keys_apart, name, order[name])
-    else:
-        rekeys.update(accounts=None, storage=None)
     # the joined matrix allocated once, each table placed into its part: joining tables built
     # apart would copy every page once more
-    spans = [Geometry("page", VALUE_SIZES[name], buckets_for(
-        len(tables[name][0]), VALUE_SIZES[name], room=room, min_records=min_records)).num_pages
-        for name in TABLES]
+    spans = [table_geometry(name, len(tables[name][0]), room=room,
+                            min_records=min_records).num_pages for name in TABLES]
     pages = np.zeros((sum(spans), PAGE_SIZE), np.uint8)
     ends = np.cumsum([0, *spans]).tolist()
     placed = []

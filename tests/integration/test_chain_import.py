@@ -163,6 +163,39 @@ def test_a_killed_import_resumes(dump):
     assert _files(out) == _files(_built(dump, 4))  # the seed came from the work directory
 
 
+def test_an_import_killed_after_its_index_moved_in_starts_again_clean(dump, monkeypatch):
+    """Killed right after the key index built apart was moved into the unfinished owner
+    directory (the work directory no longer holds it): the same command again builds it
+    again, and the owner directory is the one-process build's, with nothing half-written
+    left beside it."""
+    from morphogen.keyword import versions
+
+    out = dump["root"] / "moved"
+    real = versions._move_index
+
+    class Killed(Exception):
+        pass
+
+    def move_then_die(src, dst):
+        real(src, dst)
+        raise Killed(str(dst))
+
+    monkeypatch.setattr(versions, "_move_index", move_then_die)
+    with pytest.raises(Killed):
+        import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
+                    seed=6, created=1000, min_records=256, range_bytes=20_000,
+                    report=lambda line: None)
+    work = out.with_name("moved.work")
+    assert not (work / "keys").exists() and not out.exists()
+    monkeypatch.setattr(versions, "_move_index", real)
+    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
+                seed=None, created=1000, min_records=256, range_bytes=20_000,
+                report=lambda line: None)
+    assert _files(out) == _files(_built(dump, 6))
+    assert sorted(p.name for p in dump["root"].iterdir() if p.name.startswith("moved")) == \
+        ["moved"]
+
+
 def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
     root = dump["root"]
     with running_anvil() as url, EthRpc(url) as rpc:
