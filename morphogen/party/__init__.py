@@ -16,8 +16,8 @@ The router's side:
 
 The shard's side:
 - `shard` and `replica`: one shard's scanning state, one replica of it following the log;
-- `epoch`, `version`, `leases`: epochs and pending updates, the data of one epoch, the scans
-  holding it.
+- `epoch`, `version`, `pending`, `leases`: epochs, the data of one epoch, its pending updates
+  (two arrays), the scans holding it.
 
 May use: `morphogen.publication`, `morphogen.engine`, `morphogen.snapshot`,
 `morphogen.protocol`, `morphogen.storage`, `morphogen.config` and `morphogen.constants`;

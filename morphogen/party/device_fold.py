@@ -30,6 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
+from morphogen.party.pending import Pending
 from morphogen.party.version import Segment, Version
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.snapshot.reader import Snapshot
@@ -66,7 +67,7 @@ def fold_on_device(base: Version, swap: Callable[[Version], None]) -> Version:
         mine = (pages >= lo) & (pages < hi)
         if mine.any():
             seg.scanner.write_pages(pages[mine], diffs[mine])  # type: ignore[attr-defined]
-    folded = replace(base, pending=(), written=written)
+    folded = replace(base, pending=Pending(), written=written)
     swap(folded)
     return folded
 

@@ -1,10 +1,10 @@
 """One shard's versioned state: epochs, pending page updates, folding, rotation.
 
 An epoch is an immutable view of the matrix: a snapshot plus an ordered list of page updates
-(`PageUpdate`: XOR diffs), held on a shard as a `Version` (morphogen.party.version) whose answers
-apply the pending updates to the scan of the pages, so an update becomes visible the moment its
-epoch is published, and the background fold that later writes it into the pages (in place,
-between scans: morphogen.party.host_fold and device_fold) changes no answer's bytes.
+(XOR diffs, morphogen.party.pending), held on a shard as a `Version` (morphogen.party.version)
+whose answers apply the pending updates to the scan of the pages, so an update becomes visible
+the moment its epoch is published, and the background fold that later writes it into the pages
+(in place, between scans: morphogen.party.host_fold and device_fold) changes no answer's bytes.
 
 Publication is two-phase so that every shard of a party switches together: `prepare_*` builds
 the next version off to the side (the expensive part: loading a snapshot range, resolving page
@@ -32,7 +32,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine, check_domain, check_format
 from morphogen.engine.gpu_writes import ScanGate
 from morphogen.party.device_fold import (
@@ -50,7 +49,7 @@ from morphogen.party.host_fold import (
 from morphogen.party.leases import ScanLeases
 from morphogen.party.tables import TableLoader, TableSlice
 from morphogen.party.version import Segment, Version, page_with
-from morphogen.protocol.changes import Change, ChangeBatch, PageUpdate, PageWrite
+from morphogen.protocol.changes import Change, ChangeBatch
 from morphogen.protocol.dpf import DomainError, DpfKey, as_batch
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.protocol.packed import AnyBatch, PackedKeyBatch
@@ -70,6 +69,20 @@ class EpochError(RuntimeError):
 
 class StagingConflict(EpochError):
     """Another admin operation holds this shard's staging slot."""
+
+
+def _as_diffs(base: Version, pages: np.ndarray, replace: np.ndarray,
+              rows: np.ndarray) -> np.ndarray:
+    """`rows` with each replacement turned into the XOR diff it makes against its page as the
+    updates before it leave the page (the base's pending ones, then this batch's, in order)."""
+    out = np.array(rows)  # rows may be the batch's own, read-only
+    for i in np.flatnonzero(replace).tolist():
+        page = int(pages[i])
+        now = page_with(base, base.pending, page)
+        for j in np.flatnonzero(pages[:i] == page).tolist():
+            now ^= out[j]
+        out[i] = now ^ rows[i]
+    return out
 
 
 class ShardState:
@@ -238,22 +251,9 @@ class ShardState:
                 raise ValueError(
                     f"page {changes.max_page()} is outside the matrix of {num_pages} pages"
                 )
-            selected = changes.select(base.first_page, base.stop_page)
-            pending = list(base.pending)
-            mine = 0
-            for c in selected:
-                if not 0 <= c.page < num_pages:
-                    raise ValueError(f"page {c.page} is outside the matrix of {num_pages} pages")
-                if not base.first_page <= c.page < base.stop_page:
-                    continue
-                mine += 1
-                if isinstance(c, PageWrite):
-                    now = page_with(base, pending, c.page)
-                    new = np.zeros(PAGE_SIZE, np.uint8)
-                    new[: len(c.data)] = np.frombuffer(c.data, np.uint8)
-                    pending.append(PageUpdate(c.page, (now ^ new).tobytes()))
-                else:
-                    pending.append(c)
+            pages, replace, rows = changes.rows(base.first_page, base.stop_page)
+            if replace.any():
+                rows = _as_diffs(base, pages, replace, rows)
             self._replace_staged(
                 Version(
                     identity=identity or base.identity.after_updates(epoch_id, changes.digest),
@@ -261,13 +261,13 @@ class ShardState:
                     first_page=base.first_page,
                     stop_page=base.stop_page,
                     segments=base.segments,
-                    pending=tuple(pending),
+                    pending=base.pending.then(pages, rows),
                     folded=base.folded,
                     written=base.written,
                 ),
                 op,
             )
-            return mine
+            return len(pages)
 
     def prepare_snapshot(
         self,

@@ -25,6 +25,7 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import Engine
+from morphogen.party.pending import Pending
 from morphogen.party.version import Segment, Version
 
 
@@ -124,7 +125,7 @@ def write_in_place(base: Version, writes: Writes, c: int,
         finally:
             owner.flags.writeable = was
     pages = base._pending_arrays[0]
-    folded = replace(base, pending=(), folded=base.folded | frozenset((pages // c).tolist()))
+    folded = replace(base, pending=Pending(), folded=base.folded | frozenset((pages // c).tolist()))
     swap(folded)
     return folded
 
@@ -162,7 +163,7 @@ def fold_on_host(base: Version, engine: Engine, c: int) -> Version:
         first_page=base.first_page,
         stop_page=base.stop_page,
         segments=tuple(kept),
-        pending=(),
+        pending=Pending(),
         folded=base.folded | frozenset(touched),
     )
 

@@ -295,7 +295,7 @@ class Publisher:
                             f"publication {pub}: part(s) {shown} of {parts} are not here; "
                             "send them, then the last part again")
         whole = joined([*staged, changes])
-        if whole.digest != digest:
+        if await _digest(whole) != digest:
             raise WireError(409, ErrorCode.CONFLICT,
                             f"publication {pub}: its {parts} parts make another batch than "
                             f"{BATCH_HEADER} names; send every part again")
@@ -322,6 +322,7 @@ class Publisher:
                             f"page {changes.max_page()} is outside the matrix of "
                             f"{layout.num_pages} pages")
         pub = pub or new_publication_id()
+        await _digest(changes)  # `build` and `updates_request` read it, cached
         fallback = await self._fallback_base()
 
         def build(head: LogEntry | None, seq: int) -> tuple[LogEntry, ChangeBatch]:
@@ -426,3 +427,10 @@ class Publisher:
                 log.info("epoch log compacted: %d records dropped", dropped)
         except Exception as exc:  # noqa: BLE001 - the next rotation tries again
             log.warning("epoch log compaction failed (%s)", reason(exc))
+
+
+async def _digest(changes: ChangeBatch) -> str:
+    """The batch's digest, computed off the event loop: it hashes 4 KiB a page changed (20 MiB
+    for a block of 3,000 records on a table of 16 M), and the queries this router answers
+    must not wait on it."""
+    return await asyncio.to_thread(lambda: changes.digest)

@@ -12,7 +12,7 @@ them into private page copies (new segments, no pending updates) changes no answ
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -20,8 +20,8 @@ import numpy as np
 
 from morphogen.constants import PAGE_SIZE
 from morphogen.engine.base import ShardScanner
+from morphogen.party.pending import Pending
 from morphogen.party.tables import Loader, SubScanners, TableSlice
-from morphogen.protocol.changes import PageUpdate
 from morphogen.protocol.identity import EpochIdentity
 from morphogen.protocol.packed import AnyBatch, masks_at
 from morphogen.snapshot.reader import Snapshot
@@ -62,7 +62,7 @@ class Version:
     first_page: int
     stop_page: int
     segments: tuple[Segment, ...]
-    pending: tuple[PageUpdate, ...] = ()
+    pending: Pending = field(default_factory=Pending)
     folded: frozenset[int] = field(default_factory=frozenset)  # chunks a fold has written
     # pages whose bytes changed in a device copy (morphogen.party.device_fold): their host bytes
     written: Mapping[int, bytes] = field(default_factory=dict, hash=False, compare=False)
@@ -90,10 +90,9 @@ class Version:
 
     @cached_property
     def _pending_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        """(pages (U,), diffs (U, 256, 16)) of the pending updates, built once per version."""
-        pages = np.fromiter((u.page for u in self.pending), np.int64, len(self.pending))
-        diffs = np.frombuffer(b"".join(u.diff for u in self.pending), np.uint8)
-        return pages, diffs.reshape(len(self.pending), PAGE_SIZE // 16, 16)
+        """(pages (U,), diffs (U, 256, 16)) of the pending updates: views of their arrays."""
+        pending = self.pending
+        return pending.pages, pending.diffs.reshape(len(pending), PAGE_SIZE // 16, 16)
 
     def scan(self, batch: AnyBatch) -> np.ndarray:
         return self.scan_timed(batch)[0]
@@ -165,10 +164,6 @@ def _apply_pending(acc: np.ndarray, batch: AnyBatch, pages: np.ndarray, diffs: n
     phases["pending"] = time.perf_counter() - start
 
 
-def page_with(base: Version, pending: Sequence[PageUpdate], page: int) -> np.ndarray:
+def page_with(base: Version, pending: Pending, page: int) -> np.ndarray:
     """The page's stored bytes in `base` with `pending` applied (a version being built)."""
-    out = base.stored_page(page).copy()
-    for u in pending:
-        if u.page == page:
-            out ^= np.frombuffer(u.diff, np.uint8)
-    return out
+    return base.stored_page(page) ^ pending.diff_of(page)

@@ -164,8 +164,19 @@ class ChangeBatch:
             out.append(PageWrite(page, raw) if self.replace[i] else PageUpdate(page, raw))
         return out
 
+    def rows(self, first_page: int, stop_page: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The changes to pages in `[first_page, stop_page)`, in order, as arrays: (pages,
+        replace, data (k, 4096) uint8). Where every change is inside, the data is the batch's
+        own rows (read-only), not a copy; else a copy of the rows inside."""
+        inside = (self.pages >= first_page) & (self.pages < stop_page)
+        data = np.frombuffer(self._dense(), np.uint8).reshape(len(self), PAGE_SIZE)
+        if inside.all():
+            return self.pages.copy(), self.replace.copy(), data
+        return self.pages[inside], self.replace[inside], data[inside]
+
     def _dense(self) -> memoryview:
-        """The data's bytes, for `select` to copy pages out of."""
+        """The data's bytes, for `select` and `rows` to take pages out of."""
         return memoryview(self.data)
 
 

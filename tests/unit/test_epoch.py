@@ -70,13 +70,53 @@ def test_pending_updates_and_folds_give_the_model_bytes(snapshots, name):
         assert np.array_equal(acc, expected(model, lo, hi, keys))
         if step % 2:
             assert state.fold_pending() > 0
-            assert state.current.pending == ()
+            assert len(state.current.pending) == 0
             e2, acc2 = state.scan(keys)
             assert e2 == e and np.array_equal(acc2, acc)  # a fold keeps the identity
     for p in (lo, 100, hi - 1):
         assert np.array_equal(state.current.page(p), model[p])
     # the snapshot file itself is never written
     assert np.array_equal(snap.pages(0, NUM_PAGES), synthetic_pages(1, 0, NUM_PAGES))
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_writes_and_diffs_of_one_page_in_one_batch_apply_in_order(snapshots, packed):
+    """A page written, XORed, written again and XORed again in one batch, beside pages of
+    other shards, on a shard that holds updates pending from the batch before: every change
+    applies in the batch's order, as the model's bytes say, before and after a fold."""
+    snap, _ = snapshots
+    rng = np.random.default_rng(11)
+    lo, hi = 100, 200
+    state = ShardState(engine.create("cpu"), snap, lo, hi, chunk_pages=16)
+    model = synthetic_pages(1, 0, NUM_PAGES).copy()
+    keys = keys_for([120, 150, 199, 101])
+    first = random_updates(rng, 3, lo, hi) + [PageUpdate(150, rng.bytes(4096))]
+    second = [PageUpdate(50, rng.bytes(4096)), PageUpdate(150, rng.bytes(4096)),
+              PageWrite(150, b"\x0b" * 70), PageUpdate(150, rng.bytes(4096)),
+              PageUpdate(250, rng.bytes(4096)), PageWrite(120, b"\x0c" * 9),
+              PageWrite(150, b"\x0d" * 4096), PageUpdate(150, rng.bytes(4096))]
+    for epoch, changes in ((2, first), (3, second)):
+        batch = ChangeBatch.from_changes(changes)
+        if packed:
+            from morphogen.protocol import sparse
+
+            batch = ChangeBatch.from_packed(batch.pages, batch.replace, sparse.pack(batch.data))
+        assert state.prepare_updates(epoch, batch) == sum(lo <= c.page < hi for c in changes)
+        state.commit(epoch)
+        for c in changes:
+            if isinstance(c, PageWrite):
+                model[c.page] = 0
+                model[c.page, :len(c.data)] = np.frombuffer(c.data, np.uint8)
+            else:
+                model[c.page] ^= np.frombuffer(c.diff, np.uint8)
+    assert len(state.current.pending) == 10
+    before = state.scan(keys)[1]
+    assert np.array_equal(before, expected(model, lo, hi, keys))
+    for p in (120, 150):
+        assert np.array_equal(state.current.page(p), model[p])
+    assert state.fold_pending() == 10
+    assert np.array_equal(state.scan(keys)[1], before)
+    assert np.array_equal(state.current.page(150), model[150])
 
 
 def test_transitions_are_checked(snapshots):
@@ -258,7 +298,7 @@ def test_a_fold_writes_the_updates_into_the_pages_scans_read_and_nothing_else(sn
     arrays = [s.pages for s in before.segments]
     assert state.fold_pending() == 5
     after = state.current
-    assert after.pending == () and after.identity == before.identity
+    assert len(after.pending) == 0 and after.identity == before.identity
     assert after.segments == before.segments  # the same Segment objects: no copy, no split
     assert all(s.pages is a for s, a in zip(after.segments, arrays, strict=True))
     got = np.concatenate([np.asarray(s.pages) for s in after.segments])

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import threading
 import time
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from _party_world import (
     NUM_PAGES,
     apply_batch,
     ask,
+    ask_async,
     cfg_for,
     commit_in_log,
     make_party,
@@ -301,3 +304,34 @@ def test_a_publication_re_sent_to_another_router_without_a_log_is_never_applied_
     for refused in (o for o in outcomes if isinstance(o, WireError)):
         assert refused.status == 403 and refused.code == "forbidden"
         assert "need epoch_log_dir" in refused.message and "applied twice" in refused.message
+
+
+def test_a_publication_hashes_its_batch_off_the_event_loop(world):
+    """The batch's digest (4 KiB a page changed) is computed in a thread: a query on the same
+    loop is answered while it runs. Were it computed on the loop, the digest below would wait
+    for a query that cannot start, and fail."""
+    root, snaps = world
+    party, _ = make_party(snaps, root / "log-digest")
+    model = synthetic_pages(3, 0, NUM_PAGES)
+    answered = threading.Event()
+
+    class SlowDigest(ChangeBatch):
+        @cached_property
+        def digest(self) -> str:
+            assert answered.wait(30), "the digest held the event loop"
+            return ChangeBatch(self.pages, self.replace, self.data).digest
+
+    batch = random_batch(np.random.default_rng(12), 3, NUM_PAGES)
+    slow = SlowDigest(batch.pages, batch.replace, batch.data)
+
+    async def run():
+        publishing = asyncio.ensure_future(party.admin.updates(slow))
+        _, pages = await ask_async(party, model, [7])
+        answered.set()
+        return pages, await publishing
+
+    pages, out = asyncio.run(run())
+    assert pages == [model[7].tobytes()] and out["epoch_id"] == 2
+    after = apply_batch(model, batch)
+    assert ask(party, after, [7, NUM_PAGES - 1])[1] == [after[p].tobytes()
+                                                      for p in (7, NUM_PAGES - 1)]

@@ -164,7 +164,7 @@ def test_tables_follow_page_updates_and_keep_their_scanners_through_a_fold(serve
     assert state.current.segments[0].subs._by_range[(40, 60)] is scanner
     assert state.fold_pending() == 2  # pages 3 and 45
     # the fold wrote them into the pages the segment's scanners read: nothing is rebuilt
-    assert state.current.pending == () and not subs._closed
+    assert len(state.current.pending) == 0 and not subs._closed
     assert state.current.segments[0].subs._by_range[(40, 60)] is scanner
     assert asyncio.run(_read(party, new, "mid", [5, 10])) == [new[45].tobytes(),
                                                                new[50].tobytes()]
