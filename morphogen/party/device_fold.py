@@ -49,19 +49,12 @@ def fold_on_device(base: Version, swap: Callable[[Version], None]) -> Version:
     """Write `base`'s pending updates into its segments' device copies and `swap` in the
     version that no longer carries them (the caller holds the scan gate's write side).
     A failed write leaves the device copy undefined: the caller must stop serving it."""
-    merged: dict[int, np.ndarray] = {}
-    for u in base.pending:
-        diff = np.frombuffer(u.diff, np.uint8)
-        if u.page in merged:
-            merged[u.page] = merged[u.page] ^ diff
-        else:
-            merged[u.page] = diff.copy()
+    pages, diffs = base.pending.merged()
     written = dict(base.written)
-    for page, diff in merged.items():
-        written[page] = (base.stored_page(page) ^ diff).tobytes()
-    pages = np.fromiter(merged, np.int64, len(merged))
-    diffs = (np.stack(list(merged.values())) if merged
-             else np.zeros((0, PAGE_SIZE), np.uint8))
+    if len(pages):
+        now = np.stack([base.stored_page(p) for p in pages.tolist()])
+        np.bitwise_xor(now, diffs, out=now)
+        written.update(zip(pages.tolist(), (row.tobytes() for row in now), strict=True))
     for seg in base.segments:
         lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
         mine = (pages >= lo) & (pages < hi)

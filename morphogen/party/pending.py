@@ -73,3 +73,15 @@ class Pending:
         for i in np.flatnonzero(self.pages == page).tolist():
             out ^= self.diffs[i]
         return out
+
+    def merged(self) -> tuple[np.ndarray, np.ndarray]:
+        """(the distinct pages, sorted; each one's diffs XORed into one): what a write of
+        these updates into the pages changes."""
+        pages, inverse = np.unique(self.pages, return_inverse=True)
+        if len(pages) == len(self.pages):
+            out = np.empty_like(self.diffs)
+            out[inverse] = self.diffs
+            return pages, out
+        out = np.zeros((len(pages), PAGE_SIZE), np.uint8)
+        np.bitwise_xor.at(out, inverse, self.diffs)
+        return pages, out

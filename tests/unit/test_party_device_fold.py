@@ -86,6 +86,34 @@ def test_commits_write_updates_into_the_device_copy(world):
     assert any(x.kernel == "morphogen_patch_sliced" for x in backend.launches)
 
 
+def test_a_page_changed_several_times_in_one_batch_is_written_once_as_their_sum(world):
+    """Diffs and a write of one page in one batch reach the device copy as one write of the
+    page they leave, as do pages changed once beside them."""
+    state, backend, model = world
+    rng = np.random.default_rng(3)
+    changes = []
+    for p, kind in [(140, "diff"), (7, "diff"), (140, "write"), (140, "diff"), (599, "write"),
+                    (7, "diff")]:
+        if kind == "diff":
+            diff = rng.integers(0, 256, PAGE_SIZE, dtype=np.uint8)
+            changes.append(PageUpdate(p, diff.tobytes()))
+            model[p] ^= diff
+        else:
+            data = rng.integers(0, 256, 77, dtype=np.uint8)
+            changes.append(PageWrite(p, data.tobytes()))
+            model[p] = 0
+            model[p, :77] = data
+    before = len(backend.launches)
+    state.prepare_updates(2, changes)
+    state.commit(2)
+    assert len(state.current.pending) == 0
+    assert sum(x.kernel == "morphogen_patch_sliced" for x in backend.launches[before:]) >= 1
+    answers(state, model, [7, 140, 599, 8])
+    answers(state, model, [7, 8, 299], TABLE)
+    for p in (7, 140, 599):
+        np.testing.assert_array_equal(state.current.page(p), model[p])
+
+
 def test_a_scan_in_flight_during_a_commit_answers_on_its_epoch(world):
     state, backend, model = world
     key0, key1 = dpf.generate_keys(10, 7)
