@@ -12,7 +12,7 @@ gets new arrays (`then`), so a version a scan still reads keeps its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -36,15 +36,6 @@ class Pending:
         pages.flags.writeable = False
         diffs.flags.writeable = False
         self.pages, self.diffs = pages, diffs
-
-    @classmethod
-    def of(cls, updates: Iterable[PageUpdate]) -> Pending:
-        updates = list(updates)
-        if not updates:
-            return cls()
-        pages = np.fromiter((u.page for u in updates), np.int64, len(updates))
-        diffs = np.frombuffer(b"".join(u.diff for u in updates), np.uint8)
-        return cls(pages, diffs.reshape(len(updates), PAGE_SIZE))
 
     def __len__(self) -> int:
         return len(self.pages)

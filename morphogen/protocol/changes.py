@@ -168,7 +168,8 @@ class ChangeBatch:
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The changes to pages in `[first_page, stop_page)`, in order, as arrays: (pages,
         replace, data (k, 4096) uint8). Where every change is inside, the data is the batch's
-        own rows (read-only), not a copy; else a copy of the rows inside."""
+        own rows (its bytes, or the array its changed bytes were unpacked into), not a copy;
+        else a copy of the rows inside."""
         inside = (self.pages >= first_page) & (self.pages < stop_page)
         data = np.frombuffer(self._dense(), np.uint8).reshape(len(self), PAGE_SIZE)
         if inside.all():
