@@ -248,12 +248,7 @@ def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
                                    range_bytes=8 << 20, report=lambda line: None)
 
     def read(fields) -> list[dict]:
-        codes: set[bytes] = set()
-        parts = []
-        for f in files:
-            part = ci.read_range(f, fields)
-            bulk.drop_seen_codes(part, codes)
-            parts.append(part)
+        parts = ci.read_ranges(files, fields)
         gc.collect()
         return parts
 

@@ -109,15 +109,22 @@ def _index_task(folder: str, capacity: int, refs: list) -> dict:
     return {**_index_build(folder, capacity, parts), "index_get_s": time.monotonic() - t}
 
 
-def _index_to(files: list[str], folder: str, capacity: int) -> dict:
-    """`_index_build` of the ranges `files` read here (their reads' seconds: `index_read_s`)."""
-    t = time.monotonic()
+def read_ranges(files: list[str], fields) -> list[dict]:
+    """`read_range` of each of `files`, in order, each code's records kept in the first range
+    that holds it (`bulk.drop_seen_codes`), as the import's own reads keep them."""
     codes: set[bytes] = set()
     parts = []
     for f in files:
-        part = read_range(f, bulk.INDEX_FIELDS)
+        part = read_range(f, fields)
         bulk.drop_seen_codes(part, codes)
         parts.append(part)
+    return parts
+
+
+def _index_to(files: list[str], folder: str, capacity: int) -> dict:
+    """`_index_build` of the ranges `files` read here (their reads' seconds: `index_read_s`)."""
+    t = time.monotonic()
+    parts = read_ranges(files, bulk.INDEX_FIELDS)
     read_s = time.monotonic() - t
     return {**_index_build(folder, capacity, parts), "index_read_s": read_s}
 

@@ -435,11 +435,11 @@ def assemble_table(name: str, keys: np.ndarray, values: np.ndarray, tags: np.nda
         _buckets_in_place(h, np.uint64(buckets))
         return h.view(np.int64)
 
-    size = VALUE_SIZES[name]
+    geometry = table_geometry(name, len(keys), room=room, min_records=min_records)
     return place_table(
-        keys, tags, values, candidates, dataset=dataset, value_size=size,
+        keys, tags, values, candidates, dataset=dataset, value_size=geometry.value_size,
         signing_key=signing_key, draws=draws, numbering=(1, anchor, name), created=created,
-        num_buckets=buckets_for(len(keys), size, room=room, min_records=min_records), out=out)
+        num_buckets=geometry.num_buckets, out=out)
 
 
 def table_geometry(name: str, records: int, *, room: float, min_records: int) -> Geometry:

@@ -57,8 +57,7 @@ def plan_in_place(base: Version) -> Writes:
     """Where each of `base`'s pending updates goes in the arrays its segments' pages live in
     (`host_writable(base)`): checked whole before `write_in_place` writes anything, so a plan
     that cannot be carried out leaves every page as it was."""
-    pages, diffs = base._pending_arrays
-    diffs = diffs.reshape(len(pages), PAGE_SIZE)
+    pages, diffs = base.pending.pages, base.pending.diffs
     firsts = np.array([s.first_page for s in base.segments], np.int64)
     order = np.argsort(firsts, kind="stable")
     where = order[np.maximum(np.searchsorted(firsts[order], pages, "right") - 1, 0)]
@@ -124,7 +123,7 @@ def write_in_place(base: Version, writes: Writes, c: int,
                 np.bitwise_xor.at(owner, rows, diffs[mine])
         finally:
             owner.flags.writeable = was
-    pages = base._pending_arrays[0]
+    pages = base.pending.pages
     folded = replace(base, pending=Pending(), folded=base.folded | frozenset((pages // c).tolist()))
     swap(folded)
     return folded

@@ -192,8 +192,9 @@ class _Packed(ChangeBatch):
         return sparse.unpack(self.packed, len(self) * PAGE_SIZE)
 
     def _dense(self) -> memoryview:
-        # a shard copies its pages out of the batch and never reads it whole again: the
-        # unpacked buffer is neither copied to bytes nor kept (a block's is some 19 MiB)
+        # a shard takes its rows from the unpacked array (`rows`) and never reads the batch
+        # whole again: the array is neither copied to bytes nor cached on the batch (a
+        # block's is some 19 MiB)
         if "data" in self.__dict__:
             return memoryview(self.data)
         from morphogen.protocol import sparse
