@@ -34,6 +34,16 @@ def expected(model, lo, hi, keys):
     return engine.create("reference").load(np.ascontiguousarray(model[lo:hi]), lo).scan(keys)
 
 
+def apply(model, changes):
+    """The changes applied to `model` in order, as a shard must apply them."""
+    for c in changes:
+        if isinstance(c, PageWrite):
+            model[c.page] = 0
+            model[c.page, :len(c.data)] = np.frombuffer(c.data, np.uint8)
+        else:
+            model[c.page] ^= np.frombuffer(c.diff, np.uint8)
+
+
 def random_updates(rng, n, lo=0, hi=NUM_PAGES):
     return [
         PageUpdate(int(rng.integers(lo, hi)), rng.integers(0, 256, 4096, np.uint8).tobytes())
@@ -59,12 +69,7 @@ def test_pending_updates_and_folds_give_the_model_bytes(snapshots, name):
         assert mine == sum(lo <= c.page < hi for c in changes)
         assert state.epoch_id == epoch - 1  # staged, not yet visible
         state.commit(epoch)
-        for c in changes:
-            if isinstance(c, PageWrite):
-                model[c.page] = 0
-                model[c.page, :100] = 7
-            else:
-                model[c.page] ^= np.frombuffer(c.diff, np.uint8)
+        apply(model, changes)
         e, acc = state.scan(keys)
         assert e.epoch_id == epoch
         assert np.array_equal(acc, expected(model, lo, hi, keys))
@@ -103,12 +108,7 @@ def test_writes_and_diffs_of_one_page_in_one_batch_apply_in_order(snapshots, pac
             batch = ChangeBatch.from_packed(batch.pages, batch.replace, sparse.pack(batch.data))
         assert state.prepare_updates(epoch, batch) == sum(lo <= c.page < hi for c in changes)
         state.commit(epoch)
-        for c in changes:
-            if isinstance(c, PageWrite):
-                model[c.page] = 0
-                model[c.page, :len(c.data)] = np.frombuffer(c.data, np.uint8)
-            else:
-                model[c.page] ^= np.frombuffer(c.diff, np.uint8)
+        apply(model, changes)
     assert len(state.current.pending) == 10
     before = state.scan(keys)[1]
     assert np.array_equal(before, expected(model, lo, hi, keys))
@@ -218,8 +218,7 @@ def test_many_pending_updates_and_many_keys(snapshots):
     changes = random_updates(rng, 40)
     state.prepare_updates(2, changes)
     state.commit(2)
-    for c in changes:
-        model[c.page] ^= np.frombuffer(c.diff, np.uint8)
+    apply(model, changes)
     keys = keys_for([int(t) for t in rng.integers(0, NUM_PAGES, 96)])
     assert np.array_equal(state.scan(keys)[1], expected(model, 0, NUM_PAGES, keys))
     state.fold_pending()

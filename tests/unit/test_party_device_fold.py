@@ -55,6 +55,19 @@ def answers(state, model, targets, table=None):
         np.testing.assert_array_equal(a[i] ^ b[i], model[base + t])
 
 
+def changed(rng, model, page, write, size):
+    """A random diff of `page`, or a write of `size` random bytes to it, applied to `model`
+    as well."""
+    if not write:
+        diff = rng.integers(0, 256, PAGE_SIZE, dtype=np.uint8)
+        model[page] ^= diff
+        return PageUpdate(page, diff.tobytes())
+    data = rng.integers(0, 256, size, dtype=np.uint8)
+    model[page] = 0
+    model[page, :size] = data
+    return PageWrite(page, data.tobytes())
+
+
 def test_commits_write_updates_into_the_device_copy(world):
     state, backend, model = world
     rng = np.random.default_rng(1)
@@ -62,17 +75,7 @@ def test_commits_write_updates_into_the_device_copy(world):
     touched = [0, 5, 133, 134, 255, 256, 432, 599]
     epoch = 1
     for step in range(3):
-        changes = []
-        for p in touched:
-            if (p + step) % 2:
-                diff = rng.integers(0, 256, PAGE_SIZE, dtype=np.uint8)
-                changes.append(PageUpdate(p, diff.tobytes()))
-                model[p] ^= diff
-            else:
-                data = rng.integers(0, 256, 1000, dtype=np.uint8)
-                changes.append(PageWrite(p, data.tobytes()))
-                model[p] = 0
-                model[p, :1000] = data
+        changes = [changed(rng, model, p, not (p + step) % 2, 1000) for p in touched]
         epoch += 1
         state.prepare_updates(epoch, changes)
         state.commit(epoch)
@@ -91,18 +94,8 @@ def test_a_page_changed_several_times_in_one_batch_is_written_once_as_their_sum(
     page they leave, as do pages changed once beside them."""
     state, backend, model = world
     rng = np.random.default_rng(3)
-    changes = []
-    for p, kind in [(140, "diff"), (7, "diff"), (140, "write"), (140, "diff"), (599, "write"),
-                    (7, "diff")]:
-        if kind == "diff":
-            diff = rng.integers(0, 256, PAGE_SIZE, dtype=np.uint8)
-            changes.append(PageUpdate(p, diff.tobytes()))
-            model[p] ^= diff
-        else:
-            data = rng.integers(0, 256, 77, dtype=np.uint8)
-            changes.append(PageWrite(p, data.tobytes()))
-            model[p] = 0
-            model[p, :77] = data
+    changes = [changed(rng, model, p, write, 77) for p, write in [
+        (140, False), (7, False), (140, True), (140, False), (599, True), (7, False)]]
     before = len(backend.launches)
     state.prepare_updates(2, changes)
     state.commit(2)
