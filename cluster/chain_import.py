@@ -82,14 +82,15 @@ def _index_build(folder: str, capacity: int, parts: list[dict]) -> dict:
     and checked distinct (`bulk.key_columns`), for a table of `capacity` slots. Returns its
     seconds and CPU seconds (`index_s`, `index_cpu_s`) and, where it can be read, its
     memory's peak above what it held before (`index_peak_mib`)."""
-    from morphogen.keyword.key_index import KeyIndex, slots_for
+    from morphogen.keyword.key_index import HEAP, KeyIndex, slots_for
 
     t, cpu = time.monotonic(), time.process_time()
     before = _peak_reset()
-    columns = bulk.key_columns(parts)
+    shutil.rmtree(folder, ignore_errors=True)  # a killed import's
+    os.makedirs(folder)
+    columns = bulk.key_columns(parts, keys_at=Path(folder) / HEAP)
     del parts
     t1 = time.monotonic()
-    shutil.rmtree(folder, ignore_errors=True)  # a killed import's
     with KeyIndex.build(folder, columns, slots_for(max(capacity, len(columns)))) as index:
         index.sync(durable=True)
     out = {"index_s": time.monotonic() - t, "index_cpu_s": time.process_time() - cpu,

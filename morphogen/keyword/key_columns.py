@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class KeyColumns(Mapping[bytes, bytes]):
     ever written out in order)."""
 
     def __init__(self, tags: np.ndarray, flat: np.ndarray | Sequence[np.ndarray],
-                 offsets: np.ndarray) -> None:
+                 offsets: np.ndarray, *, file: str | os.PathLike[str] | None = None) -> None:
         tags = np.ascontiguousarray(tags, np.uint8).reshape(-1, TAG_SIZE)
         offsets = np.asarray(offsets, np.int64)
         flats = [flat] if isinstance(flat, np.ndarray) else list(flat)
@@ -35,6 +36,8 @@ class KeyColumns(Mapping[bytes, bytes]):
                 or bool((np.diff(offsets) < 0).any()):
             raise ValueError("offsets are len(tags) + 1 non-decreasing ends into the keys")
         self.tags, self.offsets = tags, offsets
+        # the keys are that file's bytes, through its mapping (`flats`): written once there
+        self.file = None if file is None else Path(file)
         self._dict: dict[bytes, bytes] | None = None
 
     @classmethod
@@ -49,6 +52,22 @@ class KeyColumns(Mapping[bytes, bytes]):
         return cls(tags, np.frombuffer(b"".join(keys), np.uint8), offsets)
 
     @classmethod
+    def rows(cls, tags: np.ndarray, blocks: Sequence[np.ndarray], *,
+             file: str | os.PathLike[str] | None = None) -> KeyColumns:
+        """The keys as the rows of 2-D byte arrays (`blocks`, back to back), each array's
+        keys of its own width: a build's tables, one array each, never joined. `file`: the
+        blocks are its mapping, in order and whole."""
+        offsets = np.empty(sum(len(b) for b in blocks) + 1, np.int64)
+        at = base = 0
+        for block in blocks:
+            rows, width = block.shape
+            np.multiply(np.arange(rows, dtype=np.int64), width, out=offsets[at:at + rows])
+            offsets[at:at + rows] += base
+            at, base = at + rows, base + block.size
+        offsets[at] = base
+        return cls(tags, [b.reshape(-1) for b in blocks], offsets, file=file)
+
+    @classmethod
     def concat(cls, parts: Sequence[KeyColumns]) -> KeyColumns:
         if not parts:
             return cls(np.zeros((0, TAG_SIZE), np.uint8), np.zeros(0, np.uint8), np.zeros(1))
@@ -59,7 +78,11 @@ class KeyColumns(Mapping[bytes, bytes]):
                    [f for p in parts for f in p.flats], offsets)
 
     def write(self, path: str | os.PathLike[str]) -> None:
-        """The keys' bytes, in order, as the file `path`."""
+        """The keys' bytes, in order, as the file `path`: nothing to write where the keys are
+        that file's shared mapping (its pages are the file's; a durable sync's fsync writes
+        them to disk)."""
+        if self.file is not None and Path(path).resolve() == self.file.resolve():
+            return
         with open(path, "wb") as f:
             for flat in self.flats:
                 flat.tofile(f)

@@ -125,7 +125,13 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         heap = int(lengths.sum())
         del lengths
         refs = refs.view("<u8")  # offsets and lengths are not negative
-        table = np.zeros(slots, _SLOT_DTYPE)
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        # the slots placed straight into the file's pages, which start as zeros (empty): a
+        # table built in memory and then written cost a second pass over its bytes
+        with (folder / SLOTS).open("wb") as f:
+            f.truncate(slots * SLOT)
+        table = np.memmap(folder / SLOTS, _SLOT_DTYPE, "r+", shape=(slots,))
         _fill(table.view(np.uint8).reshape(slots, SLOT), np.ascontiguousarray(items.tags),
               refs.view(np.uint8).reshape(m, 8), order, at)
         free = 0
@@ -135,9 +141,7 @@ class KeyIndex(MutableMapping[bytes, bytes]):
                 free += 1
             i = int(order[k])
             table[free] = (items.tags[i].tobytes(), int(refs[i]))
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        table.tofile(folder / SLOTS)
+        table.flush()
         del table
         items.write(folder / HEAP)
         _write_meta(folder, slots, m, heap)

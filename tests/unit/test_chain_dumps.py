@@ -18,6 +18,7 @@ from morphogen.chain.state import code_chunks
 from morphogen.chain.tables import build_chain_tables
 from morphogen.keyword import radix
 from morphogen.keyword.descriptor import Anchor
+from morphogen.keyword.key_index import HEAP, META, SLOTS, KeyIndex
 from morphogen.keyword.records import RecordError
 from tests.unit._chain_dump import geth_dump
 
@@ -94,6 +95,7 @@ def test_keys_indexed_apart_equal_the_one_process_build(tmp_path, monkeypatch, t
     for part in parts:
         bulk.drop_seen_codes(part, seen)
     index_parts = [{f: p[f].copy() for f in bulk.INDEX_FIELDS} for p in parts]
+    heap_parts = [{f: p[f].copy() for f in bulk.INDEX_FIELDS} for p in parts]
     keys_apart = _keys_of(parts)
     place_parts = [{f: p[f] for f in bulk.PLACE_FIELDS} for p in parts]
     asked = []
@@ -113,6 +115,16 @@ def test_keys_indexed_apart_equal_the_one_process_build(tmp_path, monkeypatch, t
     assert got.descriptor == want.descriptor
     assert sorted(set(asked)) == (["accounts", "storage"] if redraw else [])
     assert list(bulk.key_columns(index_parts).items()) == list(want.keys.items())
+    # the import's index: its keys gathered straight into the heap file, then placed; the
+    # same files as the index of the one-process build's keys
+    apart = tmp_path / "apart"
+    apart.mkdir()
+    columns = bulk.key_columns(heap_parts, keys_at=apart / HEAP)
+    assert list(columns.items()) == list(want.keys.items())
+    with KeyIndex.build(apart, columns, 256), KeyIndex.build(tmp_path / "one", want.keys, 256):
+        pass
+    for name in (SLOTS, HEAP, META):
+        assert (apart / name).read_bytes() == (tmp_path / "one" / name).read_bytes()
 
 
 def test_the_index_apart_refuses_an_address_twice(tmp_path):
@@ -135,6 +147,13 @@ def test_rows_gathered_from_the_ranges_equal_a_gather_of_their_concatenation(dty
                   np.zeros(0, np.int64)):
         got = bulk.gathered(parts, "f", order.astype(np.int64), width, dtype)
         assert got.dtype == dtype and np.array_equal(got, whole[order])
+        # into rows of an array given, as the index gathers each table into its place
+        into = np.zeros((len(order) + 4, width), dtype)
+        bulk.gathered(parts, "f", order.astype(np.int64), width, dtype, out=into[2:-2])
+        assert np.array_equal(into[2:-2], whole[order]) and not into[:2].any() \
+            and not into[-2:].any()
+    with pytest.raises(ValueError, match="C-contiguous rows"):
+        bulk.gathered(parts, "f", np.arange(3), width, dtype, out=np.zeros((3, width + 1), dtype))
 
 
 def test_the_seed_decides_the_table(tmp_path):

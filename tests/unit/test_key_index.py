@@ -188,6 +188,16 @@ def test_key_columns_read_as_the_pairs_and_build_the_same_index(tmp_path: Path) 
         assert (tmp_path / "c" / name).read_bytes() == (tmp_path / "p" / name).read_bytes()
     with pytest.raises(ValueError, match="offsets"):
         KeyColumns(np.zeros((2, 16), np.uint8), np.zeros(5, np.uint8), np.array([0, 3, 4]))
+    # keys as rows of arrays of their own widths (a build's tables), never joined: the same
+    # records as those arrays' columns joined, empty arrays included
+    blocks = [np.frombuffer(b"".join(fixed.values()), np.uint8).reshape(50, 20),
+              np.zeros((0, 52), np.uint8), np.arange(36 * 3, dtype=np.uint8).reshape(3, 36)]
+    tags = np.frombuffer(b"".join([*fixed, *(rng.randbytes(16) for _ in range(3))]), np.uint8)
+    rows = KeyColumns.rows(tags, blocks)
+    joined = KeyColumns.concat([KeyColumns.of(tags[:800], blocks[0]),
+                                KeyColumns.of(tags[800:], blocks[2])])
+    assert list(rows.items()) == list(joined.items()) and len(rows) == 53
+    assert np.array_equal(rows.offsets, joined.offsets)
 
 
 def test_touch_finds_what_the_lookups_find_and_writes_nothing(tmp_path: Path) -> None:
