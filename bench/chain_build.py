@@ -29,9 +29,10 @@ which the one process reads the ranges in and puts the index's part of them in t
 (they keep up with the workers or the workers wait on them), r_place the placing rate through
 placing and writing and r_index the index's from its build's start to its synced files, all
 measured here. The two funnels run at once: on a cluster on nodes of their own, on this host on the
-same two cores, each slowed by the other. So r_place and r_index are measured alone too, once a
-size, from the same encoded ranges (`funnels_alone`, per wall second; the result compared with the
-one-process build's), and the projection uses those, beside the same projection with the one funnel
+same two cores, each slowed by the other. So r_place and r_index are measured alone too, from
+the same encoded ranges, `--runs` times a size (`funnels_alone`, per wall second, the medians;
+the result compared with the one-process build's), and the projection uses those, beside the
+same projection with the one funnel
 of before (`r_one_process`: place, then write with the index built in the same process; measured
 from the same ranges in the same run); the rates within the imports are in the rows (`place_rps`,
 `index_rps`; `funnel_rps`, both together on this host). The memory each needs: its peak during an
@@ -228,15 +229,17 @@ def imported(dump: Path, out: Path, key, workers: int) -> tuple[float, dict]:
     return seconds, timings
 
 
-def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
+def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
     """Each of the two funnels timed alone on this host, from the same encoded ranges, as each
     runs on a node of its own on a cluster: the key index (`_index_to`, from its first read
     to its synced files), then the placing (`bulk.assemble` from the ranges read in, and the
     owner directory written with that index moved in). The baseline first, from the same
     ranges: the one-process funnel that imports ran before the index had a task of its own
-    (placing, then the owner directory with the index built in the same process). The ranges'
+    (placing, then the owner directory with the index built in the same process). The ranges
+    are encoded once, and each funnel timed `runs` times in turn: each figure is the median
+    (the projection rests on them, and one run on this host varies by a third). The ranges'
     encoding and the reads of them (the import overlaps those with encoding: `load_s`) are
-    not timed."""
+    not timed. `out` holds the last run's owner directory."""
     from cluster import chain_import as ci
     from morphogen.chain import bulk, dumps
     from morphogen.keyword.descriptor import Anchor
@@ -253,31 +256,37 @@ def funnels_alone(dump: Path, work: Path, out: Path, key) -> dict:
         return parts
 
     anchor = Anchor(1, 5, "0x" + "ab" * 32)
-    # the baseline: one process places and writes, the key index built after the pages (as
-    # every import did before the index had a task of its own)
-    whole = read((*bulk.PLACE_FIELDS, "sto_keys"))
-    t = time.perf_counter()
-    table = bulk.assemble(whole, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
-                          min_records=0, created=1000)
-    del whole
-    create_owner_dir(table, work / "one-process")
-    one_s = time.perf_counter() - t
-    del table
-    shutil.rmtree(work / "one-process")
-    gc.collect()
-    parts = read(bulk.PLACE_FIELDS)
-    index = ci._index_to(files, str(ranges / "keys"), ci._capacity(parts, ROOM, 0))
-    t = time.perf_counter()
-    table = bulk.assemble(parts, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
-                          min_records=0, created=1000, keys_apart=ci._keys_from(files))
-    del parts
-    create_owner_dir(table, out, keys_folder=ranges / "keys")
-    place_s = time.perf_counter() - t
-    del table
+    timed: dict[str, list[float]] = {"one_process_s": [], "index_alone_s": [],
+                                     "index_read_alone_s": [], "place_alone_s": []}
+    for _ in range(runs):
+        shutil.rmtree(out, ignore_errors=True)
+        # the baseline: one process places and writes, the key index built after the pages
+        # (as every import did before the index had a task of its own)
+        whole = read((*bulk.PLACE_FIELDS, "sto_keys"))
+        t = time.perf_counter()
+        table = bulk.assemble(whole, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
+                              min_records=0, created=1000)
+        del whole
+        create_owner_dir(table, work / "one-process")
+        timed["one_process_s"].append(time.perf_counter() - t)
+        del table
+        shutil.rmtree(work / "one-process")
+        gc.collect()
+        parts = read(bulk.PLACE_FIELDS)
+        index = ci._index_to(files, str(ranges / "keys"), ci._capacity(parts, ROOM, 0))
+        timed["index_alone_s"].append(index["index_s"])
+        timed["index_read_alone_s"].append(index["index_read_s"])
+        t = time.perf_counter()
+        table = bulk.assemble(parts, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
+                              min_records=0, created=1000, keys_apart=ci._keys_from(files))
+        del parts
+        create_owner_dir(table, out, keys_folder=ranges / "keys")
+        timed["place_alone_s"].append(time.perf_counter() - t)
+        del table
+        gc.collect()
     shutil.rmtree(ranges)
-    return {"one_process_s": one_s, "index_alone_s": index["index_s"],
-            "index_read_alone_s": index["index_read_s"],
-            "place_alone_s": place_s}
+    return {name: float(np.median(values)) for name, values in timed.items()} \
+        | {"runs": {name: [round(v, 2) for v in values] for name, values in timed.items()}}
 
 
 def same_bytes(a: Path, b: Path) -> bool:
@@ -310,7 +319,7 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
     write_dumps(make_state(2_000), work / "warm.jsonl", work / "warm-export.jsonl")
     imported(work / "warm.jsonl", work / "warm-out", key, 1)
     shutil.rmtree(work / "warm-out")
-    funnels_alone(work / "warm.jsonl", work, work / "warm-out", key)
+    funnels_alone(work / "warm.jsonl", work, work / "warm-out", key, 1)
     shutil.rmtree(work / "warm-out")
     rows = []
     for size in sizes:
@@ -367,11 +376,11 @@ def run(sizes: list[int], runs: int, work: Path) -> dict:
                 "peak_bytes_per_record": round(steps["peak_mib"] * 2**20 / records),
                 "identical_to_single": same_bytes(work / f"import-{w}", work / "single")}
             _log(f"[bench] {w} workers: {row[f'w{w}']}")
-        # the funnels alone, once a size (after the rounds: the one-process build's directory
-        # from the last round is there to compare with)
-        alone = funnels_alone(dump, work, work / "alone", key)
+        # the funnels alone, after the rounds (the one-process build's directory from the
+        # last round is there to compare with)
+        alone = funnels_alone(dump, work, work / "alone", key, runs)
         row["funnels_alone"] = {
-            **{k: round(v, 2) for k, v in alone.items()},
+            **{k: round(v, 2) if isinstance(v, float) else v for k, v in alone.items()},
             "place_rps": round(records / alone["place_alone_s"]),
             "index_rps": round(records / alone["index_alone_s"]),
             "one_process_rps": round(records / alone["one_process_s"]),
@@ -465,7 +474,8 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
     ap.add_argument("--runs", type=int, default=3,
-                    help="runs of each build up to 1 M records, the median (one above)")
+                    help="runs of each build up to 1 M records (one above), and of the "
+                    "funnels alone at every size: the medians")
     ap.add_argument("--out", default=None, help="results file (default: chain_build.json)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="chain-build-") as tmp:
