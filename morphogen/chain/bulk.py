@@ -50,6 +50,7 @@ from morphogen.keyword.layout import EMPTY_TAG, TAG_SIZE, Geometry
 from morphogen.keyword.pages import tags_of
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import DATASET_SIZE
+from morphogen.storage.mapped import new_mapped
 
 KEY_SIZES = {"accounts": 20, "storage": 52, "code": 36}
 CHUNK = 1020
@@ -408,11 +409,7 @@ def key_columns(parts: Sequence[dict], keys_at: str | os.PathLike[str] | None = 
 
 
 def _key_bytes(size: int, path: str | os.PathLike[str] | None) -> np.ndarray:
-    if path is None:
-        return np.empty(size, np.uint8)
-    with open(path, "wb") as f:
-        f.truncate(size)
-    return np.memmap(path, np.uint8, "r+", shape=(size,)) if size else np.zeros(0, np.uint8)
+    return np.empty(size, np.uint8) if path is None else new_mapped(path, np.uint8, (size,))
 
 
 WHAT = {"accounts": "address", "storage": "storage key", "code": "code chunk"}

@@ -38,6 +38,7 @@ from morphogen.keyword import radix
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.storage import advice
+from morphogen.storage.mapped import new_mapped
 
 SLOTS, HEAP, META = "slots.bin", "heap.bin", "index.json"
 SLOT = TAG_SIZE + 8
@@ -129,9 +130,7 @@ class KeyIndex(MutableMapping[bytes, bytes]):
         folder.mkdir(parents=True, exist_ok=True)
         # the slots placed straight into the file's pages, which start as zeros (empty): a
         # table built in memory and then written cost a second pass over its bytes
-        with (folder / SLOTS).open("wb") as f:
-            f.truncate(slots * SLOT)
-        table = np.memmap(folder / SLOTS, _SLOT_DTYPE, "r+", shape=(slots,))
+        table = new_mapped(folder / SLOTS, _SLOT_DTYPE, (slots,))
         _fill(table.view(np.uint8).reshape(slots, SLOT), np.ascontiguousarray(items.tags),
               refs.view(np.uint8).reshape(m, 8), order, at)
         free = 0
