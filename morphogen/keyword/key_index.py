@@ -38,7 +38,7 @@ from morphogen.keyword import radix
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import TAG_SIZE
 from morphogen.storage import advice
-from morphogen.storage.mapped import new_mapped
+from morphogen.storage.mapped import new_mapped, reserve
 
 SLOTS, HEAP, META = "slots.bin", "heap.bin", "index.json"
 SLOT = TAG_SIZE + 8
@@ -321,7 +321,8 @@ class KeyIndex(MutableMapping[bytes, bytes]):
                  for t, r in zip(tags, refs.tolist(), strict=True)]
         self._mm.close()
         os.ftruncate(self._slots_fd, 0)
-        os.ftruncate(self._slots_fd, slots * SLOT)
+        # the room taken now: written through the mapping, a full disk would be a SIGBUS
+        reserve(self._slots_fd, slots * SLOT, self.folder / SLOTS)
         self._n = slots
         self._mm = mmap.mmap(self._slots_fd, slots * SLOT, access=mmap.ACCESS_WRITE)
         for tag, ref in moved:

@@ -24,14 +24,22 @@ def new_mapped(path: str | os.PathLike[str], dtype, shape: tuple[int, ...]) -> n
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     with path.open("wb") as f:
         try:
-            if size and hasattr(os, "posix_fallocate"):
-                os.posix_fallocate(f.fileno(), 0, size)
-            else:
-                f.truncate(size)
-        except OSError as exc:
+            reserve(f.fileno(), size, path)
+        except OSError:
             path.unlink(missing_ok=True)
-            raise OSError(exc.errno, f"{path}: no room for {size:,} bytes "
-                                     f"({exc.strerror})") from None
+            raise
     if not size:  # a mapping cannot be empty
         return np.zeros(shape, dtype)
     return np.memmap(path, dtype, "r+", shape=shape)
+
+
+def reserve(fd: int, size: int, name: os.PathLike[str] | str) -> None:
+    """The open file `fd` (`name`) made `size` bytes long, every block of it allocated: an
+    `OSError` naming it where the disk has not the room."""
+    try:
+        if size and hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, size)
+        else:
+            os.ftruncate(fd, size)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{name}: no room for {size:,} bytes ({exc.strerror})") from None
