@@ -458,12 +458,16 @@ def plot(result: dict, path: Path) -> None:
     left.legend()
     proj = result["projection"]
     nodes = [int(n) for n in proj["minutes_by_nodes"]]
-    right.plot(nodes, list(proj["minutes_by_nodes"].values()), "o-")
-    right.axhline(30, color="grey", linestyle="--", label="30 min")
+    right.plot(nodes, list(proj["minutes_by_nodes"].values()), "o-",
+               label="two funnels (index apart)")
+    if "minutes_by_nodes_one_process_funnel" in proj:
+        right.plot(nodes, list(proj["minutes_by_nodes_one_process_funnel"].values()), "o--",
+                   label="one funnel (before)")
+    right.axhline(30, color="grey", linestyle=":", label="30 min")
     right.set_xscale("log", base=2)
     right.set_xlabel(f"nodes of {proj['cores_per_node']} cores")
     right.set_ylabel("minutes")
-    right.set_title("2 B records, projected: " + FORMULA.split(" = ")[1], fontsize=9)
+    right.set_title("2 B records, projected:\n" + FORMULA.split(" = ")[1], fontsize=8)
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
