@@ -11,10 +11,12 @@ from morphogen.party.coalesce import Coalescer
 
 
 class _Recorder:
-    def __init__(self, delay: float = 0.0, fail: Exception | None = None) -> None:
+    def __init__(self, delay: float = 0.0, fail: Exception | None = None,
+                 hold: asyncio.Event | None = None) -> None:
         self.calls: list[list[int]] = []
         self.delay = delay
         self.fail = fail
+        self.hold = hold  # the first call runs until it is set
         self.running = 0
         self.max_running = 0
 
@@ -24,6 +26,8 @@ class _Recorder:
         self.running += 1
         self.max_running = max(self.max_running, self.running)
         try:
+            if self.hold is not None and len(self.calls) == 1:
+                await self.hold.wait()
             await asyncio.sleep(self.delay)
             if self.fail:
                 raise self.fail
@@ -83,17 +87,23 @@ def test_window_zero_is_off() -> None:
 
 
 def test_in_flight_limit_grows_batches_under_load() -> None:
-    rec = _Recorder(delay=0.05)
-
     async def main():
-        c = Coalescer(rec, window_s=0.001, max_items=1000, max_in_flight=1)
+        # the first call held running until the others have queued (not for a time: a host
+        # that stalls the loop longer than the call lasted would let it finish first)
+        release = asyncio.Event()
+        c = Coalescer(rec := _Recorder(hold=release), window_s=0.001, max_items=1000,
+                      max_in_flight=1)
         first = asyncio.create_task(c.submit([0]))
-        await asyncio.sleep(0.01)  # the first call is now running
+        while not rec.running:
+            await asyncio.sleep(0)
         rest = [asyncio.create_task(c.submit([i])) for i in range(1, 20)]
+        while c._pending_items < 19:
+            await asyncio.sleep(0)
+        release.set()
         await asyncio.gather(first, *rest)
-        return c
+        return c, rec
 
-    c = asyncio.run(main())
+    c, rec = asyncio.run(main())
     assert rec.max_running == 1
     assert rec.calls[0] == [0]
     assert rec.calls[1] == list(range(1, 20))  # everything that queued meanwhile, at once
