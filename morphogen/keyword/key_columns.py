@@ -44,8 +44,7 @@ class KeyColumns(Mapping[bytes, bytes]):
     def of(cls, tags: np.ndarray, keys: Sequence[bytes] | np.ndarray) -> KeyColumns:
         """From a list of keys, or from keys of one width as the rows of a 2-D byte array."""
         if isinstance(keys, np.ndarray):
-            m, width = keys.shape
-            return cls(tags, keys.reshape(-1), np.arange(m + 1, dtype=np.int64) * width)
+            return cls.rows(tags, [keys])
         lengths = np.fromiter(map(len, keys), np.int64, len(keys))
         offsets = np.zeros(len(keys) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
