@@ -313,6 +313,7 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
     except Timeout:
         raise FileExistsError(f"another import is writing {work}") from None
     partial = out.with_name(out.name + ".partial")
+    staged = work / "pages.staged"
     try:
         if body is None:
             body = dumps.info(dump).body
@@ -363,7 +364,8 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
             del refs
             table = bulk.assemble(parts, seed=seed, signing_key=signing_key,
                                   anchor=anchor, room=room, min_records=min_records,
-                                  created=created, keys_apart=_keys_from(files))
+                                  created=created, keys_apart=_keys_from(files),
+                                  pages_at=staged)
             del parts
             t3 = time.monotonic()
             try:
@@ -382,8 +384,9 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
                 ray.wait([indexing], timeout=60)
         t4 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
-        snapshot = out / create_owner_dir(table, partial,
-                                          keys_folder=index_dir).relative_to(partial)
+        # the pages placed in their file become the snapshot's, not copied into it
+        snapshot = out / create_owner_dir(table, partial, keys_folder=index_dir,
+                                          adopt_pages=True).relative_to(partial)
         if out.exists():
             out.rmdir()
         os.replace(partial, out)
@@ -396,6 +399,9 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         log.info("import of %s: %d records into %s", dump.name, records, out)
         shutil.rmtree(work, ignore_errors=True)
     finally:
+        # a failed import's pages (the size of the matrix) are not kept for a resume: only
+        # the encoded ranges are
+        staged.unlink(missing_ok=True)
         lock.release()
         Path(str(work) + ".lock").unlink(missing_ok=True)
     return snapshot

@@ -473,8 +473,8 @@ def table_geometry(name: str, records: int, *, room: float, min_records: int) ->
 def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey,
              anchor: Anchor, room: float = 4.0, min_records: int = 4096,
              created: int | None = None,
-             keys_apart: Callable[[str, np.ndarray], np.ndarray] | None = None
-             ) -> KeywordTable:
+             keys_apart: Callable[[str, np.ndarray], np.ndarray] | None = None,
+             pages_at: str | os.PathLike[str] | None = None) -> KeywordTable:
     """The joined tables of the ranges' outputs (`encode_range`), as `build_chain_tables`
     with the same `seed` and `created` makes them from the same state.
 
@@ -482,7 +482,9 @@ def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey
     (`key_columns`), so the accounts' and storage's keys are not gathered here (`parts` need
     only `PLACE_FIELDS`) and the table's `keys` are not the owner's; the callable gives a
     table's keys in `order` from wherever the ranges are kept, for the rare placement that
-    must draw other seeds."""
+    must draw other seeds. `pages_at`: the matrix is placed in that file (made), through a
+    mapping of it, which the owner directory can then take as its snapshot's pages
+    (`create_owner_dir(adopt_pages=True)`) rather than copy them out of memory."""
     if room < 1 or min_records < 0:
         raise ValueError("room is at least 1 and min_records at least 0")
     fields = None
@@ -501,7 +503,11 @@ def assemble(parts: Sequence[dict], *, seed: int, signing_key: Ed25519PrivateKey
     # apart would copy every page once more
     spans = [table_geometry(name, len(tables[name][0]), room=room,
                             min_records=min_records).num_pages for name in TABLES]
-    pages = np.zeros((sum(spans), PAGE_SIZE), np.uint8)
+    shape = (sum(spans), PAGE_SIZE)
+    # in a file, the pages are the page cache's: written back to the disk as they are
+    # placed, not held resident as the process's own (some 128 GiB at mainnet size)
+    pages = np.zeros(shape, np.uint8) if pages_at is None else new_mapped(pages_at, np.uint8,
+                                                                          shape)
     ends = np.cumsum([0, *spans]).tolist()
     placed = []
     for i, name in enumerate(TABLES):

@@ -90,14 +90,17 @@ def _write_json_atomic(path: Path, obj: dict) -> None:
 
 def create_owner_dir(table: KeywordTable, root: str | os.PathLike[str], *,
                      full_every: int = FULL_EVERY, keep: int = KEEP,
-                     keys_folder: str | os.PathLike[str] | None = None) -> Path:
+                     keys_folder: str | os.PathLike[str] | None = None,
+                     adopt_pages: bool = False) -> Path:
     """Write a freshly built table as version 1 of a new owner directory; returns the
     snapshot directory the parties serve. A version is a full copy once the versions since
     the last one changed as many pages as the table holds (and every `full_every`-th with
     `full_every` > 0); the others hold the changed pages. `keep` published versions stay
     readable besides the unpublished ones. `keys_folder`: the table's key index, built
     apart (`KeyIndex.build` of its keys, synced) on this file system: moved in, and
-    `table.keys` not read."""
+    `table.keys` not read. `adopt_pages`: the table's pages map a file of their own
+    (`bulk.assemble(pages_at=...)`) on this file system, which becomes the snapshot's pages
+    instead of being copied (`write_snapshot(adopt=True)`)."""
     if full_every < 0 or keep < 1:
         raise ValueError("full_every is at least 0 and keep at least 1")
     root = Path(root)
@@ -108,7 +111,8 @@ def create_owner_dir(table: KeywordTable, root: str | os.PathLike[str], *,
     with FileLock(str(root / ".lock")):
         final = VersionStore(root).write(
             1, table.pages, full=True, keys=table.keys, key_puts={}, key_dels=set(),
-            batch=None, keys_folder=None if keys_folder is None else Path(keys_folder))
+            batch=None, keys_folder=None if keys_folder is None else Path(keys_folder),
+            adopt=adopt_pages)
         _write_json_atomic(root / OWNER_FILE, {
             "format": OWNER_FORMAT, "dataset": table.descriptor.dataset.hex(),
             "public_key": table.descriptor.public_key.hex(), "current": 1, "published": 1,

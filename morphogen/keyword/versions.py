@@ -110,18 +110,21 @@ class VersionStore:
 
     def write(self, version: int, pages: np.ndarray, *, full: bool,
               keys: Mapping[bytes, bytes], key_puts: dict[bytes, bytes], key_dels: set[bytes],
-              batch: ChangeBatch | None, keys_folder: Path | None = None) -> Path:
+              batch: ChangeBatch | None, keys_folder: Path | None = None,
+              adopt: bool = False) -> Path:
         """Write `version` (full: the pages and every key; else the batch and the key
         changes) and rename it into place; returns its directory. A `KeyIndex` as `keys` is
         copied as files (synced first); any other mapping is indexed afresh. `keys_folder`
         (full only): the version's key index, already built and synced on this file system
-        (`KeyIndex.build`), moved in instead; `keys` is then not read."""
+        (`KeyIndex.build`), moved in instead; `keys` is then not read. `adopt` (full only):
+        `pages` map a file of their own that becomes the snapshot's (`write_snapshot`)."""
         final = vdir(self.root, version)
         tmp = self.root / f".{final.name}.tmp-{secrets.token_hex(4)}"
         tmp.mkdir()
         if full:
             write_snapshot(tmp / SNAPSHOT, pages, epoch_id=version,
-                           source="morphogen keyword table", tables=tables_of(pages))
+                           source="morphogen keyword table", tables=tables_of(pages),
+                           adopt=adopt)
             if keys_folder is None:
                 _write_keys(tmp / KEYS_DIR, pages, keys)
             else:

@@ -48,6 +48,71 @@ def _source_chunks(source: PageSource) -> tuple[Iterator[Any], int | None]:
     return iter(source), None
 
 
+def _adoptable(source: PageSource, out: Path) -> Path | None:
+    """The file that `source` maps whole, where it can become a snapshot's pages in `out`."""
+    if not isinstance(source, np.memmap) or source.offset or not source.flags.c_contiguous:
+        return None
+    if source.ndim != 2 or source.shape[1] != PAGE_SIZE or source.dtype != np.uint8:
+        return None
+    path = Path(source.filename)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    # a rename cannot cross file systems: a file elsewhere is copied
+    same_disk = stat.st_dev == out.stat().st_dev
+    return path if same_disk and stat.st_size == source.nbytes else None
+
+
+def _copy(chunks: Iterator[Any], tmp_data: Path, hasher: ChunkHasher, meter: Meter) -> int:
+    """The chunks written to `tmp_data` (synced, zero-padded to a page) and hashed; the bytes
+    written."""
+    written = 0
+    with open(tmp_data, "wb") as fh, ThreadPoolExecutor(2) as pool:
+        pending = pool.submit(next, chunks, None)
+        while True:
+            chunk = pending.result()
+            if chunk is None:
+                break
+            # Produce the next chunk while this one is hashed and written.
+            pending = pool.submit(next, chunks, None)
+            buf = as_bytes(chunk)
+            hashed = pool.submit(hasher.update, buf)
+            fh.write(buf)
+            hashed.result()
+            written += len(buf)
+            meter.advance(len(buf))
+        ragged = written % PAGE_SIZE
+        if ragged:
+            pad = bytes(PAGE_SIZE - ragged)
+            hasher.update(memoryview(pad))
+            fh.write(pad)
+            written += len(pad)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return written
+
+
+def _hash_in_place(pages: np.ndarray, path: Path, hasher: ChunkHasher, meter: Meter) -> int:
+    """The pages of mapped file `path` hashed where they lie, while the disk syncs them (the
+    sync waits on the disk, the hash on the cores: side by side, both take the longer's
+    time); the bytes hashed."""
+    flat = pages.reshape(-1)
+    step = CHUNK_PAGES * PAGE_SIZE
+    fd = os.open(path, os.O_RDWR)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            synced = pool.submit(os.fsync, fd)
+            for a in range(0, flat.size, step):
+                hasher.update(memoryview(flat[a:a + step]))
+                meter.advance(min(step, flat.size - a))
+            synced.result()
+    finally:
+        os.close(fd)
+    return int(flat.size)
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -64,6 +129,7 @@ def write_snapshot(
     overwrite: bool = False,
     chunk_pages: int = DEFAULT_CHUNK_PAGES,
     tables: Sequence[Table | Mapping[str, Any]] | None = None,
+    adopt: bool = False,
 ) -> Manifest:
     """Write ``pages.bin`` and ``manifest.json`` into ``out_dir`` and return the manifest.
 
@@ -82,7 +148,15 @@ def write_snapshot(
     ``tables``: the named tables (`Table`s or ``{"name", "first_page", "num_pages"}``), page
     ranges of the matrix written; checked against it before anything is written when the page
     count is known up front.
+
+    ``adopt``: the source is a writable mapping of a whole file (`morphogen.storage.mapped.
+    new_mapped`) that its maker hands over: where the file is on ``out_dir``'s file system,
+    it becomes ``pages.bin`` itself (hashed where it lies while the disk syncs it, then
+    renamed in) instead of being copied, a second pass over every byte of the matrix saved.
+    The mapping still reads the snapshot's pages and must not be written again. Any other
+    source is copied as without it.
     """
+    staged = _adoptable(pages_source, Path(out_dir)) if adopt else None
     chunks, known_pages = _source_chunks(pages_source)
     if num_pages is not None and known_pages is not None and num_pages != known_pages:
         raise ValueError(f"num_pages={num_pages} but the source holds {known_pages} pages")
@@ -108,30 +182,12 @@ def write_snapshot(
     total = None if expected_pages is None else expected_pages * PAGE_SIZE
     meter = Meter(progress, total, f"writing {data_path}")
     hasher = ChunkHasher(chunk_pages)
-    written = 0
     try:
-        with open(tmp_data, "wb") as fh, ThreadPoolExecutor(2) as pool:
-            pending = pool.submit(next, chunks, None)
-            while True:
-                chunk = pending.result()
-                if chunk is None:
-                    break
-                # Produce the next chunk while this one is hashed and written.
-                pending = pool.submit(next, chunks, None)
-                buf = as_bytes(chunk)
-                hashed = pool.submit(hasher.update, buf)
-                fh.write(buf)
-                hashed.result()
-                written += len(buf)
-                meter.advance(len(buf))
-            ragged = written % PAGE_SIZE
-            if ragged:
-                pad = bytes(PAGE_SIZE - ragged)
-                hasher.update(memoryview(pad))
-                fh.write(pad)
-                written += len(pad)
-            fh.flush()
-            os.fsync(fh.fileno())
+        if staged is None:
+            written = _copy(chunks, tmp_data, hasher, meter)
+        else:
+            written = _hash_in_place(pages_source, staged, hasher, meter)
+            os.replace(staged, tmp_data)
         meter.finish()
         pages_written = written // PAGE_SIZE
         if pages_written == 0:

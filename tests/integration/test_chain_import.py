@@ -186,7 +186,9 @@ def test_an_import_killed_after_its_index_moved_in_starts_again_clean(dump, monk
                     seed=6, created=1000, min_records=256, range_bytes=20_000,
                     report=lambda line: None)
     work = out.with_name("moved.work")
-    assert not (work / "keys").exists() and not out.exists()
+    # the pages moved in before the index: neither is left in the work directory
+    assert not (work / "keys").exists() and not (work / "pages.staged").exists()
+    assert not out.exists()
     monkeypatch.setattr(versions, "_move_index", real)
     import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
                 seed=None, created=1000, min_records=256, range_bytes=20_000,
@@ -194,6 +196,40 @@ def test_an_import_killed_after_its_index_moved_in_starts_again_clean(dump, monk
     assert _files(out) == _files(_built(dump, 6))
     assert sorted(p.name for p in dump["root"].iterdir() if p.name.startswith("moved")) == \
         ["moved"]
+
+
+def test_an_import_killed_while_its_pages_are_hashed_keeps_its_ranges_not_its_pages(
+        dump, monkeypatch):
+    """The pages are placed in a file of the work directory that becomes the snapshot's: an
+    import stopped before it moved in removes it (the size of the matrix, not needed for a
+    resume) and keeps the encoded ranges; the same command again resumes from them."""
+    from morphogen.snapshot import writer
+
+    out = dump["root"] / "hashing"
+    work = out.with_name("hashing.work")
+
+    class Killed(Exception):
+        pass
+
+    def die(pages, path, hasher, meter):
+        assert path == work / "pages.staged" and path.stat().st_size == pages.nbytes
+        raise Killed(str(path))
+
+    monkeypatch.setattr(writer, "_hash_in_place", die)
+    with pytest.raises(Killed):
+        import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
+                    seed=8, created=1000, min_records=256, range_bytes=20_000,
+                    report=lambda line: None)
+    assert not (work / "pages.staged").exists() and sorted(work.glob("r*"))
+    monkeypatch.undo()
+    lines: list[str] = []
+    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
+                seed=None, created=1000, min_records=256, range_bytes=20_000,
+                report=lines.append)
+    assert lines[0].startswith("resuming: ")
+    assert _files(out) == _files(_built(dump, 8))
+    assert sorted(p.name for p in dump["root"].iterdir() if p.name.startswith("hashing")) == \
+        ["hashing"]
 
 
 def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
