@@ -53,9 +53,9 @@ def _hash_threads() -> int:
 HASH_THREADS = _hash_threads()
 
 
-def new_hasher() -> blake3.blake3:
-    """A chunk's hasher: HASH_THREADS threads on large updates, the GIL released meanwhile."""
-    return blake3.blake3(max_threads=HASH_THREADS)
+def new_hasher(threads: int = HASH_THREADS) -> blake3.blake3:
+    """A chunk's hasher: `threads` threads on large updates, the GIL released meanwhile."""
+    return blake3.blake3(max_threads=threads)
 
 
 def root_hex(num_pages: int, chunk_pages: int, digests: list[str] | tuple[str, ...]) -> str:
@@ -85,11 +85,12 @@ def is_digest_hex(value: object) -> bool:
 class ChunkHasher:
     """Chunk digests of a byte stream fed in pieces of any size (a writer's chunks)."""
 
-    def __init__(self, chunk_pages: int) -> None:
+    def __init__(self, chunk_pages: int, threads: int = HASH_THREADS) -> None:
         if chunk_pages < 1:
             raise ValueError("chunk_pages must be >= 1")
         self._chunk_bytes = chunk_pages * PAGE_SIZE
-        self._hasher = new_hasher()
+        self._threads = threads
+        self._hasher = new_hasher(threads)
         self._filled = 0
         self.digests: list[str] = []
 
@@ -111,5 +112,5 @@ class ChunkHasher:
 
     def _close_chunk(self) -> None:
         self.digests.append(self._hasher.hexdigest())
-        self._hasher = new_hasher()
+        self._hasher = new_hasher(self._threads)
         self._filled = 0

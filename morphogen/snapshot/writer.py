@@ -14,7 +14,13 @@ import numpy as np
 
 from morphogen.constants import MAX_DOMAIN_BITS, MAX_PAGES, PAGE_SIZE
 from morphogen.snapshot.chunks import CHUNK_PAGES, as_bytes
-from morphogen.snapshot.hashes import DEFAULT_CHUNK_PAGES, ChunkHasher, checksum_str, root_hex
+from morphogen.snapshot.hashes import (
+    DEFAULT_CHUNK_PAGES,
+    HASH_THREADS,
+    ChunkHasher,
+    checksum_str,
+    root_hex,
+)
 from morphogen.snapshot.layout import domain_bits_for
 from morphogen.snapshot.manifest import (
     DATA_FILE,
@@ -181,7 +187,9 @@ def write_snapshot(
     tmp_manifest = out / f".{MANIFEST_FILE}.tmp-{token}"
     total = None if expected_pages is None else expected_pages * PAGE_SIZE
     meter = Meter(progress, total, f"writing {data_path}")
-    hasher = ChunkHasher(chunk_pages)
+    # in place, every core hashes (the one other thread waits on the disk); a copy leaves
+    # one to the thread that writes
+    hasher = ChunkHasher(chunk_pages, HASH_THREADS if staged is None else os.cpu_count() or 1)
     try:
         if staged is None:
             written = _copy(chunks, tmp_data, hasher, meter)
