@@ -9,8 +9,8 @@ over the whole table, so it is sequential and order-dependent; everything before
    sort the range's accounts by address, encode their records, tag them (BLAKE3) and hash them
    (SipHash, before the modulo: the table's size is not known yet). The range's records come
    out sorted, and each account's storage follows it.
-2. `assemble` (one process a table): merge the ranges' sorted accounts (an n log(ranges)
-   merge), lay storage and code out in the export's order, take each record's buckets as its
+2. `assemble` (one process a table): sort the ranges' accounts by address (a radix sort on
+   every core), lay storage and code out in the export's order, take each record's buckets as its
    hashes modulo the table's size, and place them with `place_table`, the very function and
    draws the one-process build uses: the same records give the same bytes.
 
@@ -19,7 +19,7 @@ from the values, tags and hashes (`assemble(keys_apart=...)`), the other reads t
 tags and builds the owner's key index from them (`key_columns`), at the same time.
 
 Costs: step 1 is per record, O(records / workers). Step 2 touches each record a few times
-(merge, gather, modulo, placement, slot writes) and hashes each page once for the tree; its
+(sort, gather, modulo, placement, slot writes) and hashes each page once for the tree; its
 rate is what `bench/chain_build.py` reports as the funnel. Its memory is the records once and
 the pages: a range's arrays are dropped as they are gathered into the tables' order, a code's
 records are kept from one range only (`drop_seen_codes`, as the ranges are read in), and the
@@ -31,7 +31,6 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
@@ -185,47 +184,6 @@ def drop_seen_codes(part: dict, seen: set[bytes]) -> None:
 # -- step 2 ------------------------------------------------------------------------------------
 
 @numba.njit(cache=True)
-def _less(keys, a, b):
-    for j in range(keys.shape[1]):
-        if keys[a, j] != keys[b, j]:
-            return keys[a, j] < keys[b, j]
-    return False
-
-
-@numba.njit(cache=True, nogil=True)
-def _merge(keys, left, right):
-    out = np.empty(len(left) + len(right), np.int64)
-    i = j = k = 0
-    while i < len(left) and j < len(right):
-        if _less(keys, right[j], left[i]):
-            out[k] = right[j]
-            j += 1
-        else:
-            out[k] = left[i]
-            i += 1
-        k += 1
-    out[k:k + len(left) - i] = left[i:]
-    k += len(left) - i
-    out[k:] = right[j:]
-    return out
-
-
-def merge_sorted(keys: np.ndarray, runs: Sequence[int]) -> np.ndarray:
-    """The order of `keys` (rows, compared as bytes) given that they are `runs` sorted runs
-    of those lengths, back to back: pairwise merges, log2(runs) passes, the merges of a pass
-    on every core (the merge lets go of the interpreter's lock)."""
-    bounds = np.concatenate([[0], np.cumsum(runs)]).astype(np.int64)
-    parts = [np.arange(bounds[i], bounds[i + 1], dtype=np.int64) for i in range(len(runs))]
-    parts = [p for p in parts if len(p)] or [np.zeros(0, np.int64)]
-    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
-        while len(parts) > 1:
-            pairs = [pool.submit(_merge, keys, parts[i], parts[i + 1])
-                     for i in range(0, len(parts) - 1, 2)]
-            parts = [f.result() for f in pairs] + ([parts[-1]] if len(parts) % 2 else [])
-    return parts[0]
-
-
-@numba.njit(cache=True)
 def _segments(starts, lengths, order):
     total = 0
     for i in order:
@@ -328,7 +286,9 @@ def orders(parts: Sequence[dict]) -> dict[str, np.ndarray]:
     export's order (accounts by address, each account's storage after it, each code once at
     its least address). Reads only the ranges' addresses, storage counts and code ids."""
     acc_keys = _cat(parts, "acc_keys", 20)
-    acc = merge_sorted(acc_keys, [len(p["acc_keys"]) for p in parts])
+    # sorted as one, not merged as the ranges' sorted runs: one radix sort on every core
+    # against log2(ranges) passes of merges over every address
+    acc = radix.rows_argsort(acc_keys)
     del acc_keys
     counts = np.concatenate([p["sto_counts"] for p in parts]) if parts else np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
@@ -338,21 +298,19 @@ def orders(parts: Sequence[dict]) -> dict[str, np.ndarray]:
     ids = _cat(parts, "code_ids", 32)
     chunks = np.concatenate([p["code_chunks"] for p in parts]) if parts else np.zeros(0, np.int64)
     cstarts = np.concatenate([[0], np.cumsum(chunks)[:-1]]).astype(np.int64)
-    by_first = merge_sorted(np.concatenate([firsts, ids], axis=1),
-                            [len(p["code_first"]) for p in parts])
-    seen: set[bytes] = set()
-    keep = []
-    for i in by_first:
-        code_id = ids[i].tobytes()
-        if code_id not in seen:
-            seen.add(code_id)
-            keep.append(code_id)
-    # a code's records are the same bytes in every range that has it: taken from one range
-    # that still holds them (`drop_seen_codes` leaves them in one only)
-    holder: dict[bytes, int] = {}
-    for i in np.flatnonzero(chunks):
-        holder.setdefault(ids[i].tobytes(), int(i))
-    code = _segments(cstarts, chunks, np.asarray([holder[c] for c in keep], np.int64))
+    by_first = radix.rows_argsort(np.concatenate([firsts, ids], axis=1))
+    hashes = np.ascontiguousarray(ids).view(np.dtype((np.void, 32))).reshape(-1)
+    _, first_at = np.unique(hashes[by_first], return_index=True)
+    keep = by_first[np.sort(first_at)]  # each code's row at its least address, in order
+    # a code's records are the same bytes in every range that has it: taken from the first
+    # range that still holds them (`drop_seen_codes` leaves them in one only)
+    held = np.flatnonzero(chunks)
+    held_hashes, held_at = np.unique(hashes[held], return_index=True)
+    where = np.minimum(np.searchsorted(held_hashes, hashes[keep]), max(len(held) - 1, 0))
+    found = held_hashes[where] == hashes[keep] if len(held) else np.zeros(len(keep), bool)
+    # a code no range holds records of has none: its own row (of no chunks) stands for it
+    holder = np.where(found, held[held_at[where]] if len(held) else keep, keep)
+    code = _segments(cstarts, chunks, holder.astype(np.int64))
     return {"accounts": acc, "storage": sto, "code": code}
 
 

@@ -253,16 +253,6 @@ def test_repeats_are_found_among_many_records(fault):
         bulk._refuse_repeats(keys, tags, "storage key")
 
 
-def test_many_sorted_runs_merge_into_one_order():
-    rng = np.random.default_rng(5)
-    runs = [int(r) for r in rng.integers(0, 300, 37)]
-    rows = [np.sort(rng.integers(0, 2**40, r)).astype(">u8").view(np.uint8).reshape(r, 8)
-            for r in runs]
-    keys = np.concatenate(rows)
-    order = bulk.merge_sorted(keys, runs)
-    assert np.array_equal(order, np.argsort(keys.view(">u8").reshape(-1), kind="stable"))
-
-
 def test_line_ranges_cover_the_file_at_line_starts(tmp_path):
     path = tmp_path / "d.jsonl"
     geth_dump(path, 50)
