@@ -79,7 +79,8 @@ def read_range(folder: str | os.PathLike[str], fields) -> dict[str, np.ndarray]:
 def _index_build(folder: str, capacity: int, parts: list[dict]) -> dict:
     """The owner's key index of the ranges' `parts` (in dump order; `bulk.INDEX_FIELDS` of
     each) written at `folder` and synced: their keys and tags laid out in the export's order
-    and checked distinct (`bulk.key_columns`), for a table of `capacity` slots. Returns its
+    and checked distinct (the keys by `bulk.key_columns`, the tags by `KeyIndex.build`), for
+    a table of `capacity` slots. Returns its
     seconds and CPU seconds (`index_s`, `index_cpu_s`) and, where it can be read, its
     memory's peak above what it held before (`index_peak_mib`)."""
     from morphogen.keyword.key_index import HEAP, KeyIndex, slots_for

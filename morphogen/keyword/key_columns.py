@@ -86,6 +86,15 @@ class KeyColumns(Mapping[bytes, bytes]):
             for flat in self.flats:
                 flat.tofile(f)
 
+    def key(self, i: int) -> bytes:
+        """Record `i`'s key."""
+        a, b = int(self.offsets[i]), int(self.offsets[i + 1])
+        for flat in self.flats:  # a key lies in one of them
+            if a < len(flat) or a == b:
+                return flat[a:b].tobytes()
+            a, b = a - len(flat), b - len(flat)
+        raise IndexError(i)
+
     @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)

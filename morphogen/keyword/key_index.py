@@ -37,6 +37,7 @@ import numpy as np
 from morphogen.keyword import radix
 from morphogen.keyword.key_columns import KeyColumns
 from morphogen.keyword.layout import TAG_SIZE
+from morphogen.keyword.records import RecordError
 from morphogen.storage import advice
 from morphogen.storage.mapped import new_mapped, reserve
 
@@ -114,7 +115,8 @@ class KeyIndex(MutableMapping[bytes, bytes]):
             slots *= 2
         words = items.tags.view("<u8").reshape(m, 2)
         homes = words[:, 0] % np.uint64(slots)
-        order = _by_home_then_tag(words, homes, slots)
+        order, tied = _by_home_then_tag(words, homes, slots)
+        _refuse_alike(items, words, order, tied)
         at = _positions(homes, order)
         del homes  # a build holds a table's records: its temporaries go as soon as they can
         lengths = items.lengths
@@ -384,18 +386,38 @@ def _fill(table, tags, refs, order, at):
             table[pos, TAG_SIZE:] = refs[i]
 
 
-def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int) -> np.ndarray:
-    """The order of the records by home slot, then by tag. One sort of a 64-bit key (the
-    home in the high bits, the tag's first bits below it); where two keys tie (tags alike
-    in those bits: rare), the sort by all three."""
+def _by_home_then_tag(words: np.ndarray, homes: np.ndarray, slots: int
+                      ) -> tuple[np.ndarray, bool]:
+    """The order of the records by home slot, then by tag, and whether two records tied in
+    the one sort of a 64-bit key (the home in the high bits, the tag's first bits below
+    it) that gives it. Where they tie (tags alike in those bits: rare), the sort by all
+    three."""
     bits = max(1, int(slots - 1).bit_length())
     shift = np.uint64(64 - bits)
     packed = words[:, 0] >> np.uint64(bits)
     packed |= homes << shift
     order, ranked = radix.argsort(packed)
     if len(ranked) > 1 and bool((ranked[1:] == ranked[:-1]).any()):
-        return np.lexsort((words[:, 1], words[:, 0], homes))
-    return order
+        return np.lexsort((words[:, 1], words[:, 0], homes)), True
+    return order, False
+
+
+def _refuse_alike(items: KeyColumns, words: np.ndarray, order: np.ndarray, tied: bool) -> None:
+    """A tag is a record's name in the index: two records of one tag, or one with the tag
+    of an empty slot (zeros), would each read as the other, or as nothing. Found from the
+    build's own order: equal tags are neighbours in it (they tie in its sort, which then
+    sorted by whole tags), and a zero tag, whose home and bits are zeros, comes first."""
+    if len(order) and not words[order[0]].any():
+        raise RecordError(f"key 0x{items.key(int(order[0])).hex()[:64]}: its tag is all "
+                          "zeros (the empty-slot marker)")
+    if tied:
+        ranked = words[order]
+        same = np.flatnonzero((ranked[1:] == ranked[:-1]).all(axis=1))
+        if len(same):
+            a, b = (items.key(int(order[i])) for i in (same[0], same[0] + 1))
+            what = "the same key twice" if a == b else "keys whose 128-bit tags collide"
+            raise RecordError(f"{what}: 0x{a.hex()[:64]} and 0x{b.hex()[:64]}; every key "
+                              "appears once")
 
 
 def _tag(tag: bytes) -> bytes:

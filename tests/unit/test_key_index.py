@@ -109,6 +109,43 @@ def test_bad_tags_and_keys_are_refused(tmp_path: Path):
         KeyIndex(tmp_path / "i")
 
 
+@pytest.mark.parametrize("fault", ["tag_twice", "key_twice", "zero_tag", "alike"])
+def test_a_build_refuses_a_tag_twice_or_the_empty_slots_before_writing(tmp_path: Path, fault):
+    """A tag names its record: the build refuses two records of one tag (named by their keys)
+    and a record of the empty slot's tag (zeros), found in the sort it makes to place them,
+    and makes no file; tags alike in all but their last bit are built as any two."""
+    from morphogen.keyword.key_columns import KeyColumns
+    from morphogen.keyword.records import RecordError
+
+    rng = np.random.default_rng(9)
+    n, first, second = 5000, 3100, 4321  # both in the second table
+    tags = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+    keys = rng.integers(0, 256, (n, 20), dtype=np.uint8)
+    if fault == "zero_tag":
+        tags[second] = 0
+    else:
+        tags[second] = tags[first]
+    if fault == "key_twice":
+        keys[second] = keys[first]
+    if fault == "alike":
+        tags[second, 15] ^= 1  # the same home and first word: they tie in the packed sort
+    # as a chain import hands them: a table's keys an array of their own width
+    short = np.ascontiguousarray(keys[3000:, :12])
+    columns = KeyColumns.rows(tags, [keys[:3000], short])
+    folder = tmp_path / "i"
+    if fault == "alike":
+        with KeyIndex.build(folder, columns, slots_for(n)) as index:
+            assert dict(index.items()) == dict(columns.items()) and len(index) == n
+        return
+    key = {i: short[i - 3000].tobytes().hex() for i in (first, second)}
+    says = {"tag_twice": f"keys whose 128-bit tags collide: 0x{key[first]} and 0x{key[second]}",
+            "key_twice": f"the same key twice: 0x{key[first]} and 0x{key[first]}",
+            "zero_tag": f"key 0x{key[second]}: its tag is all zeros"}[fault]
+    with pytest.raises(RecordError, match=says):
+        KeyIndex.build(folder, columns, slots_for(n))
+    assert not folder.exists()
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_a_built_index_is_what_inserting_gives_in_any_order(tmp_path: Path, seed: int):
     """`build` places every record in one pass; it answers as inserting them one by one does
@@ -161,7 +198,8 @@ def test_the_build_order_is_home_then_tag_ties_included():
                            axis=1)):
         homes = words[:, 0] % np.uint64(slots)
         want = np.lexsort((words[:, 1], words[:, 0], homes))
-        assert np.array_equal(_by_home_then_tag(words, homes, slots), want)
+        order, tied = _by_home_then_tag(words, homes, slots)
+        assert np.array_equal(order, want) and tied == (len(words) == 300)
 
 
 def test_key_columns_read_as_the_pairs_and_build_the_same_index(tmp_path: Path) -> None:
