@@ -233,7 +233,8 @@ def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
     """Each of the two funnels timed alone on this host, from the same encoded ranges, as each
     runs on a node of its own on a cluster: the key index (`_index_to`, from its first read
     to its synced files), then the placing (`bulk.assemble` from the ranges read in, and the
-    owner directory written with that index moved in). The baseline first, from the same
+    owner directory written with that index moved in, its pages placed in the file that
+    becomes the snapshot's, as an import does). The baseline first, from the same
     ranges: the one-process funnel that imports ran before the index had a task of its own
     (placing, then the owner directory with the index built in the same process). The ranges
     are encoded once, and each funnel timed `runs` times in turn: each figure is the median
@@ -278,9 +279,10 @@ def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
         timed["index_read_alone_s"].append(index["index_read_s"])
         t = time.perf_counter()
         table = bulk.assemble(parts, seed=seed, signing_key=key, anchor=anchor, room=ROOM,
-                              min_records=0, created=1000, keys_apart=ci._keys_from(files))
+                              min_records=0, created=1000, keys_apart=ci._keys_from(files),
+                              pages_at=ranges / "pages.staged")
         del parts
-        create_owner_dir(table, out, keys_folder=ranges / "keys")
+        create_owner_dir(table, out, keys_folder=ranges / "keys", adopt_pages=True)
         timed["place_alone_s"].append(time.perf_counter() - t)
         del table
         gc.collect()
