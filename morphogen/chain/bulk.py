@@ -307,13 +307,11 @@ def orders(parts: Sequence[dict]) -> dict[str, np.ndarray]:
     _, first_at = np.unique(hashes[by_first], return_index=True)
     keep = by_first[np.sort(first_at)]  # each code's row at its least address, in order
     # a code's records are the same bytes in every range that has it: taken from the first
-    # range that still holds them (`drop_seen_codes` leaves them in one only)
+    # range that still holds them (`drop_seen_codes` leaves them in one only, the first read,
+    # and a code, never empty, has a chunk at least: every code is held somewhere)
     held = np.flatnonzero(chunks)
     held_hashes, held_at = np.unique(hashes[held], return_index=True)
-    where = np.minimum(np.searchsorted(held_hashes, hashes[keep]), max(len(held) - 1, 0))
-    found = held_hashes[where] == hashes[keep] if len(held) else np.zeros(len(keep), bool)
-    # a code no range holds records of has none: its own row (of no chunks) stands for it
-    holder = np.where(found, held[held_at[where]] if len(held) else keep, keep)
+    holder = held[held_at[np.searchsorted(held_hashes, hashes[keep])]]
     code = _segments(cstarts, chunks, holder.astype(np.int64))
     return {"accounts": acc, "storage": sto, "code": code}
 
