@@ -81,11 +81,18 @@ def _built(dump, seed: int) -> Path:
     return out
 
 
+def _import(dump, out: Path, *, seed: int | None, path: Path | None = None, workers: int = 2,
+            report=lambda line: None) -> Path:
+    """`import_dump` of the test's dump (or `path`), as every test here imports it."""
+    return import_dump(dump["path"] if path is None else path, out, signing_key=dump["key"],
+                       anchor=ANCHOR, workers=workers, seed=seed, created=1000,
+                       min_records=256, range_bytes=20_000, report=report)
+
+
 def test_the_import_equals_the_one_process_build(dump):
     out = dump["root"] / "imported"
     lines: list[str] = []
-    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2, seed=3,
-                created=1000, min_records=256, range_bytes=20_000, report=lines.append)
+    _import(dump, out, seed=3, report=lines.append)
     assert _files(out) == _files(_built(dump, 3))
     assert any("records/s" in line and "left" in line for line in lines)
     assert not out.with_name("imported.work").exists()
@@ -113,8 +120,7 @@ def test_an_address_in_two_ranges_is_refused_by_the_index_and_leaves_nothing(dum
     twice.write_text("\n".join(lines + [lines[3]]) + "\n")  # ranges apart: first and last
     out = dump["root"] / "twice-out"
     with pytest.raises(RecordError, match=r"address 0x[0-9a-f]{40} twice in the dump"):
-        import_dump(twice, out, signing_key=dump["key"], anchor=ANCHOR, workers=2, seed=3,
-                    created=1000, min_records=256, range_bytes=20_000, report=lambda line: None)
+        _import(dump, out, seed=3, path=twice)
     assert [p.name for p in dump["root"].iterdir() if p.name.startswith("twice-out")] == []
 
 
@@ -151,14 +157,12 @@ def test_a_killed_import_resumes(dump):
         raise Killed(line)
 
     with pytest.raises(Killed):
-        import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=1,
-                    seed=4, created=1000, min_records=256, range_bytes=20_000, report=die)
+        _import(dump, out, seed=4, workers=1, report=die)
     work = out.with_name("resumed.work")
     done = sorted(p for p in work.glob("r*") if not p.name.endswith(".tmp"))
     assert done and not out.exists()
     lines: list[str] = []
-    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2, seed=None,
-                created=1000, min_records=256, range_bytes=20_000, report=lines.append)
+    _import(dump, out, seed=None, report=lines.append)
     assert lines[0].startswith(f"resuming: {len(done)} of ")
     assert _files(out) == _files(_built(dump, 4))  # the seed came from the work directory
 
@@ -182,17 +186,13 @@ def test_an_import_killed_after_its_index_moved_in_starts_again_clean(dump, monk
 
     monkeypatch.setattr(versions, "_move_index", move_then_die)
     with pytest.raises(Killed):
-        import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
-                    seed=6, created=1000, min_records=256, range_bytes=20_000,
-                    report=lambda line: None)
+        _import(dump, out, seed=6)
     work = out.with_name("moved.work")
     # the pages moved in before the index: neither is left in the work directory
     assert not (work / "keys").exists() and not (work / "pages.staged").exists()
     assert not out.exists()
     monkeypatch.setattr(versions, "_move_index", real)
-    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
-                seed=None, created=1000, min_records=256, range_bytes=20_000,
-                report=lambda line: None)
+    _import(dump, out, seed=None)
     assert _files(out) == _files(_built(dump, 6))
     assert sorted(p.name for p in dump["root"].iterdir() if p.name.startswith("moved")) == \
         ["moved"]
@@ -217,15 +217,11 @@ def test_an_import_killed_while_its_pages_are_hashed_keeps_its_ranges_not_its_pa
 
     monkeypatch.setattr(writer, "_hash_in_place", die)
     with pytest.raises(Killed):
-        import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
-                    seed=8, created=1000, min_records=256, range_bytes=20_000,
-                    report=lambda line: None)
+        _import(dump, out, seed=8)
     assert not (work / "pages.staged").exists() and sorted(work.glob("r*"))
     monkeypatch.undo()
     lines: list[str] = []
-    import_dump(dump["path"], out, signing_key=dump["key"], anchor=ANCHOR, workers=2,
-                seed=None, created=1000, min_records=256, range_bytes=20_000,
-                report=lines.append)
+    _import(dump, out, seed=None, report=lines.append)
     assert lines[0].startswith("resuming: ")
     assert _files(out) == _files(_built(dump, 8))
     assert sorted(p.name for p in dump["root"].iterdir() if p.name.startswith("hashing")) == \
