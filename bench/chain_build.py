@@ -9,8 +9,8 @@ address order (what `chain import` reads) and as the state export (what `chain b
 neither timed. One local Ray instance with every core is started, and its workers warmed (the
 encoder imported), before the timed imports, as a cluster is up before an import (that start is
 reported apart); `workers` bounds the tasks in flight, as `chain import --workers` does. The
-builds take turns, round after round, and each figure is the median of its rounds (`--runs` up to 1 M
-records; above, `--big-rounds`, the one-process build in the first round only).
+builds take turns, round after round, and each figure is the median of its rounds (`--runs`
+up to 1 M records; above, `--big-rounds`, the one-process build in the first round only).
 Rates are given per wall second and per CPU second: this host's two cores are shared, so the
 bench also measures what it gives two processes of pure CPU work at the time
 (`host_speedup_2_processes`), the ceiling of any 1 -> 2 worker speed-up measured here.
@@ -403,7 +403,7 @@ def run(sizes: list[int], runs: int, work: Path, big_rounds: int = 1) -> dict:
         if 2 in results:
             # each round's own figure: its two imports ran minutes apart, under the same load
             row["speedup_1_to_2_rounds"] = [round(a[0] / b[0], 2)
-                                            for a, b in zip(results[1], results[2])]
+                                            for a, b in zip(results[1], results[2], strict=True)]
         rows.append(row)
         for p in ("single", *[f"import-{w}" for w in workers_list]):
             shutil.rmtree(work / p, ignore_errors=True)
