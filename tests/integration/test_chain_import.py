@@ -2,7 +2,8 @@
 byte, the one `chain build` makes of the same state; a malformed line leaves nothing behind; a
 killed import resumes from the ranges it had encoded; and a real anvil's dump, imported and
 served by two real parties, reads back privately every balance, nonce, code and storage word
-anvil holds at that block (and the follower carries it on from there)."""
+anvil holds at that block, through the keyword clients and through the wallet's endpoint (and
+the follower carries it on from there)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from cluster.chain_import import encode_ranges, import_dump
@@ -21,11 +23,14 @@ from morphogen.chain.export import BlockRef, ExportHeader, state_records, write_
 from morphogen.chain.follow import Follower
 from morphogen.chain.rpc import EthRpc, quantity
 from morphogen.chain.tables import build_chain_tables
+from morphogen.client import PirClient
 from morphogen.client.admin import AdminClient
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.owner import OwnerTable, create_owner_dir
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import load_signing_key
+from morphogen.wallet import Endpoint, PrivateState, RpcServer
+from morphogen.wallet.jsonrpc import MAX_BATCH
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
 from tests.integration.conftest import delete_apps, deploy
 from tests.integration.test_chain_follow import (
@@ -278,6 +283,8 @@ def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
         reader = Reader(urls, root / "o.pub")
         try:
             reader.check(rpc, rpc.block(number), accounts, slots)
+            _endpoint_answers_as_the_node(urls, root / "o.pub", rpc, rpc.block(number),
+                                          accounts, slots)
             # the follower carries the imported tables on from the dump's block
             follower = Follower(rpc, owner, HttpParties([AdminClient(u, TOKEN) for u in urls],
                                                         30.0, None),
@@ -294,3 +301,39 @@ def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
         finally:
             reader.close()
             delete_apps("cia", "cib")
+
+
+def _endpoint_answers_as_the_node(urls: list[str], pub: Path, rpc: EthRpc, block: dict,
+                                  accounts: set[bytes], slots: set[tuple[bytes, bytes]]) -> None:
+    """The wallet's endpoint, as `morphogen rpc` serves it (private, verified reads through the
+    parties at `urls`, JSON-RPC over HTTP on loopback): every balance, nonce, code and storage
+    word of `accounts` and `slots` as the node answers at `block`, asked in batches."""
+    pir = PirClient(*urls)
+    server = RpcServer(Endpoint(PrivateState(pir, pub)), "127.0.0.1", 0)
+    server.start()
+    try:
+        at = {"blockHash": block["hash"]}
+        asked, want = [], []
+        for address in sorted(accounts):
+            shown = "0x" + address.hex()
+            for method in ("eth_getBalance", "eth_getTransactionCount", "eth_getCode"):
+                asked.append((method, [shown, block["number"]]))
+                want.append(rpc.call(method, shown, at))
+        for address, slot in sorted(slots):
+            shown, word = "0x" + address.hex(), "0x" + slot.hex()
+            asked.append(("eth_getStorageAt", [shown, word, block["number"]]))
+            want.append(rpc.call("eth_getStorageAt", shown, word, at))
+        assert any(w not in ("0x0", "0x") for w in want)  # the chain's state, not only blanks
+        got: dict[int, dict] = {}
+        for start in range(0, len(asked), MAX_BATCH):
+            body = [{"jsonrpc": "2.0", "id": i, "method": m, "params": p}
+                    for i, (m, p) in enumerate(asked[start:start + MAX_BATCH], start)]
+            reply = httpx.post(server.url, json=body, timeout=60)
+            assert reply.status_code == 200
+            got |= {r["id"]: r for r in reply.json()}
+        for i, (call, node) in enumerate(zip(asked, want, strict=True)):
+            assert got[i].get("result") == node, (call, got[i])
+    finally:
+        server.shutdown()
+        server.server_close()
+        pir.close()
