@@ -38,7 +38,9 @@ of before (`r_one_process`: place, then write with the index built in the same p
 from the same ranges in the same run); the rates within the imports are in the rows (`place_rps`,
 `index_rps`; `funnel_rps`, both together on this host). The memory each needs: its peak during an
 import above what it held before, per record (`peak_bytes_per_record`, `index_bytes_per_record`),
-and that times R (`funnel_gib`, `index_gib`).
+and that times R (`funnel_gib`, `index_gib`). The disk it needs beside the dump: the encoded
+ranges in its work directory and the owner directory, per record (`ranges_bytes_per_record`,
+`owner_bytes_per_record`) and times R (`ranges_gib`, `owner_gib`).
 
     python bench/chain_build.py                    # 1 M, 4 M, 16 M records
     python bench/chain_build.py --sizes 1000000    # one size
@@ -252,6 +254,8 @@ def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
     shutil.rmtree(ranges, ignore_errors=True)
     files, seed = ci.encode_ranges(dump, ranges, dumps.info(dump).body, seed=9,
                                    range_bytes=8 << 20, report=lambda line: None)
+    # the disk the encoded ranges take in the work directory while an import runs
+    ranges_bytes = _dir_bytes(ranges)
 
     def read(fields) -> list[dict]:
         parts = ci.read_ranges(files, fields)
@@ -290,7 +294,12 @@ def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
         gc.collect()
     shutil.rmtree(ranges)
     return {name: float(np.median(values)) for name, values in timed.items()} \
-        | {"runs": {name: [round(v, 2) for v in values] for name, values in timed.items()}}
+        | {"runs": {name: [round(v, 2) for v in values] for name, values in timed.items()},
+           "ranges_bytes": ranges_bytes}
+
+
+def _dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def same_bytes(a: Path, b: Path) -> bool:
@@ -392,7 +401,9 @@ def run(sizes: list[int], runs: int, work: Path, big_rounds: int = 1) -> dict:
             "place_rps": round(records / alone["place_alone_s"]),
             "index_rps": round(records / alone["index_alone_s"]),
             "one_process_rps": round(records / alone["one_process_s"]),
-            "identical_to_single": same_bytes(work / "alone", work / "single")}
+            "identical_to_single": same_bytes(work / "alone", work / "single"),
+            "ranges_bytes_per_record": round(alone["ranges_bytes"] / records),
+            "owner_bytes_per_record": round(_dir_bytes(work / "single") / records)}
         _log(f"[bench] funnels alone: {row['funnels_alone']}")
         shutil.rmtree(work / "alone")
         one, two = row["w1"], row.get("w2", row["w1"])
@@ -420,6 +431,10 @@ def run(sizes: list[int], runs: int, work: Path, big_rounds: int = 1) -> dict:
     r_place = biggest["funnels_alone"]["place_rps"]
     r_index = biggest["funnels_alone"]["index_rps"]
     r_one = biggest["funnels_alone"]["one_process_rps"]
+    # the disk an import holds at its end, beside the dump: the encoded ranges (its work
+    # directory) and the owner directory it writes, a record's share of each times R
+    ranges_disk = biggest["funnels_alone"]["ranges_bytes_per_record"]
+    owner_disk = biggest["funnels_alone"]["owner_bytes_per_record"]
     # the process that places holds the records it places, the index task the keys: each
     # one's peak a record, at the largest size, times the projected records
     peak = max(biggest[f"w{w}"]["peak_bytes_per_record"] for w in workers_list)
@@ -443,7 +458,9 @@ def run(sizes: list[int], runs: int, work: Path, big_rounds: int = 1) -> dict:
                            "funnel_bytes_per_record": peak,
                            "funnel_gib": round(PROJECT_RECORDS * peak / 2**30),
                            "index_bytes_per_record": index_peak,
-                           "index_gib": round(PROJECT_RECORDS * index_peak / 2**30)}}
+                           "index_gib": round(PROJECT_RECORDS * index_peak / 2**30),
+                           "ranges_gib": round(PROJECT_RECORDS * ranges_disk / 2**30),
+                           "owner_gib": round(PROJECT_RECORDS * owner_disk / 2**30)}}
 
 
 def plot(result: dict, path: Path) -> None:
