@@ -277,10 +277,11 @@ def encode_ranges(dump: Path, work: Path, body: int, *, workers: int | None = No
                 report(progress.line())
                 log.info(progress.line())
     finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        # a cancelled task may still be writing its range: the caller removes the work
-        # directory (a refused dump's) only once none is, or a range written meanwhile stays
+        # the tasks in flight (one range each, about a second) are waited for, not cancelled:
+        # a cancel that meets a task's reply on its way aborts this process inside Ray's core
+        # worker (a failed check in its task manager, "Tried to complete task that was not
+        # pending", Ray 2.60, seen in CI). And the caller removes the work directory (a refused
+        # dump's) only once no task is writing in it, or a range written meanwhile would stay
         if pending:
             ray.wait(list(pending), num_returns=len(pending), timeout=60)
     return files, manifest["seed"]
@@ -380,9 +381,13 @@ def import_dump(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, si
         finally:
             index_refs.clear()
             if indexing is not None:  # this process failed first: the index is not needed
-                # (a build stopped while writing leaves files the next one removes)
-                ray.cancel(indexing, force=True)
-                ray.wait([indexing], timeout=60)
+                # (a build stopped while writing leaves files the next one removes). Minutes
+                # of work at mainnet size, so cancelled, but not once it is done: a cancel
+                # that meets its reply aborts this process (above, `encode_ranges`)
+                finished, _ = ray.wait([indexing], timeout=0)
+                if not finished:
+                    ray.cancel(indexing, force=True)
+                    ray.wait([indexing], timeout=60)
         t4 = time.monotonic()
         shutil.rmtree(partial, ignore_errors=True)  # a killed import's
         # the pages placed in their file become the snapshot's, not copied into it
