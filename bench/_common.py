@@ -43,6 +43,11 @@ def drop_cache(path: Path) -> None:
         os.close(fd)
 
 
+def dir_bytes(path: Path) -> int:
+    """The bytes of every file under `path` (what it takes on disk, holes aside)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 def write_csv(path: Path, rows: Sequence[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:

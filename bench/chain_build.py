@@ -65,6 +65,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import dir_bytes  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 MAINNET = {"accounts": 388_000_000, "storage": 1_560_000_000, "codes": 2_400_000}
 PER_RECORD = sum(MAINNET.values())
@@ -255,7 +258,7 @@ def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
     files, seed = ci.encode_ranges(dump, ranges, dumps.info(dump).body, seed=9,
                                    range_bytes=8 << 20, report=lambda line: None)
     # the disk the encoded ranges take in the work directory while an import runs
-    ranges_bytes = _dir_bytes(ranges)
+    ranges_bytes = dir_bytes(ranges)
 
     def read(fields) -> list[dict]:
         parts = ci.read_ranges(files, fields)
@@ -296,10 +299,6 @@ def funnels_alone(dump: Path, work: Path, out: Path, key, runs: int) -> dict:
     return {name: float(np.median(values)) for name, values in timed.items()} \
         | {"runs": {name: [round(v, 2) for v in values] for name, values in timed.items()},
            "ranges_bytes": ranges_bytes}
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def same_bytes(a: Path, b: Path) -> bool:
@@ -403,7 +402,7 @@ def run(sizes: list[int], runs: int, work: Path, big_rounds: int = 1) -> dict:
             "one_process_rps": round(records / alone["one_process_s"]),
             "identical_to_single": same_bytes(work / "alone", work / "single"),
             "ranges_bytes_per_record": round(alone["ranges_bytes"] / records),
-            "owner_bytes_per_record": round(_dir_bytes(work / "single") / records)}
+            "owner_bytes_per_record": round(dir_bytes(work / "single") / records)}
         _log(f"[bench] funnels alone: {row['funnels_alone']}")
         shutil.rmtree(work / "alone")
         one, two = row["w1"], row.get("w2", row["w1"])

@@ -43,6 +43,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+from _common import dir_bytes  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 MAINNET = {"accounts": 388_000_000, "storage": 1_560_000_000, "codes": 2_400_000}
 BLOCK = 3_000
@@ -55,10 +58,6 @@ ROOM = 1.25
 
 def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
 def make_state(records: int, seed: int = 1):
@@ -238,7 +237,7 @@ def _anon(psutil) -> int:
 def _version_bytes(root: Path, version: int) -> int:
     from morphogen.keyword.versions import vdir
 
-    return _dir_bytes(vdir(root, version))
+    return dir_bytes(vdir(root, version))
 
 
 def run(sizes: list[int], blocks: int, work: Path,

@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import dir_bytes  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _size(root: Path) -> int:
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="morphogen-kwstore-")) / "owner"
     create_owner_dir(table, root)
     owner = OwnerTable(root)
-    table_bytes = _size(root / "v000001")
+    table_bytes = dir_bytes(root / "v000001")
     rng = random.Random(2)
     keys = sorted(accounts)
     t = time.perf_counter()
@@ -56,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         version, _ = owner.apply(changes, key)
         owner.mark_published(version)
     seconds = time.perf_counter() - t
-    used = _size(root)
+    used = dir_bytes(root)
     versions = args.versions + 1
     result = {"records": args.records, "versions": versions, "changes_per_version": args.changes,
               "full_every": FULL_EVERY, "keep": KEEP,
