@@ -12,8 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
-import httpx
 import pytest
+import web3
 
 from cluster.chain_import import encode_ranges, import_dump
 from cluster.cli import main
@@ -30,7 +30,6 @@ from morphogen.keyword.owner import OwnerTable, create_owner_dir
 from morphogen.keyword.records import RecordError
 from morphogen.keyword.signing import load_signing_key
 from morphogen.wallet import Endpoint, PrivateState, RpcServer
-from morphogen.wallet.jsonrpc import MAX_BATCH
 from tests.chain_node import DEV_ACCOUNTS, running_anvil
 from tests.integration.conftest import delete_apps, deploy
 from tests.integration.test_chain_follow import (
@@ -44,6 +43,7 @@ from tests.integration.test_chain_follow import (
     _send,
     _touched,
 )
+from tests.integration.test_wallet_rpc import _same_as_node
 from tests.unit._chain_dump import geth_dump
 
 pytestmark = [pytest.mark.ray]
@@ -303,36 +303,21 @@ def test_anvil_dump_reads_back_through_both_parties(serve_instance, dump):
             delete_apps("cia", "cib")
 
 
+
 def _endpoint_answers_as_the_node(urls: list[str], pub: Path, rpc: EthRpc, block: dict,
                                   accounts: set[bytes], slots: set[tuple[bytes, bytes]]) -> None:
     """The wallet's endpoint, as `morphogen rpc` serves it (private, verified reads through the
-    parties at `urls`, JSON-RPC over HTTP on loopback): every balance, nonce, code and storage
-    word of `accounts` and `slots` as the node answers at `block`, asked in batches."""
+    parties at `urls`, JSON-RPC over HTTP on loopback), asked through web3.py and raw batches
+    (`test_wallet_rpc._same_as_node`): every balance, nonce, code and storage word of
+    `accounts` and `slots` as the node answers at `block`."""
     pir = PirClient(*urls)
     server = RpcServer(Endpoint(PrivateState(pir, pub)), "127.0.0.1", 0)
     server.start()
     try:
-        at = {"blockHash": block["hash"]}
-        asked, want = [], []
-        for address in sorted(accounts):
-            shown = "0x" + address.hex()
-            for method in ("eth_getBalance", "eth_getTransactionCount", "eth_getCode"):
-                asked.append((method, [shown, block["number"]]))
-                want.append(rpc.call(method, shown, at))
-        for address, slot in sorted(slots):
-            shown, word = "0x" + address.hex(), "0x" + slot.hex()
-            asked.append(("eth_getStorageAt", [shown, word, block["number"]]))
-            want.append(rpc.call("eth_getStorageAt", shown, word, at))
-        assert any(w not in ("0x0", "0x") for w in want)  # the chain's state, not only blanks
-        got: dict[int, dict] = {}
-        for start in range(0, len(asked), MAX_BATCH):
-            body = [{"jsonrpc": "2.0", "id": i, "method": m, "params": p}
-                    for i, (m, p) in enumerate(asked[start:start + MAX_BATCH], start)]
-            reply = httpx.post(server.url, json=body, timeout=60)
-            assert reply.status_code == 200
-            got |= {r["id"]: r for r in reply.json()}
-        for i, (call, node) in enumerate(zip(asked, want, strict=True)):
-            assert got[i].get("result") == node, (call, got[i])
+        wallet = {"rpc": rpc, "server": server,
+                  "w3": web3.Web3(web3.Web3.HTTPProvider(server.url))}
+        _same_as_node(wallet, block, ["0x" + a.hex() for a in sorted(accounts)],
+                      [("0x" + a.hex(), int.from_bytes(s, "big")) for a, s in sorted(slots)])
     finally:
         server.shutdown()
         server.server_close()
