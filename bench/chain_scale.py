@@ -24,7 +24,7 @@ blocks. The costs that do not depend on the table
 
     python bench/chain_scale.py                          # 1 M, 2 M and 4 M records
     python bench/chain_scale.py --sizes 1000000 --blocks 8
-Results: bench/results/chain_scale.json
+Results: bench/results/chain_scale.json (`--out` another file)
 """
 
 from __future__ import annotations
@@ -210,6 +210,7 @@ def run_policy(policy: str, root: Path, table, addrs: list[bytes], slots: list[b
                 (statistics.mean(diffs) + share + staged) / 2**20, 2),
             "apply_s_median": round(statistics.median(applies), 3),
             "apply_s_max": round(max(applies), 3),
+            "apply_s": [round(a, 3) for a in applies],
             "block_pages_median": int(statistics.median(pages)),
             "owner_mib_per_block_in_run": round(owner_bytes / blocks / 2**20, 2),
             "party_received_mib_per_block": round(party_in / blocks / 2**20, 2),
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                          "1 M records)")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--policies", nargs="+", choices=("now", "before"), default=["now", "before"])
+    ap.add_argument("--out", type=Path, default=RESULTS / "chain_scale.json")
     args = ap.parse_args(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="morphogen-scale-"))
     try:
@@ -295,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                            "block_pages_median", "owner_resident_mib",
                            "owner_resident_mib_after_blocks")}
         for policy in args.policies}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "chain_scale.json").write_text(json.dumps(result, indent=1) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["ratios_largest_to_smallest"], indent=1))
     return 0
 
