@@ -21,7 +21,8 @@ parties checked against the node.
 
     python bench/chain_lag_scale.py                            # 1 M, 4 M and 16 M records
     python bench/chain_lag_scale.py --sizes 1000000 --blocks 4
-Results: bench/results/chain_lag_scale.json
+Each size runs in a process of its own (`--in-process`: all in this one).
+Results: bench/results/chain_lag_scale.json (`--out` another file)
 """
 
 from __future__ import annotations
@@ -265,21 +266,22 @@ def run_size(cluster, size: int, blocks: int, spacing: float, txs: int, per_tx: 
     return row
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
-    ap.add_argument("--blocks", type=int, default=8)
-    ap.add_argument("--spacing", type=float, default=12.0, help="seconds between blocks")
-    ap.add_argument("--txs", type=int, default=200, help="transactions a block")
-    ap.add_argument("--per-tx", type=int, default=15, help="slots each transaction rewrites")
-    ap.add_argument("--catch-up", type=int, default=20,
-                    help="blocks mined while no follower runs, then followed (0: none)")
-    args = ap.parse_args(argv)
+def _ratios(out: dict, sizes: list[int]) -> dict:
+    small, large = out["sizes"][str(sizes[0])], out["sizes"][str(sizes[-1])]
+    ratios = {k: round(large[k] / small[k], 2) if small[k] else None
+              for k in ("lag_p50_s", "lag_p99_s", "follower_own_mib_after")}
+    ratios["apply_s_median"] = round(
+        large["phase_s_median"]["apply"] / small["phase_s_median"]["apply"], 2)
+    for k in ("median", "max"):
+        ratios[f"own_work_s_{k}"] = round(large["own_work_s"][k] / small["own_work_s"][k], 2)
+    return ratios
+
+
+def _in_process(args) -> dict:
     from cluster import local
 
     out: dict = {"machine_cpus": os.cpu_count(), "sizes": {}}
-    # one cluster for every size: each size's parties are deleted before the next
+    # one cluster for the sizes of one process: each size's parties are deleted before the next
     with local.running(num_cpus=max(2, os.cpu_count() or 2), disable_auth=True) as cluster:
         for size in args.sizes:
             work = Path(tempfile.mkdtemp(prefix="morphogen-lagscale-"))
@@ -290,18 +292,46 @@ def main(argv: list[str] | None = None) -> int:
                 _log(json.dumps(out["sizes"][str(size)]))
             finally:
                 shutil.rmtree(work, ignore_errors=True)
-    sizes = [str(s) for s in args.sizes]
-    small, large = out["sizes"][sizes[0]], out["sizes"][sizes[-1]]
-    out["ratios_largest_to_smallest"] = {
-        k: round(large[k] / small[k], 2) if small[k] else None
-        for k in ("lag_p50_s", "lag_p99_s", "follower_own_mib_after")}
-    out["ratios_largest_to_smallest"]["apply_s_median"] = round(
-        large["phase_s_median"]["apply"] / small["phase_s_median"]["apply"], 2)
-    for k in ("median", "max"):
-        out["ratios_largest_to_smallest"][f"own_work_s_{k}"] = round(
-            large["own_work_s"][k] / small["own_work_s"][k], 2)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "chain_lag_scale.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def _each_in_a_process(args) -> dict:
+    """Every size in a process (and a local cluster) of its own, one after another: what a
+    size leaves behind in a process (the heap of the state it built, a cluster's workers)
+    does not weigh on the next one's blocks."""
+    out: dict = {"machine_cpus": os.cpu_count(), "sizes": {}, "a_process_a_size": True}
+    rest = ["--blocks", str(args.blocks), "--spacing", str(args.spacing), "--txs",
+            str(args.txs), "--per-tx", str(args.per_tx), "--catch-up", str(args.catch_up)]
+    with tempfile.TemporaryDirectory(prefix="morphogen-lagscale-") as tmp:
+        for size in args.sizes:
+            one = Path(tmp) / f"{size}.json"
+            subprocess.run([sys.executable, __file__, "--in-process", "--sizes", str(size),
+                            "--out", str(one), *rest], check=True)
+            out["sizes"][str(size)] = json.loads(one.read_text())["sizes"][str(size)]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 4_000_000, 16_000_000])
+    ap.add_argument("--blocks", type=int, default=8)
+    ap.add_argument("--spacing", type=float, default=12.0, help="seconds between blocks")
+    ap.add_argument("--txs", type=int, default=200, help="transactions a block")
+    ap.add_argument("--per-tx", type=int, default=15, help="slots each transaction rewrites")
+    ap.add_argument("--catch-up", type=int, default=20,
+                    help="blocks mined while no follower runs, then followed (0: none)")
+    ap.add_argument("--in-process", action="store_true",
+                    help="every size in this process (by default each runs in its own)")
+    ap.add_argument("--out", type=Path, default=RESULTS / "chain_lag_scale.json")
+    args = ap.parse_args(argv)
+    if args.in_process or len(args.sizes) == 1:
+        out = _in_process(args)
+    else:
+        out = _each_in_a_process(args)
+    out["ratios_largest_to_smallest"] = _ratios(out, args.sizes)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1) + "\n")
     print(json.dumps(out["ratios_largest_to_smallest"], indent=1))
     return 0
 
