@@ -1,0 +1,82 @@
+"""What a party's identity chain costs a block: the digest of one update batch, against the
+pages the block touches.
+
+Each party names what it serves by a running hash of the update batches it applied
+(`morphogen.protocol.identity`); a batch's digest covers its whole pages, 4 KiB each, however
+few bytes of them changed. A block-shaped batch (XOR diffs of 40 changed bytes a page, as
+bench/party_publish.py's) at the page counts a 3,000-record block touches in tables of 1 M and
+16 M records (bench/chain_scale.py: 2,918 and 4,672), and twice the larger, for a table whose
+tree has a level more: the digest as a party makes it (`ChangeBatch.digest`, from the batch's
+changed bytes, unpacked a piece at a time), beside the same BLAKE2b over the batch's packed
+changed bytes alone (what a digest of another definition would read). Sizes alternate,
+`--rounds` times; medians.
+
+    python bench/batch_digest.py
+Results: bench/results/batch_digest.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "bench" / "results"
+PAGES = (2918, 4672, 9344)
+MATRIX_PAGES = 60_000
+
+
+def block(rng: np.random.Generator, n: int):
+    """(pages, packed changed bytes) of a block-shaped batch of `n` pages."""
+    from morphogen.protocol import sparse
+
+    pages = np.sort(rng.choice(MATRIX_PAGES, n, replace=False)).astype(np.int64)
+    data = np.zeros((n, 4096), np.uint8)
+    at = rng.integers(0, 4000, n)
+    for i in range(n):
+        data[i, at[i]:at[i] + 40] = rng.integers(1, 256, 40, dtype=np.uint8)
+    return pages, sparse.pack(data.tobytes())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=11)
+    args = ap.parse_args(argv)
+    from morphogen.protocol.changes import ChangeBatch
+
+    rng = np.random.default_rng(1)
+    batches = {n: block(rng, n) for n in PAGES}
+    whole: dict[int, list[float]] = {n: [] for n in PAGES}
+    packed_only: dict[int, list[float]] = {n: [] for n in PAGES}
+    for _ in range(args.rounds):
+        for n, (pages, packed) in batches.items():
+            batch = ChangeBatch.from_packed(pages, np.zeros(n, bool), packed)
+            t = time.perf_counter()
+            batch.digest  # noqa: B018 - a cached property: computed here, once
+            whole[n].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            hashlib.blake2b(packed, digest_size=32).digest()
+            packed_only[n].append(time.perf_counter() - t)
+    out = {"rounds": args.rounds, "changed_bytes_a_page": 40, "sizes": {
+        str(n): {"packed_kib": round(len(batches[n][1]) / 1024, 1),
+                 "digest_ms": round(statistics.median(whole[n]) * 1e3, 2),
+                 "digest_us_a_page": round(statistics.median(whole[n]) * 1e6 / n, 2),
+                 "packed_bytes_only_ms": round(statistics.median(packed_only[n]) * 1e3, 3)}
+        for n in PAGES}}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "batch_digest.json").write_text(json.dumps(out, indent=1) + "\n")
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
