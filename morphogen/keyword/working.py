@@ -61,7 +61,8 @@ def load(root: Path, store: VersionStore, version: int) -> tuple[np.ndarray, Key
             # on disk before the first block, as the pages are (`materialize`): the copy's
             # blocks are new to the file system, and left to the kernel's write-back they
             # meet the first blocks' own syncs, which then wait for them (at 16 M records,
-            # one block in three of the first sixteen waited 50 to 300 ms; none once synced)
+            # five of sixteen blocks took 0.18 to 0.24 s to apply against 0.11 to 0.13 s,
+            # none once synced: bench/chain_scale.py, docs/chain.md)
             index.sync(durable=True)
         finally:
             index.close()
