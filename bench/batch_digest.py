@@ -29,21 +29,20 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 RESULTS = ROOT / "bench" / "results"
 PAGES = (2918, 4672, 9344)
-MATRIX_PAGES = 60_000
 
 
 def block(rng: np.random.Generator, n: int):
-    """(pages, packed changed bytes) of a block-shaped batch of `n` pages."""
-    from morphogen.protocol import sparse
+    """(pages, packed changed bytes) of bench/party_publish.py's block-shaped batch of `n`
+    pages."""
+    from party_publish import block as triples
 
-    pages = np.sort(rng.choice(MATRIX_PAGES, n, replace=False)).astype(np.int64)
-    data = np.zeros((n, 4096), np.uint8)
-    at = rng.integers(0, 4000, n)
-    for i in range(n):
-        data[i, at[i]:at[i] + 40] = rng.integers(1, 256, 40, dtype=np.uint8)
-    return pages, sparse.pack(data.tobytes())
+    from morphogen.protocol.changes import ChangeBatch
+
+    batch = ChangeBatch.from_triples(triples(rng, n))
+    return batch.pages, batch.packed
 
 
 def main(argv: list[str] | None = None) -> int:

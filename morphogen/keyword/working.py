@@ -56,16 +56,13 @@ def load(root: Path, store: VersionStore, version: int) -> tuple[np.ndarray, Key
         mark(root, version, clean=False)
         store.materialize(version, data)
         shutil.rmtree(keys, ignore_errors=True)
-        index = store.key_index(version, keys)
-        try:
+        with store.key_index(version, keys) as index:
             # on disk before the first block, as the pages are (`materialize`): the copy's
             # blocks are new to the file system, and left to the kernel's write-back they
             # meet the first blocks' own syncs, which then wait for them (at 16 M records,
             # five of sixteen blocks took 0.18 to 0.24 s to apply against 0.11 to 0.13 s,
             # none once synced: bench/chain_scale.py, docs/chain.md)
             index.sync(durable=True)
-        finally:
-            index.close()
         mark(root, version, clean=True)
     # a plain array over the mapping: np.memmap's indexing costs more than the edits
     pages = np.memmap(data, np.uint8, "r+", shape=(n, PAGE_SIZE)).view(np.ndarray)
