@@ -1,15 +1,15 @@
-"""What a party's identity chain costs a block: the digest of one update batch, against the
-pages the block touches.
+"""What a party's identity chain costs a block: the digest of one update batch, in both
+versions, against the pages the block touches.
 
 Each party names what it serves by a running hash of the update batches it applied
-(`morphogen.protocol.identity`); a batch's digest covers its whole pages, 4 KiB each, however
-few bytes of them changed. A block-shaped batch (XOR diffs of 40 changed bytes a page, as
-bench/party_publish.py's) at the page counts a 3,000-record block touches in tables of 1 M and
-16 M records (bench/chain_scale.py: 2,918 and 4,672), and twice the larger, for a table whose
-tree has a level more: the digest as a party makes it (`ChangeBatch.digest`, from the batch's
-changed bytes, unpacked a piece at a time), beside the same BLAKE2b over the batch's packed
-changed bytes alone (what a digest of another definition would read). Sizes alternate,
-`--rounds` times; medians.
+(`morphogen.protocol.identity`). Version 1 of a batch's digest covers its whole pages, 4 KiB
+each, however few bytes of them changed; version 2 covers the changed bytes in their canonical
+sparse form (`sparse.canonical`). A block-shaped batch (XOR diffs of 40 changed bytes a page,
+as bench/party_publish.py's) at the page counts a 3,000-record block touches in tables of 1 M
+and 16 M records (bench/chain_scale.py: 2,918 and 4,672), and twice the larger, for a table
+whose tree has a level more: each digest as a router makes it (`ChangeBatch.digest` of a
+batch that came as its changed bytes, never unpacked whole; version 2 checks that the runs
+are canonical first). Sizes alternate, `--rounds` times; medians.
 
     python bench/batch_digest.py
 Results: bench/results/batch_digest.json
@@ -18,7 +18,6 @@ Results: bench/results/batch_digest.json
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import statistics
 import sys
@@ -54,22 +53,25 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = np.random.default_rng(1)
     batches = {n: block(rng, n) for n in PAGES}
-    whole: dict[int, list[float]] = {n: [] for n in PAGES}
-    packed_only: dict[int, list[float]] = {n: [] for n in PAGES}
+    took: dict[int, dict[int, list[float]]] = {v: {n: [] for n in PAGES} for v in (1, 2)}
     for _ in range(args.rounds):
         for n, (pages, packed) in batches.items():
-            batch = ChangeBatch.from_packed(pages, np.zeros(n, bool), packed)
-            t = time.perf_counter()
-            batch.digest  # noqa: B018 - a cached property: computed here, once
-            whole[n].append(time.perf_counter() - t)
-            t = time.perf_counter()
-            hashlib.blake2b(packed, digest_size=32).digest()
-            packed_only[n].append(time.perf_counter() - t)
+            for version in (1, 2):
+                batch = ChangeBatch.from_packed(pages, np.zeros(n, bool), packed)
+                batch = batch.with_digest(version)
+                t = time.perf_counter()
+                batch.digest  # noqa: B018 - a cached property: computed here, once
+                took[version][n].append(time.perf_counter() - t)
+
+    def ms(version: int, n: int) -> float:
+        return statistics.median(took[version][n]) * 1e3
+
     out = {"rounds": args.rounds, "changed_bytes_a_page": 40, "sizes": {
         str(n): {"packed_kib": round(len(batches[n][1]) / 1024, 1),
-                 "digest_ms": round(statistics.median(whole[n]) * 1e3, 2),
-                 "digest_us_a_page": round(statistics.median(whole[n]) * 1e6 / n, 2),
-                 "packed_bytes_only_ms": round(statistics.median(packed_only[n]) * 1e3, 3)}
+                 "digest_v1_ms": round(ms(1, n), 2),
+                 "digest_v1_us_a_page": round(ms(1, n) * 1e3 / n, 2),
+                 "digest_v2_ms": round(ms(2, n), 3),
+                 "v1_over_v2": round(ms(1, n) / ms(2, n), 1)}
         for n in PAGES}}
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "batch_digest.json").write_text(json.dumps(out, indent=1) + "\n")

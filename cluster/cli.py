@@ -120,10 +120,12 @@ def cmd_admin(args: argparse.Namespace) -> int:
         eprint(f"error: cannot read updates: {exc}")
         return 2
     from morphogen.client.admin import (
+        common_digest_version,
         compare_parties,
         content_publication_id,
         publish_to_parties,
     )
+    from morphogen.protocol.changes import ChangeBatch
 
     clients = [AdminClient(url, token, timeout_s=args.timeout) for url in args.server]
     try:
@@ -151,8 +153,11 @@ def cmd_admin(args: argparse.Namespace) -> int:
         else:
             with open(args.file, "rb") as fh:
                 pub = args.id or content_publication_id("updates", fh.read())
+            version = common_digest_version(clients)  # both parties name one identity
+            sent = (changes if version == 1
+                    else ChangeBatch.from_triples(changes).with_digest(version))
             results = publish_to_parties(clients, lambda c, p: c.updates(
-                changes, pub, p, max_per_request=c.max_updates()),
+                sent, pub, p, max_per_request=c.max_updates()),
                                          retry_for_s=args.retry_for, publication=pub)
     except (PirError, OSError, httpx.HTTPError) as exc:
         eprint(f"error: {type(exc).__name__}: {exc}")

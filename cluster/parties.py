@@ -20,6 +20,7 @@ class HttpParties:
         # the identities the last publication left on both parties: the next one's parents,
         # without reading the heads again (a party that moved since refuses it)
         self._heads: list[str] | None = None
+        self._digest: int | None = None
 
     def max_updates(self) -> int:
         """The most updates both parties take in one request: a larger version goes in
@@ -27,6 +28,21 @@ class HttpParties:
         if self._max is None:
             self._max = min(c.max_updates() for c in self.clients)
         return self._max
+
+    def digest_version(self) -> int:
+        """The batch digest version both parties take, asked once (the choice is recorded
+        with each version before it is sent); 1, every party's, while one cannot be asked."""
+        if self._digest is None:
+            import httpx
+
+            from morphogen.client.admin import common_digest_version
+            from morphogen.client.drivers import PirError
+
+            try:
+                self._digest = common_digest_version(self.clients)
+            except (PirError, httpx.HTTPError):
+                return 1
+        return self._digest
 
     def updates(self, publication, batch):
         return self._publish(publication, lambda c, p: c.updates(

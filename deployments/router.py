@@ -37,6 +37,7 @@ from morphogen.protocol.codec import (
     ADMIN_UPDATES_PATH,
     BATCH_HEADER,
     BATCH_PATH,
+    DIGEST_HEADER,
     EPOCH_PATH,
     HEALTH_PATH,
     JSON_TYPE,
@@ -254,6 +255,7 @@ class Router:
         parent = admin_wire.parent_identity(request.headers.get(PARENT_HEADER))
         part = admin_wire.part_of(request.headers.get(PART_HEADER),
                                   request.headers.get(BATCH_HEADER))
+        version = admin_wire.digest_version(request.headers.get(DIGEST_HEADER))
         body = await _read_body(request, self._cfg.admin_body_limit())
         if path == ADMIN_SNAPSHOT_PATH:
             requested = admin_wire.parse_snapshot_request(body, content_type)
@@ -262,7 +264,7 @@ class Router:
         # admin lock (admin_updates): a cached layout may predate a rotation
         changes = admin_wire.parse_updates(
             body, content_type, num_pages=MAX_PAGES, max_updates=self._cfg.admin_max_updates,
-            max_sparse=self._cfg.admin_max_sparse_updates)
+            max_sparse=self._cfg.admin_max_sparse_updates).with_digest(version)
         if part is not None:
             return _json_response(
                 await self._party.admin.updates_part(changes, pub, parent, *part))

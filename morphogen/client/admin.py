@@ -27,6 +27,7 @@ from morphogen.protocol.codec import (
     ADMIN_STATUS_PATH,
     ADMIN_UPDATES_PATH,
     BATCH_HEADER,
+    DIGEST_HEADER,
     JSON_TYPE,
     MAX_ADMIN_UPDATES,
     MSGPACK_TYPE,
@@ -69,6 +70,7 @@ class AdminClient:
         self._max_updates: int | None = None
         self._sparse: bool | None = sparse
         self._max_sparse = (0, 0)  # (pages, body bytes) of one body of changed bytes
+        self._digests: tuple[int, ...] | None = None
 
     def __repr__(self) -> str:
         return f"AdminClient({str(self._http.base_url)!r})"
@@ -126,14 +128,17 @@ class AdminClient:
         `parent`, the party applies it only on that identity (409 parent_mismatch else).
         More changes than `max_per_request` (the party's `admin_max_updates`) go as one
         publication in several requests, published whole by the last. `changes`: triples,
-        or a `ChangeBatch` (packed once for every party it is sent to)."""
+        or a `ChangeBatch` (packed once for every party it is sent to), whose digest version
+        the party is told to take (`ChangeBatch.with_digest`; triples: 1). Send both parties
+        the same version, one each lists in `batch_digests` (`common_digest_version`)."""
+        named = _digest_named(changes)
         if max_per_request is None or len(changes) <= max_per_request:
             return self._send(ADMIN_UPDATES_PATH, body=self._updates_body(changes),
-                              publication=publication, parent=parent)
+                              publication=publication, parent=parent, extra=named)
         whole = self._one_sparse_body(changes)
         if whole is not None:  # a block's diffs: thousands of pages in one small body
             return self._send(ADMIN_UPDATES_PATH, body=whole, publication=publication,
-                              parent=parent)
+                              parent=parent, extra=named)
         batch = changes if isinstance(changes, ChangeBatch) else ChangeBatch.from_triples(changes)
         return self._in_parts(batch, publication or f"pub-{secrets.token_hex(12)}", parent,
                               max_per_request)
@@ -148,7 +153,7 @@ class AdminClient:
             return self._send(ADMIN_UPDATES_PATH, body=self._updates_body(chunks[i]),
                               publication=publication, parent=parent,
                               extra={PART_HEADER: f"{i + 1}/{len(chunks)}",
-                                     BATCH_HEADER: digest})
+                                     BATCH_HEADER: digest, **_digest_named(batch)})
 
         for i in range(len(chunks) - 1):
             out = send(i)
@@ -207,8 +212,17 @@ class AdminClient:
         assert self._max_updates is not None
         return self._max_updates
 
+    def batch_digests(self) -> tuple[int, ...]:
+        """The batch digest versions this party takes (its status says; one of an earlier
+        version says nothing, and takes 1 only)."""
+        if self._digests is None:
+            self._capabilities(self.status())
+        assert self._digests is not None
+        return self._digests
+
     def _capabilities(self, status: dict) -> None:
         self._max_updates = int(status.get("admin_max_updates") or MAX_ADMIN_UPDATES)
+        self._digests = tuple(int(v) for v in status.get("admin_batch_digests") or (1,))
         self._max_sparse = (int(status.get("admin_max_sparse_updates") or 0),
                             int(status.get("admin_max_body_bytes") or 0))
         if self._sparse is None:
@@ -220,6 +234,19 @@ class AdminClient:
 
     def status(self) -> dict:
         return self._send(ADMIN_STATUS_PATH)
+
+
+def common_digest_version(clients: Sequence[AdminClient]) -> int:
+    """The newest batch digest version every party takes: what a publisher names to both
+    (each party must derive the same identity from the same batch)."""
+    common = set.intersection(*(set(c.batch_digests()) for c in clients)) if clients else set()
+    return max(common | {1})
+
+
+def _digest_named(changes: Sequence[tuple[int, str, bytes]] | ChangeBatch) -> dict[str, str]:
+    """The header naming a batch's digest version, where it is not the default."""
+    version = getattr(changes, "digest_version", 1)
+    return {DIGEST_HEADER: str(version)} if version != 1 else {}
 
 
 def changes_digest(changes: Sequence[tuple[int, str, bytes]]) -> str:

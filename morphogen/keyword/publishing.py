@@ -46,7 +46,8 @@ from morphogen.snapshot.writer import write_snapshot
 from morphogen.storage.location import is_remote
 
 ROTATE_ABOVE = 0.5  # of the matrix's pages: a version changing more may go as a rotation
-MODES = "modes"  # owner.json: version -> {"mode": "updates"} or {"mode": "rotation", "path": ..}
+# owner.json: version -> {"mode": "updates", "digest": 2} or {"mode": "rotation", "path": ..}
+MODES = "modes"
 
 
 class Parties(Protocol):
@@ -55,6 +56,10 @@ class Parties(Protocol):
     def max_updates(self) -> int:
         """The largest batch both parties take in one request (a larger one goes in parts,
         `cluster.parties.HttpParties`)."""
+        ...
+
+    def digest_version(self) -> int:
+        """The batch digest version both parties take (`AdminClient.batch_digests`)."""
         ...
 
     def updates(self, publication: str, batch: ChangeBatch) -> Sequence[dict]: ...
@@ -127,7 +132,9 @@ def _choose(owner: OwnerTable, version: int, batch: ChangeBatch, parties: Partie
     resized = version in owner.state.get(RESIZED, [])
     most = len(batch) > ROTATE_ABOVE * owner.num_pages(version)
     if not resized and not (most and snapshot_dir):
-        chosen = {"mode": "updates"}
+        # the digest too: a re-send after a crash names the one the first send named, or a
+        # party that has the version would see another request (409) under its id
+        chosen = {"mode": "updates", "digest": parties.digest_version()}
     else:
         if not snapshot_dir:
             raise PublishError(
@@ -190,7 +197,9 @@ def next_form(owner: OwnerTable, parties: Parties, snapshot_dir: str | None,
         pub, batch = owner.publication_id(version), owner.store.changes(version)
         chosen = _choose(owner, version, batch, parties, snapshot_dir)
         if chosen["mode"] != "rotation":
-            return Form(version, pub, batch, "updates")
+            # a form recorded before digests were chosen was sent as version 1
+            return Form(version, pub, batch.with_digest(int(chosen.get("digest", 1))),
+                        "updates")
         path = str(chosen["path"])
         if not is_remote(path) and not (Path(path) / "manifest.json").is_file():
             # removed after it was recorded: write it again (the same bytes)

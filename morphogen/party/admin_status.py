@@ -7,6 +7,7 @@ from typing import Any
 
 from morphogen.party import admin
 from morphogen.party.publisher import Publisher
+from morphogen.protocol.identity import DIGEST_VERSIONS
 
 # What admin status shows of each replica of a shard.
 _REPLICA_KEYS = ("replica", "node_id", "epoch_id", "identity", "pending_updates", "scans")
@@ -49,6 +50,8 @@ async def party_status(publisher: Publisher) -> dict[str, Any]:
         "admin_sparse_updates": True,
         "admin_max_sparse_updates": cfg.admin_max_sparse_updates,
         "admin_max_body_bytes": cfg.admin_body_limit(),
+        # the batch digests a publication may name (Morphogen-Batch-Digest)
+        "admin_batch_digests": list(DIGEST_VERSIONS),
         "wanted_identity": None if party.want is None else party.want.digest,
         "shards": [
             {**{k: i.get(k) for k in keep},

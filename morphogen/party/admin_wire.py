@@ -13,6 +13,7 @@ from morphogen.party.wire import JSON, decode_body, request_encoding, validation
 from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.protocol.codec import ErrorCode, WireError, from_hex
+from morphogen.protocol.identity import DIGEST_VERSIONS
 from morphogen.publication.records import MAX_PARTS
 
 # POST /admin/updates  {"updates": [{"page": 5, "diff": "0x..."}, {"page": 7, "data": "0x..."}]}
@@ -171,6 +172,17 @@ def parent_identity(header: str | None) -> str | None:
         raise WireError(400, ErrorCode.BAD_REQUEST,
                         "Morphogen-Parent is an epoch identity: 0x and 32 lower-case hex digits")
     return header
+
+
+def digest_version(header: str | None) -> int:
+    """The batch digest version a publication names (1 where it names none)."""
+    if header is None:
+        return 1
+    if header.strip() not in {str(v) for v in DIGEST_VERSIONS}:
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        "Morphogen-Batch-Digest is the batch digest's version: "
+                        + " or ".join(map(str, DIGEST_VERSIONS)))
+    return int(header.strip())
 
 
 def part_of(part: str | None, digest: str | None) -> tuple[int, int, str] | None:

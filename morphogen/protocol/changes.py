@@ -14,7 +14,12 @@ from functools import cached_property
 import numpy as np
 
 from morphogen.constants import PAGE_SIZE
-from morphogen.protocol.identity import batch_digest, batch_digest_chunks
+from morphogen.protocol.identity import (
+    DIGEST_VERSIONS,
+    batch_digest,
+    batch_digest_chunks,
+    batch_digest_sparse,
+)
 
 
 @dataclass(frozen=True)
@@ -55,16 +60,19 @@ class ChangeBatch:
     Thousands of small Python objects would each be pickled on every hop; this is three
     buffers. `replace[i]` marks a page replacement (its data zero-padded to 4096 bytes),
     otherwise `data[i]` is an XOR diff. Order matters: changes apply in sequence.
+    `digest_version` says how `digest` is taken (`identity.DIGEST_VERSIONS`).
     """
 
     pages: np.ndarray  # (n,) int64, global page numbers
     replace: np.ndarray  # (n,) bool
     data: bytes  # n * 4096 bytes
+    digest_version: int = 1
 
     def __post_init__(self) -> None:
         n = _checked_count(self.pages, self.replace)
         if len(self.data) != n * PAGE_SIZE:
             raise ValueError(f"{n} changes need {n * PAGE_SIZE} bytes of data")
+        _checked_version(self.digest_version)
 
     @classmethod
     def from_changes(cls, changes: Sequence[Change]) -> ChangeBatch:
@@ -109,8 +117,20 @@ class ChangeBatch:
         batch = object.__new__(_Packed)
         object.__setattr__(batch, "pages", pages)
         object.__setattr__(batch, "replace", replace)
+        object.__setattr__(batch, "digest_version", 1)
         batch.__dict__["packed"] = raw
         return batch
+
+    def with_digest(self, version: int) -> ChangeBatch:
+        """This batch (its buffers shared, not copied) with its digest taken as `version`
+        says (ValueError for a version this one does not know)."""
+        if _checked_version(version) == self.digest_version:
+            return self
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.__dict__.pop("digest", None)
+        object.__setattr__(other, "digest_version", version)
+        return other
 
     @cached_property
     def packed(self) -> bytes:
@@ -122,7 +142,8 @@ class ChangeBatch:
     def __reduce__(self) -> tuple:
         # between processes (a router's batch to each shard) as the changed bytes where that
         # is smaller: whole pages would cross once a shard, 4 KiB each, however little changed
-        known = {k: self.__dict__[k] for k in ("digest",) if k in self.__dict__}
+        known = {k: self.__dict__[k] for k in ("digest", "digest_version")
+                 if k in self.__dict__}
         packed = self.packed
         if len(packed) < len(self) * PAGE_SIZE:
             return _unpickle_packed, (self.pages, self.replace, packed, known)
@@ -141,7 +162,11 @@ class ChangeBatch:
     @cached_property
     def digest(self) -> str:
         """What the epoch identity's update chain hashes: the whole batch, whatever part of it
-        a shard holds, so every shard of a party derives the same identity."""
+        a shard holds, so every shard of a party derives the same identity. Version 2 hashes
+        the changed bytes (a block's few hundred KiB), version 1 every page whole (a block's
+        20 MiB on a table of 16 M records)."""
+        if self.digest_version == 2:
+            return batch_digest_sparse(self.pages, self.replace, self._canonical())
         if "data" not in self.__dict__:  # changed bytes not unpacked: hashed a piece at a time
             from morphogen.protocol import sparse
 
@@ -149,6 +174,10 @@ class ChangeBatch:
             return batch_digest_chunks(self.pages, self.replace, size,
                                        sparse.dense_chunks(self.packed, size))
         return batch_digest(self.pages, self.replace, self.data)
+
+    def _canonical(self) -> bytes:
+        """The data's canonical sparse form: `packed`, which `sparse.pack` made."""
+        return self.packed
 
     def max_page(self) -> int:
         return int(self.pages.max()) if len(self) else -1
@@ -191,6 +220,12 @@ class _Packed(ChangeBatch):
 
         return sparse.unpack(self.packed, len(self) * PAGE_SIZE)
 
+    def _canonical(self) -> bytes:
+        # the runs came from elsewhere (a client, a file): any valid form names these bytes
+        from morphogen.protocol import sparse
+
+        return sparse.canonical(self.packed, len(self) * PAGE_SIZE)
+
     def _dense(self) -> memoryview:
         # a shard takes its rows from the unpacked array (`rows`) and never reads the batch
         # whole again: the array is neither copied to bytes nor cached on the batch (a
@@ -200,6 +235,13 @@ class _Packed(ChangeBatch):
         from morphogen.protocol import sparse
 
         return memoryview(sparse.unpack_array(self.packed, len(self) * PAGE_SIZE))
+
+
+def _checked_version(version: int) -> int:
+    if type(version) is not int or version not in DIGEST_VERSIONS:
+        raise ValueError(f"batch digest version {version!r}: this version takes "
+                         + " or ".join(map(str, DIGEST_VERSIONS)))
+    return version
 
 
 def _checked_count(pages: np.ndarray, replace: np.ndarray) -> int:

@@ -37,6 +37,11 @@ MAX_ADMIN_UPDATES = 1024  # default cap of updates per admin request
 # names its part ("2/5") and the digest of the whole batch; the last part publishes them all.
 PART_HEADER = "morphogen-part"
 BATCH_HEADER = "morphogen-batch"
+# How the publication's batch digest is taken (`identity.DIGEST_VERSIONS`; absent: 1). The
+# publisher sends the same to both parties, 2 only where both list it in their status
+# (`admin_batch_digests`): a party of an earlier version would take 1 and name other
+# identities.
+DIGEST_HEADER = "morphogen-batch-digest"
 
 
 class ErrorCode(StrEnum):

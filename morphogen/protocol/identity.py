@@ -45,8 +45,16 @@ def _hash(*parts: bytes) -> bytes:
     return _hasher(*parts).digest()
 
 
+# How a batch's digest is taken: 1 hashes its whole pages (4 KiB each, whatever changed), 2 its
+# pages' changed bytes in their canonical sparse form (`morphogen.protocol.sparse`): the same
+# name for the same changes, at a cost that grows with what changed. The publisher chooses
+# one for both parties (each must derive the same identity) and a party's log records it.
+DIGEST_VERSIONS = (1, 2)
+
+
 def batch_digest(pages: np.ndarray, replace: np.ndarray, data: bytes | memoryview) -> str:
-    """Hex digest of one update batch in transit (page numbers, replace flags, page bytes)."""
+    """Hex digest (version 1) of one update batch in transit (page numbers, replace flags,
+    page bytes)."""
     data = memoryview(data).cast("B")
     return batch_digest_chunks(pages, replace, len(data), [data])
 
@@ -65,6 +73,13 @@ def batch_digest_chunks(pages: np.ndarray, replace: np.ndarray, size: int,
     if seen != size:
         raise ValueError(f"{seen} bytes of page data, {size} named")
     return h.digest().hex()
+
+
+def batch_digest_sparse(pages: np.ndarray, replace: np.ndarray, canonical: bytes) -> str:
+    """Hex digest (version 2) of the batch whose page data's canonical sparse form is
+    `canonical` (`sparse.canonical`; its header names the data's size)."""
+    return _hash(b"morphogen-updates-v2", np.ascontiguousarray(pages, dtype="<i8").tobytes(),
+                 np.ascontiguousarray(replace, dtype=np.uint8).tobytes(), canonical).hex()
 
 
 @dataclass(frozen=True)

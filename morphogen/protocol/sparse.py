@@ -9,6 +9,13 @@ Form (little-endian): ``u64 size`` (the dense buffer's length), ``u64 runs``, th
 starts (u64, strictly increasing, each past the end of the run before), ``runs`` lengths
 (u32, each at least 1), then the runs' bytes back to back. Zero runs shorter than `GAP` bytes
 inside a change are kept (a run's 12 bytes of header cost more than they save).
+
+`pack` writes one form of a buffer, its *canonical* form: every run starts and ends with a
+changed byte, holds no `GAP` zeros in a row, and starts `GAP` bytes or more past the run
+before (or where that run reached `LONGEST`). A batch's digest (`ChangeBatch.digest`, version
+2) hashes that form, so `GAP` and `LONGEST` are part of the protocol: changing either changes
+every such digest. Any other valid form (a client's own runs) is read as well, and
+`canonical` turns it into this one.
 """
 
 from __future__ import annotations
@@ -175,6 +182,39 @@ def _parsed(raw: bytes | bytearray | memoryview, size: int
     return starts, ends, offsets, np.frombuffer(raw, np.uint8, len(raw) - body, body)
 
 
+@numba.njit(cache=True)
+def _is_canonical(payload, starts, ends, offsets, gap, longest):
+    """Whether these runs are the ones `pack` finds (`_runs` and `_add`) in the buffer they
+    make: one pass over the runs' bytes, none over the zeros between them."""
+    for r in range(len(starts)):
+        first = offsets[r]
+        last = first + ends[r] - starts[r] - 1
+        if payload[first] == 0 or payload[last] == 0:
+            return False
+        if r > 0 and starts[r] - ends[r - 1] < gap and starts[r] + 1 - starts[r - 1] <= longest:
+            return False  # `pack` would have joined it to the run before
+        zeros = 0
+        for j in range(first, last):
+            if payload[j] == 0:
+                zeros += 1
+                if zeros >= gap:
+                    return False  # `pack` would have split it there
+            else:
+                zeros = 0
+    return True
+
+
+def canonical(raw: bytes | bytearray | memoryview, size: int) -> bytes:
+    """The canonical form (`pack`'s) of the buffer the sparse form `raw` of `size` bytes
+    stands for: `raw` itself where it is that form (a pass over its changed bytes, the case
+    of every form this project writes), else packed again from the buffer it makes.
+    SparseError as `unpack`."""
+    starts, ends, offsets, payload = _parsed(raw, size)
+    if _is_canonical(payload, starts, ends, offsets, GAP, LONGEST):
+        return bytes(raw)
+    return pack(unpack_array(raw, size))
+
+
 def check(raw: bytes | bytearray | memoryview, size: int) -> None:
     """SparseError unless `raw` is a sparse form of `size` bytes (what `unpack` would take)."""
     _parsed(raw, size)
@@ -236,5 +276,6 @@ def warm() -> None:
              np.array([0]))
     pack(bytes(range(64)))  # bytes come as a read-only array: numba's other signature
     unpack(raw, 64)
+    canonical(raw, 64)
     for _ in dense_chunks(raw, 64, 16):
         pass

@@ -103,7 +103,10 @@ def worth_compacting(state: LogState) -> bool:
 def _fold(fold: list[LogEntry], load: Load) -> tuple[LogEntry, tuple[bytes, ...]]:
     """The fold entry standing for `fold` (consecutive committed entries) and its batch."""
     last = fold[-1]
-    batch = composed(load(fold))
+    loaded = load(fold)
+    # digested as its newest batch was: the version its publisher chose for both parties,
+    # which every replica reading this log then reads
+    batch = composed(loaded).with_digest(loaded[-1].digest_version)
     entry = LogEntry(0, "fold", last.epoch_id, last.identity, base_epoch=fold[0].base_epoch,
                      blob=blob_name(last.epoch_id, batch.digest, "fold"),
                      blob_digest=batch.digest, count=len(batch),

@@ -28,7 +28,7 @@ import numpy as np
 from morphogen.constants import PAGE_SIZE
 from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
-from morphogen.protocol.identity import EpochIdentity, batch_digest
+from morphogen.protocol.identity import EpochIdentity
 
 MARKER_FILE = "log.json"
 LOG_FORMAT = 2
@@ -112,7 +112,7 @@ class LogEntry:
     checksum: str | None = None  # rotation: manifest checksum
     base_epoch: int | None = None  # updates, fold: the epoch the batch applies to
     blob: str | None = None  # updates, fold: blob file name, relative to the log directory
-    blob_digest: str | None = None  # updates: identity.batch_digest of the batch
+    blob_digest: str | None = None  # updates, fold: ChangeBatch.digest (either version)
     count: int | None = None  # updates: number of changes
     # the whole identity, so that a reader can check that each entry's chain follows the last
     snapshot_checksum: str | None = None
@@ -414,12 +414,29 @@ def encode_batch(batch: ChangeBatch) -> tuple[bytes, ...]:
 
 
 def decode_batch(raw: bytes, entry: LogEntry, path: str | Path) -> ChangeBatch:
-    """The update batch of `entry` from its file's bytes, checked against the record."""
+    """The update batch of `entry` from its file's bytes, checked against the record. The
+    record's digest is of the version its publisher chose (`ChangeBatch.digest_version`):
+    the changed bytes' (2, cheap) is tried first, then the whole pages' (1). A batch stored
+    as its changed bytes stays so: a replica hands it on to its shards unpacked."""
     count = int(entry.count or 0)
-    pages, flags, data = _decoded(raw, path, count)
-    if batch_digest(pages, flags, data) != entry.blob_digest:
-        raise EpochLogError(f"{path}: batch digest does not match record {entry.seq}")
-    return ChangeBatch(pages, flags.astype(bool), data)
+    magic = raw[:4]
+    if magic == SPARSE_MAGIC:
+        pages, flags, packed = _header(raw, path, count)
+        try:
+            batch = ChangeBatch.from_packed(pages, flags.astype(bool), packed)
+        except sparse.SparseError as exc:
+            raise EpochLogError(f"{path}: {exc} (corrupt)") from None
+    else:
+        pages, flags, data = _decoded(raw, path, count)
+        batch = ChangeBatch(pages, flags.astype(bool), data)
+    for version in (2, 1):
+        taken = batch.with_digest(version)
+        try:
+            if taken.digest == entry.blob_digest:
+                return taken
+        except sparse.SparseError as exc:
+            raise EpochLogError(f"{path}: {exc} (corrupt)") from None
+    raise EpochLogError(f"{path}: batch digest does not match record {entry.seq}")
 
 
 def decode_part(raw: bytes, path: str | Path) -> ChangeBatch:
@@ -430,6 +447,19 @@ def decode_part(raw: bytes, path: str | Path) -> ChangeBatch:
 
 def _decoded(raw: bytes, path: str | Path, count: int | None
              ) -> tuple[np.ndarray, np.ndarray, bytes]:
+    pages, flags, data = _header(raw, path, count)
+    if raw[:4] == BLOB_MAGIC:
+        return pages, flags, bytes(data)
+    try:
+        return pages, flags, sparse.unpack(data, len(pages) * PAGE_SIZE)
+    except sparse.SparseError as exc:
+        raise EpochLogError(f"{path}: {exc} (corrupt)") from None
+
+
+def _header(raw: bytes, path: str | Path, count: int | None
+            ) -> tuple[np.ndarray, np.ndarray, memoryview]:
+    """(pages, flags, the data as stored: whole pages or their sparse form) of a batch file,
+    its header and sizes checked."""
     magic, page_size, n = _BLOB.unpack_from(raw[: _BLOB.size].ljust(_BLOB.size, b"\0"))
     if len(raw) < _BLOB.size or magic not in (BLOB_MAGIC, SPARSE_MAGIC) \
             or page_size != PAGE_SIZE:
@@ -446,9 +476,4 @@ def _decoded(raw: bytes, path: str | Path, count: int | None
     flags = np.frombuffer(raw, np.uint8, n, _BLOB.size + 8 * n)
     if n and int(flags.max()) > 1:
         raise EpochLogError(f"{path}: replace flags other than 0 and 1 (corrupt)")
-    if magic == BLOB_MAGIC:
-        return pages, flags, raw[head:]
-    try:
-        return pages, flags, sparse.unpack(memoryview(raw)[head:], n * PAGE_SIZE)
-    except sparse.SparseError as exc:
-        raise EpochLogError(f"{path}: {exc} (corrupt)") from None
+    return pages, flags, memoryview(raw)[head:]

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from morphogen.client import PirClient, PirError
-from morphogen.client.admin import AdminClient
+from morphogen.client.admin import AdminClient, common_digest_version
+from morphogen.protocol.changes import ChangeBatch
 from morphogen.snapshot.synthetic import synthetic_pages
 
 from .churn import random_changes
@@ -169,6 +170,14 @@ def test_a_publication_larger_than_a_request_goes_in_parts_through_any_router(
             again = adm_a.updates(big, "pub-big", max_per_request=8)
             assert again["duplicate"] and again["identity"] == outs[0]["identity"]
             assert adm_a.status()["recent_publications"][-1] == "pub-big"
+            # in parts under digest version 2: the parts name that version's digest
+            assert common_digest_version([adm_a, adm_b]) == 2
+            more = ChangeBatch.from_triples(
+                [c for _ in range(40) for c in random_changes(rng, PAGES)][:40]).with_digest(2)
+            outs = [adm.updates(more, "pub-big-2", max_per_request=8) for adm in (adm_a, adm_b)]
+            assert outs[0]["parts"] == 5 and outs[0]["identity"] == outs[1]["identity"]
+            model = apply_changes(model, more.triples())
+            _read_until_ok(url_a, url_b, model, sorted(set(more.pages.tolist()))[:12])
         left = [p.name for p in (tmp_path / "log-qa").iterdir() if p.name.startswith("part-")]
         assert left == []
     finally:
@@ -205,10 +214,34 @@ def test_a_batch_sent_as_its_changed_bytes_is_the_batch_sent_whole(
             assert outs[0]["identity"] == outs[1]["identity"] and outs[0]["applied"] == 60
             model = apply_changes(synthetic_pages(35, 0, PAGES), changes)
             _read_until_ok(url_a, url_b, model, sorted(p for p, _, _ in changes)[:20])
+            # the same form of changes under digest version 2, as publishers name it where
+            # both parties list it: one identity again, whichever form each party was sent
+            assert adm_a.status()["admin_batch_digests"] == [1, 2]
+            assert common_digest_version([adm_a, adm_b]) == 2
+            second = ChangeBatch.from_triples([(p, "diff", bytes(reversed(d)))
+                                               for p, _, d in changes]).with_digest(2)
+            outs = [adm.updates(second, "pub-runs-2") for adm in (adm_a, adm_b)]
+            assert outs[0]["identity"] == outs[1]["identity"]
+            head = outs[0]["identity"]
+            model = apply_changes(model, second.triples())
+            _read_until_ok(url_a, url_b, model, sorted(p for p, _, _ in changes)[:20])
         for name in ("sa", "sb"):
             files = list((tmp_path / f"log-{name}").rglob("updates-*.bin"))
-            assert len(files) == 1 and files[0].read_bytes()[:4] == b"MGB2"
-            assert files[0].stat().st_size < 60 * 4096 / 20
+            assert len(files) == 2 and all(f.read_bytes()[:4] == b"MGB2" for f in files)
+            # each batch named by the digest of the version it was sent under
+            names = {f.name.split("-")[2][:16] for f in files}
+            assert names == {ChangeBatch.from_triples(changes).digest[:16],
+                             second.digest[:16]}
+            assert all(f.stat().st_size < 60 * 4096 / 20 for f in files)
+        # a party started again replays its log, records of both versions, to the same data
+        serve.delete("sa")
+        deploy(parties, "sa", snapshot=str(snaps / "base"), num_shards=2,
+               admin_token_file=str(token), epoch_log_dir=str(tmp_path / "log-sa"))
+        with AdminClient(url_a, TOKEN, timeout_s=30) as adm_a:
+            assert adm_a.head()[0] == head
+            assert wait_until(lambda: all(
+                sh["identity"] == head for sh in adm_a.status()["shards"]), 60, 0.1)
+        _read_until_ok(url_a, url_b, model, sorted(p for p, _, _ in changes)[20:40])
     finally:
         serve.delete("sa")
         serve.delete("sb")

@@ -60,6 +60,9 @@ class Parties:
     def max_updates(self) -> int:
         return 10_000
 
+    def digest_version(self) -> int:
+        return 2
+
     def updates(self, publication, batch):
         raise AssertionError("the overlapped publisher sends legs")
 
@@ -215,6 +218,9 @@ def test_the_plain_publisher_finishes_what_the_overlapped_one_left(tmp_path: Pat
 
         def max_updates(self) -> int:
             return parties.max_updates()
+
+        def digest_version(self) -> int:
+            return 2
 
         def updates(self, publication, batch):
             a, b = parties.parties

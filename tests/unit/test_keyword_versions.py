@@ -172,6 +172,9 @@ class FakeParties:
     def max_updates(self) -> int:
         return self.cap
 
+    def digest_version(self) -> int:
+        return 2
+
     def _both(self, pub: str, request: str, apply_to) -> list[dict]:
         out = [self.a.take(pub, request, lambda: apply_to(self.a))]
         if self.fail_b:
