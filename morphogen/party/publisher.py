@@ -47,7 +47,7 @@ from morphogen.party.shards import Layout, ShardLink
 from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch, joined
 from morphogen.protocol.codec import BATCH_HEADER, ErrorCode, WireError
-from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.identity import DIGEST_VERSIONS, EpochIdentity
 from morphogen.publication.lease import BusyWait
 from morphogen.publication.log import (
     EpochLog,
@@ -190,12 +190,14 @@ class Publisher:
 
     async def _run(self, pub: str, request: str, build: Callable[[LogEntry | None, int], Any],
                    prepare: Callable[[LogEntry], list[Callable[[], Awaitable[Any]]]],
+                   same: Callable[[str], Awaitable[bool]] | None = None,
                    ) -> tuple[LogEntry | Published, list[Any], int]:
         """Steps 1-4 as one task that a cancelled request does not interrupt. Returns (the
         committed proposal, or the earlier publication of the same id; the prepare results;
-        replicas still behind)."""
+        replicas still behind). `same(request)`: whether a committed publication's other
+        request is this one all the same (the same batch under another digest version)."""
         task = asyncio.get_running_loop().create_task(self._publication(pub, request, build,
-                                                                         prepare))
+                                                                         prepare, same))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return await asyncio.shield(task)
@@ -203,11 +205,13 @@ class Publisher:
     async def _publication(self, pub: str, request: str,
                            build: Callable[[LogEntry | None, int], Any],
                            prepare: Callable[[LogEntry], list[Callable[[], Awaitable[Any]]]],
+                           same: Callable[[str], Awaitable[bool]] | None = None,
                            ) -> tuple[LogEntry | Published, list[Any], int]:
         cfg = self.party.cfg
         proposal = await self._propose(pub, request, build)
         if isinstance(proposal, Published):
-            if proposal.request != request:
+            if proposal.request != request and (same is None
+                                                or not await same(proposal.request)):
                 raise WireError(409, ErrorCode.CONFLICT,
                                 f"publication id {pub} was used for another request (epoch "
                                 f"{proposal.epoch_id}); use a new id")
@@ -339,7 +343,16 @@ class Publisher:
             return [functools.partial(s.prepare_updates, p.epoch_id, changes, p.base_epoch,
                                       p.pub, p.identity) for s in self.party.shards]
 
-        done, _, behind = await self._run(pub, updates_request(changes), build, prepare)
+        async def same(committed: str) -> bool:
+            # a re-send of the same changes under the other digest version (a publisher that
+            # chose anew, a hand re-send): applied already, so answered as done
+            for version in DIGEST_VERSIONS:
+                if version != changes.digest_version and committed == batch_request(
+                        await _digest(changes.with_digest(version))):
+                    return True
+            return False
+
+        done, _, behind = await self._run(pub, updates_request(changes), build, prepare, same)
         out = {"epoch_id": done.epoch_id, "identity": done.identity, "publication": pub,
                "applied": len(changes)}
         if isinstance(done, Published):

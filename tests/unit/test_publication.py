@@ -356,6 +356,31 @@ def test_a_committed_rotation_compacts_the_log_and_ids_stay_answered(world):
     assert start_replica(snaps / "base", 1, EpochLog(root / "log")).replayed == 1
 
 
+def test_a_publication_under_either_digest_version_is_one_publication(world):
+    """A batch published under digest version 2 leads where its digest says, its replicas
+    replay it there, and the same batch re-sent under version 1 (a hand re-send, a
+    publisher that chose anew) is answered as done; another batch under the id is not."""
+    root, snaps = world
+    party, links = make_party(snaps, root / "log")
+    rng = np.random.default_rng(12)
+    batch, other = random_batch(rng, 3, NUM_PAGES), random_batch(rng, 3, NUM_PAGES)
+    before = next(iter(served(links)))
+    out = asyncio.run(party.admin.updates(batch.with_digest(2), "pub-v2"))
+    base = EpochLog(root / "log").live()[-1].epoch_identity()
+    assert base is not None and out["identity"] == base.digest
+    assert served(links) == {out["identity"]} != {before}
+    entry = EpochLog(root / "log").live()[-1]
+    assert entry.blob_digest == batch.with_digest(2).digest != batch.digest
+    again = asyncio.run(party.admin.updates(batch, "pub-v2"))
+    assert again["duplicate"] and again["identity"] == out["identity"]
+    with pytest.raises(WireError) as err:
+        asyncio.run(party.admin.updates(other.with_digest(2), "pub-v2"))
+    assert err.value.status == 409 and "another request" in err.value.message
+    # a replica started now replays the version-2 record to the same identity
+    replica = start_replica(snaps / "base", 0, EpochLog(root / "log"))
+    assert replica.replayed == 1 and replica.core.identity.digest == out["identity"]
+
+
 def _count_loads(core: ShardCore) -> dict[str, int]:
     """How often `core` stages a version and opens a snapshot from here on."""
     counts = {"prepare": 0, "open": 0}
