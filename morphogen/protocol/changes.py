@@ -281,25 +281,12 @@ def composed(batches: Sequence[ChangeBatch]) -> ChangeBatch:
     """One batch whose effect on any matrix equals applying `batches` in order: at most one
     change a page, sorted by page. A replacement absorbs whatever came before it on its page
     and XOR diffs after it fold into its data; diffs alone fold into one diff. What a
-    compacted epoch log replays in place of the batches it folded."""
-    order: dict[int, int] = {}  # page -> row of `rows`
-    rows: list[np.ndarray] = []
-    flags: list[bool] = []
-    for batch in batches:
-        data = np.frombuffer(batch.data, np.uint8).reshape(len(batch), PAGE_SIZE)
-        for i, (page, replace) in enumerate(zip(batch.pages.tolist(), batch.replace.tolist(),
-                                               strict=True)):
-            row = order.get(page)
-            if row is None:
-                order[page] = len(rows)
-                rows.append(data[i].copy())
-                flags.append(bool(replace))
-            elif replace:
-                rows[row][:] = data[i]
-                flags[row] = True
-            else:
-                rows[row] ^= data[i]
-    pages = np.array(sorted(order), np.int64)
-    picked = [order[p] for p in pages.tolist()]
-    blob = b"".join(rows[r].tobytes() for r in picked)
-    return ChangeBatch(pages, np.array([flags[r] for r in picked], bool), blob)
+    compacted epoch log replays in place of the batches it folded: made from the batches'
+    changed bytes (`morphogen.protocol.compose`), it keeps them, and its whole pages are
+    made only if read."""
+    from morphogen.protocol.compose import composed_parts
+
+    pages, flags, packed = composed_parts([b.pages for b in batches],
+                                          [b.replace for b in batches],
+                                          [b.packed for b in batches])
+    return ChangeBatch.from_packed(pages, flags, packed)
