@@ -44,7 +44,7 @@ from morphogen.party.publications import (
 )
 from morphogen.party.redact import reason
 from morphogen.party.shards import Layout, ShardLink
-from morphogen.protocol import sparse
+from morphogen.protocol import compose, sparse
 from morphogen.protocol.changes import ChangeBatch, joined
 from morphogen.protocol.codec import BATCH_HEADER, ErrorCode, WireError
 from morphogen.protocol.identity import DIGEST_VERSIONS, EpochIdentity
@@ -99,6 +99,7 @@ class Publisher:
         self._renewers: set[asyncio.Task[None]] = set()
         self._compacting: asyncio.Task[None] | None = None
         sparse.warm()  # batches are parsed and logged as their changed bytes
+        compose.warm()  # and folded as them by a compaction, which compiles nothing then
 
     # ------------------------------------------------------------------ shards
 
