@@ -55,7 +55,7 @@ def _compose(order, pages, replace, first, last, at, length, src, payload, scrat
     """The composed batch's pages, flags and canonical runs (starts, ends, bytes): for each
     page, in page order, the last replacement of it with every diff after it XORed in (or
     the XOR of its diffs), materialized in `scratch` (`words`: the same memory as uint64)
-    and scanned for its changed bytes, which join runs as `sparse._add` joins them."""
+    and scanned for its changed bytes, which join runs as `pack`'s do (`sparse.joins`)."""
     page_size = len(scratch)
     n = len(order)
     out_pages = np.empty(n, np.int64)
@@ -93,7 +93,7 @@ def _compose(order, pages, replace, first, last, at, length, src, payload, scrat
                 if scratch[x] == 0:
                     continue
                 pos = base + x
-                if k >= 0 and pos - ends[k] < gap and pos + 1 - starts[k] <= longest:
+                if k >= 0 and sparse.joins(starts[k], ends[k], pos, gap, longest):
                     data = _grown(data, used + pos - ends[k] + 1)
                     data[used:used + pos - ends[k]] = 0
                     used += pos - ends[k]
@@ -144,10 +144,8 @@ def composed_parts(pages: Sequence[np.ndarray], replace: Sequence[np.ndarray],
     out_pages, flags, starts, ends, data = _compose(
         order, all_pages, all_replace, first, last, at[:n], length[:n], src[:n], joined,
         scratch, scratch.view(np.uint64), sparse.GAP, sparse.LONGEST)
-    form = b"".join((sparse._HEAD.pack(len(out_pages) * PAGE_SIZE, len(starts)),
-                     starts.astype("<u8").tobytes(), (ends - starts).astype("<u4").tobytes(),
-                     data.tobytes()))
-    return out_pages, flags.astype(bool), form
+    return (out_pages, flags.astype(bool),
+            sparse.form_of(len(out_pages) * PAGE_SIZE, starts, ends, data))
 
 
 def warm() -> None:

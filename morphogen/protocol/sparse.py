@@ -45,10 +45,17 @@ def _room(n, gap, longest):
 
 
 @numba.njit(cache=True, inline="always")
+def joins(start, end, i, gap, longest):
+    """Whether a changed byte at `i` joins the run [start, end) before it: the rule that makes
+    a form canonical, and so part of digest version 2 (`pack`, `canonical`, `compose`)."""
+    return i - end < gap and i + 1 - start <= longest
+
+
+@numba.njit(cache=True, inline="always")
 def _add(starts, ends, k, i, gap, longest):
     """The nonzero byte at `i` (past every byte added before it) joins run k, or starts run
     k + 1; returns the last run's index."""
-    if k >= 0 and i - ends[k] < gap and i + 1 - starts[k] <= longest:
+    if k >= 0 and joins(starts[k], ends[k], i, gap, longest):
         ends[k] = i + 1
         return k
     starts[k + 1] = i
@@ -97,11 +104,16 @@ def _form(size: int, starts: np.ndarray, ends: np.ndarray,
           fill: Callable[[np.ndarray], None]) -> bytes:
     """The sparse form of a `size`-byte buffer with these runs, `fill(out)` writing the
     runs' bytes back to back into `out`."""
-    lengths = (ends - starts).astype("<u4")
-    payload = np.empty(int(lengths.sum(dtype=np.int64)), np.uint8)
+    payload = np.empty(int((ends - starts).sum(dtype=np.int64)), np.uint8)
     fill(payload)
+    return form_of(size, starts, ends, payload)
+
+
+def form_of(size: int, starts: np.ndarray, ends: np.ndarray, payload: np.ndarray) -> bytes:
+    """The sparse form of a `size`-byte buffer with these runs, whose bytes are `payload`
+    back to back."""
     return b"".join((_HEAD.pack(size, len(starts)), starts.astype("<u8").tobytes(),
-                     lengths.tobytes(), payload.tobytes()))
+                     (ends - starts).astype("<u4").tobytes(), payload.tobytes()))
 
 
 @numba.njit(cache=True)
@@ -191,7 +203,7 @@ def _is_canonical(payload, starts, ends, offsets, gap, longest):
         last = first + ends[r] - starts[r] - 1
         if payload[first] == 0 or payload[last] == 0:
             return False
-        if r > 0 and starts[r] - ends[r - 1] < gap and starts[r] + 1 - starts[r - 1] <= longest:
+        if r > 0 and joins(starts[r - 1], ends[r - 1], starts[r], gap, longest):
             return False  # `pack` would have joined it to the run before
         zeros = 0
         for j in range(first, last):

@@ -28,7 +28,7 @@ import numpy as np
 from morphogen.constants import PAGE_SIZE
 from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch
-from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.identity import DIGEST_VERSIONS, EpochIdentity
 
 MARKER_FILE = "log.json"
 LOG_FORMAT = 2
@@ -429,13 +429,10 @@ def decode_batch(raw: bytes, entry: LogEntry, path: str | Path) -> ChangeBatch:
     else:
         pages, flags, data = _decoded(raw, path, count)
         batch = ChangeBatch(pages, flags.astype(bool), data)
-    for version in (2, 1):
+    for version in sorted(DIGEST_VERSIONS, reverse=True):  # the newest, cheapest first
         taken = batch.with_digest(version)
-        try:
-            if taken.digest == entry.blob_digest:
-                return taken
-        except sparse.SparseError as exc:
-            raise EpochLogError(f"{path}: {exc} (corrupt)") from None
+        if taken.digest == entry.blob_digest:
+            return taken
     raise EpochLogError(f"{path}: batch digest does not match record {entry.seq}")
 
 
