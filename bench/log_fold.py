@@ -1,16 +1,17 @@
 """What a party's log compaction costs as the updates since its last rotation pile up.
 
 A party that takes a block every 12 s and never rotates compacts its epoch log every 64
-publications (`COMPACT_AFTER` records): it folds every committed update since the last
-rotation but the newest 64 into one batch (`compaction._fold`, `changes.composed`), the last
-fold included. So each compaction reads and rewrites the net change of everything since the
+publications (`COMPACT_AFTER` records): it folds every committed update since the last rotation
+but the newest 64 into one batch (`compaction._fold`, `changes.composed`), the last fold
+included. So each compaction reads and rewrites the net change of everything since the
 rotation, not of the 64 blocks it adds. This script publishes block-shaped batches (XOR diffs
 of `--changed-bytes` bytes a page, at `--pages` pages scattered over a matrix of
-`--matrix-pages`) into a real directory log, as a router does (propose, commit, digest
-version 2), and times each compaction, with the distinct pages its fold then holds, the fold
-file's bytes and the process's resident memory at its peak during the compaction (sampled
-every 5 ms). Block sizes: 2,918 and 4,672 pages are what a 3,000-record block touches at 1 M
-and 16 M records (bench/chain_scale.py).
+`--matrix-pages`) into a real directory log, as a router does (propose, commit, digest version
+2), and times each compaction, with the distinct pages its fold then holds, the fold file's
+bytes and the process's resident memory at its peak during the compaction (its high-water mark,
+reset before: `cluster.chain_import._peak_reset`, as bench/chain_build.py). Block sizes: 2,918
+and 4,672 pages are what a 3,000-record block touches at 1 M and 16 M records
+(bench/chain_scale.py).
 
     python bench/log_fold.py                        # 4,672-page blocks, 256 of them
     python bench/log_fold.py --pages 2918 --blocks 128
@@ -24,7 +25,6 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -34,33 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 RESULTS = ROOT / "bench" / "results"
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
-class Peak:
-    """The resident memory's peak while a block of code runs (sampled)."""
-
-    def __enter__(self) -> Peak:
-        self.peak, self._stop = _rss_mib(), threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _rss_mib())
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss_mib())
 
 
 def block(rng: np.random.Generator, n: int, matrix: int, changed: int):
@@ -90,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from _common import build_updates
 
+    from cluster.chain_import import _peak_reset, _status_mib
     from morphogen.publication.log import EpochLog
 
     work = Path(tempfile.mkdtemp(prefix="morphogen-logfold-"))
@@ -107,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             publish_s.append(time.perf_counter() - t)
             if not log.worth_compacting(read=False):
                 continue
+            before = _peak_reset()
             t = time.perf_counter()
-            with Peak() as peak:
-                before = _rss_mib()
-                dropped = log.compact()
+            dropped = log.compact()
             took = time.perf_counter() - t
+            peak = _status_mib("VmHWM")
             fold = [e for e in log.live() if e.kind == "fold"]
             blob = (work / "log" / fold[0].blob) if fold else None
             rows.append({
@@ -120,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                 "fold_file_mib": round(blob.stat().st_size / 2**20, 2)
                 if blob is not None and blob.exists() else None,
                 "compact_s": round(took, 3),
-                "rss_before_mib": round(before, 1),
-                "rss_peak_mib": round(peak.peak, 1),
+                "rss_before_mib": None if before is None else round(before, 1),
+                "rss_peak_mib": None if before is None else round(peak, 1),
                 "records_dropped": dropped,
             })
             print(json.dumps(rows[-1]), flush=True)
