@@ -153,9 +153,8 @@ def cmd_admin(args: argparse.Namespace) -> int:
         else:
             with open(args.file, "rb") as fh:
                 pub = args.id or content_publication_id("updates", fh.read())
-            version = common_digest_version(clients)  # both parties name one identity
-            sent = (changes if version == 1
-                    else ChangeBatch.from_triples(changes).with_digest(version))
+            # under the digest both parties take: they name one identity
+            sent = ChangeBatch.from_triples(changes).with_digest(common_digest_version(clients))
             results = publish_to_parties(clients, lambda c, p: c.updates(
                 sent, pub, p, max_per_request=c.max_updates()),
                                          retry_for_s=args.retry_for, publication=pub)
