@@ -1,5 +1,6 @@
 """The command line against the shared local cluster: `admin status` as a table (case 11) and
-`--json`, and the resource check reading the cluster's free CPUs (case 2)."""
+`--json`, `admin updates` under the digest the party takes, and the resource check reading
+the cluster's free CPUs (case 2)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from cluster.cli import main
 from cluster.errors import UsageError
 from cluster.resources import Capacity, PartyDemand, check
 from morphogen.config import PartyConfig
+from morphogen.protocol.changes import ChangeBatch
 
 from .conftest import NUM_PAGES, deploy
 
@@ -43,6 +45,22 @@ def test_admin_status_is_a_table_and_json_when_asked(serve_instance, tmp_path: P
                      "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["server"] == url and len(doc["shards"]) == 2
+
+        # `admin updates` names the digest the party takes (2): the log's batch file is
+        # named by it, and a re-run is answered as done
+        changes = tmp_path / "changes.json"
+        changes.write_text(json.dumps({"updates": [{"page": 5, "diff": "0x" + "07" * 4096},
+                                                   {"page": 9, "data": "0x0102"}]}))
+        run = ["admin", "--server", url, "--token-file", str(token), "updates", str(changes),
+               "--json"]
+        assert main(run) == 0
+        done = json.loads(capsys.readouterr().out)
+        assert done["epoch_id"] == 2
+        batch = ChangeBatch.from_triples([(5, "diff", b"\x07" * 4096), (9, "data", b"\x01\x02")])
+        assert [f.name.split("-")[2] for f in (tmp_path / "log").rglob("updates-*.bin")] == [
+            batch.with_digest(2).digest[:16] + ".bin"]
+        assert main(run) == 0
+        assert json.loads(capsys.readouterr().out)["duplicate"]
     finally:
         serve.delete("adminview")
 
