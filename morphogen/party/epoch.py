@@ -25,6 +25,7 @@ closed when their last scan ends, never under one.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -57,6 +58,8 @@ from morphogen.snapshot.reader import Snapshot
 from morphogen.snapshot.tables import advertised
 
 DEFAULT_CHUNK_PAGES = 1024  # 4 MiB: the unit folds count in (and copy, where not in place)
+# Changes a log's fold is written into the pages at a time as a shard replays it (64 MiB as rows)
+REPLAY_ROWS = 16384
 T = TypeVar("T")
 # A staged version left by an admin operation that never committed nor aborted (its router
 # died) may be replaced by another operation after this long.
@@ -268,6 +271,54 @@ class ShardState:
                 op,
             )
             return len(pages)
+
+    def replay_updates(self, epoch_id: int, changes: ChangeBatch, *, base_epoch: int,
+                       identity: EpochIdentity, rows: int | None = None) -> int | None:
+        """Make `epoch_id` = current + `changes` (an epoch log's fold, replayed as a shard
+        starts) current at once, writing them into the pages in place `rows` changes at a
+        time; returns how many touch this shard, or None, changing nothing, where its
+        pages take no writes in place (the caller stages the changes as any others).
+
+        A fold is the net change of every update since the last rotation: up to every page
+        of the matrix, so staged as pending rows it would hold some 4 KiB a page beside the
+        pages themselves, and the changed bytes are some 60. Written a slice at a time it
+        holds one slice. The scan gate's write side is held throughout, so no scan reads a
+        page of a slice before the identity changes with the last one; a failed write leaves
+        the pages undefined and the shard stops serving, as a fold's does."""
+        rows = rows or REPLAY_ROWS
+        if identity.epoch_id != epoch_id:
+            raise ValueError(f"identity of epoch {identity.epoch_id} given for epoch {epoch_id}")
+        with self._lock:
+            base = self._check_next(epoch_id, None, force=True)
+            if base.epoch_id != base_epoch:
+                raise EpochError(
+                    f"updates were made for epoch {base_epoch}, this shard is at {base.epoch_id}"
+                )
+            if changes.max_page() >= base.snapshot.num_pages:
+                raise ValueError(f"page {changes.max_page()} is outside the matrix of "
+                                 f"{base.snapshot.num_pages} pages")
+            on_device = device_writable(base)
+            if not on_device and not host_writable(base):
+                return None
+            self._replace_staged(None, None)
+
+            def write() -> int:
+                version, taken = base, 0
+                for pages, replace, data in changes.row_slices(base.first_page, base.stop_page,
+                                                               rows):
+                    if replace.any():
+                        data = _as_diffs(version, pages, replace, data)
+                    step = dataclasses.replace(version, pending=version.pending.then(pages, data))
+                    if on_device:
+                        version = fold_on_device(step, self._leases.swap)
+                    else:
+                        version = write_in_place(step, plan_in_place(step), self._chunk,
+                                                 self._leases.swap)
+                    taken += len(pages)
+                self._leases.swap(dataclasses.replace(version, identity=identity))
+                return taken
+
+            return self._write_under_gate(write)
 
     def prepare_snapshot(
         self,

@@ -243,13 +243,22 @@ class ShardCore:
             assert entry.path is not None
             self.prepare_snapshot(entry.epoch_id, entry.path, checksum=entry.checksum, op=op,
                                   force=True)
-        else:
+        elif entry.kind == "fold":
             # a fold stands for many publications: its identity is the log's, not one link
-            # of the update chain (its batch was checked against the fold's digest on read)
+            # of the update chain (its batch was checked against the fold's digest on read);
+            # written into the pages a slice at a time where they take it, never held whole
+            assert batch is not None and entry.base_epoch is not None
+            identity = entry.epoch_identity()
+            assert identity is not None
+            if self.state.replay_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch,
+                                         identity=identity) is not None:
+                return
+            self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
+                                 force=True, identity=identity)
+        else:
             assert batch is not None
             self.prepare_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch, op=op,
-                                 force=True, identity=entry.epoch_identity()
-                                 if entry.kind == "fold" else None)
+                                 force=True)
         self.commit(entry.epoch_id, op=op)
 
     def _log_position(self, entries: list[LogEntry], epoch_log: EpochLog) -> int:
@@ -258,8 +267,9 @@ class ShardCore:
         for i in range(len(entries) - 1, -1, -1):
             if entries[i].identity == mine.digest:
                 return i + 1
-        fold = next((e for e in entries if e.kind == "fold"), None)
-        if fold is not None and int(fold.base_epoch or 0) < mine.epoch_id <= fold.epoch_id:
+        fold = next((e for e in entries if e.kind == "fold"
+                     and int(e.base_epoch or 0) < mine.epoch_id <= e.epoch_id), None)
+        if fold is not None:
             raise EpochLogError(
                 f"{epoch_log.directory}: this shard's epoch {mine.epoch_id} is among those a "
                 f"compaction folded into one batch (epochs {int(fold.base_epoch or 0) + 1}.."

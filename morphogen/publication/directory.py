@@ -112,6 +112,9 @@ class DirectoryLog:
         write_atomic(self.directory / name, parts,
                      tmp=self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{name}")
 
+    def has_file(self, name: str) -> bool:
+        return (self.directory / name).is_file()
+
     def remove_files(self, names: list[str]) -> None:
         for name in names:
             (self.directory / name).unlink(missing_ok=True)
@@ -163,6 +166,4 @@ class DirectoryLog:
             stale = p.name.startswith(_TMP_PREFIX)  # left by a writer that died
             if stale or (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used):
                 p.unlink(missing_ok=True)
-        for name, parts in plan.blobs.items():  # a fold's batch, before a record names it
-            self.write_file(name, parts)
         self.write_file(LOG_FILE, tuple(plan.frames))

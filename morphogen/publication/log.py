@@ -24,6 +24,7 @@ import hashlib
 import itertools
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,7 +35,13 @@ from typing import Any, Protocol
 
 from morphogen.protocol.changes import ChangeBatch
 from morphogen.publication import lease as _lease
-from morphogen.publication.compaction import Compaction, compacted, worth_compacting
+from morphogen.publication.compaction import (
+    Compaction,
+    compacted,
+    fold_run,
+    make_fold,
+    worth_compacting,
+)
 from morphogen.publication.directory import DirectoryLog
 from morphogen.publication.memory import MemoryLog
 from morphogen.publication.objects import ObjectLog
@@ -99,10 +106,18 @@ class LogStore(Protocol):
     def blob_path(self, name: str) -> Any: ...
     def read_blob(self, name: str) -> bytes: ...
     def write_file(self, name: str, parts: tuple[bytes, ...]) -> None: ...
+    def has_file(self, name: str) -> bool: ...
     def remove_files(self, names: list[str]) -> None: ...
     def locked(self, scan: Callable[[bytes], tuple[LogState, int]]
                ) -> AbstractContextManager[tuple[Append, LogState]]: ...
     def rewrite(self, state: LogState, plan: Compaction) -> None: ...
+
+
+# How long a compaction that composed a fold waits for an undecided proposal to be decided
+# before it leaves the log as it was: a publication is decided within a second or so, and a
+# proposal whose publisher died waits for its lease (the next compaction composes again).
+PENDING_WAIT_S = 5.0
+_nap = time.sleep  # the wait between looks (tests replace it)
 
 
 def _retrying(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -414,18 +429,36 @@ class EpochLog:
     def compact(self) -> int:
         """Rewrite the log to hold a history record (the committed publication ids, the newest
         `HISTORY_MAX` that fit in one record) and the committed entries from the last
-        rotation on, renumbered, all but the newest `FOLD_KEEP` updates folded into one
-        batch, and delete the blobs no kept entry names; returns how many records were
-        dropped. Does nothing while a proposal is undecided (the next compaction
-        does it)."""
-        with self._locked() as (_append, state):
-            if state.pending is not None:
+        rotation on, renumbered, all but the newest `FOLD_KEEP` updates folded (in levels:
+        morphogen.publication.compaction), and delete the blobs no kept entry names; returns
+        how many records were dropped. Does nothing while a proposal is undecided, after
+        waiting up to `PENDING_WAIT_S` for its decision once a fold is composed (the next
+        compaction does it).
+
+        The fold is composed and written before the writers' lock is taken, from the log as
+        read then: publications go on meanwhile. Under the lock it is used only where the
+        entries it stands for are still in the log as they were and its batch is still
+        there (a compaction that ran meanwhile may have folded them, or swept the batch)."""
+        run = fold_run(self.state())
+        fold = None
+        if run:
+            fold = make_fold(run, lambda es: list(self.load_batches(es)))
+            self._store.write_file(fold.entry.blob, fold.parts)
+        # a fold that took seconds to compose waits a little for a publication to decide
+        deadline = time.monotonic() + (PENDING_WAIT_S if fold is not None else 0.0)
+        while True:
+            with self._locked() as (_append, state):
+                if state.pending is None:
+                    if fold is not None and not self._store.has_file(fold.entry.blob):
+                        fold = None
+                    plan = compacted(state, fold)
+                    if len(plan.records) >= len(state.entries):
+                        return 0  # nothing to drop
+                    self._store.rewrite(state, plan)
+                    return len(state.entries) - len(plan.records)
+            if time.monotonic() >= deadline:
                 return 0
-            plan = compacted(state, lambda es: list(self.load_batches(es)))
-            if len(plan.records) >= len(state.entries):
-                return 0  # nothing to drop
-            self._store.rewrite(state, plan)
-        return len(state.entries) - len(plan.records)
+            _nap(0.2)
 
 
 def _lease_fields(lease_s: float) -> dict[str, int]:

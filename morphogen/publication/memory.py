@@ -53,6 +53,9 @@ class MemoryLog:
     def write_file(self, name: str, parts: tuple[bytes, ...]) -> None:
         self._blobs[name] = b"".join(parts)
 
+    def has_file(self, name: str) -> bool:
+        return name in self._blobs
+
     def remove_files(self, names: list[str]) -> None:
         for name in names:
             self._blobs.pop(name, None)
@@ -65,5 +68,4 @@ class MemoryLog:
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
         self._blobs = {k: v for k, v in self._blobs.items() if k in plan.used}
-        self._blobs.update((k, b"".join(v)) for k, v in plan.blobs.items())
         self._frames[:] = list(plan.frames)

@@ -94,6 +94,12 @@ class ObjectLog:
         # writes the same bytes, so a plain put is safe
         self.objects.put(f"{BLOBS}/{name}", b"".join(parts))
 
+    def has_file(self, name: str) -> bool:
+        try:
+            return self.objects.exists(f"{BLOBS}/{name}")
+        except Exception as exc:  # noqa: BLE001 - the store's errors, with the URI
+            raise self._unreachable(exc) from None
+
     def remove_files(self, names: list[str]) -> None:
         try:
             self.objects.delete([f"{BLOBS}/{name}" for name in names])
@@ -120,8 +126,6 @@ class ObjectLog:
             yield create, state
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
-        for name, parts in plan.blobs.items():  # a fold's batch, before the seal names it
-            self.objects.put(f"{BLOBS}/{name}", b"".join(parts))
         # the seal is one more record: a writer that read before it loses its seq and reads
         # again, now from the sealed state
         self.objects.seal(self._generation, len(state.entries), b"".join(plan.frames))

@@ -95,6 +95,13 @@ class LogObjects:
             return False
         return True
 
+    def exists(self, name: str) -> bool:
+        try:
+            self._ob.head(self.location.store, self._key(name))
+        except FileNotFoundError:
+            return False
+        return True
+
     def put(self, name: str, data: bytes) -> None:
         self._ob.put(self.location.store, self._key(name), data)
 

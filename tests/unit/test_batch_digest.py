@@ -19,7 +19,7 @@ from morphogen.protocol import sparse
 from morphogen.protocol.changes import ChangeBatch, composed
 from morphogen.protocol.codec import MSGPACK_TYPE, WireError
 from morphogen.protocol.identity import batch_digest
-from morphogen.publication.compaction import _fold
+from morphogen.publication.compaction import make_fold
 from morphogen.publication.records import EpochLogError, LogEntry, decode_batch, encode_batch
 
 
@@ -170,7 +170,8 @@ def test_a_fold_is_digested_as_its_newest_batch(last: int) -> None:
                         blob=f"b{i}", blob_digest=b.digest, count=len(b),
                         snapshot_checksum="c", chain="00" * 32)
                for i, b in enumerate(batches)]
-    entry, parts = _fold(entries, lambda es: batches)
+    made = make_fold(entries, lambda es: batches)
+    entry, parts = made.entry, made.parts
     folded = composed(batches)
     assert entry.blob_digest == folded.with_digest(last).digest
     assert decode_batch(b"".join(parts), entry, "f").data == folded.data

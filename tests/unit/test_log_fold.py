@@ -1,7 +1,8 @@
 """A log that takes updates and never rotates stays bounded (issue 28, hole 5): compaction
-folds all but the newest updates into one batch, replicas replay the fold to the same pages
-and identity, and a router or replica that starts reads a bounded number of objects however
-many publications the log has taken."""
+folds all but the newest updates into folds kept in levels, composed before the writers'
+lock; replicas replay the folds, written into their pages a slice at a time, to the same
+pages and identity; and a router or replica that starts reads a bounded number of objects
+however many publications the log has taken."""
 
 from __future__ import annotations
 
@@ -21,9 +22,13 @@ from _party_world import (
     start_replica,
 )
 
+from morphogen.party import epoch as epoch_mod
+from morphogen.party.epoch import EpochError
 from morphogen.party.version import page_with
+from morphogen.protocol import dpf
 from morphogen.protocol.changes import ChangeBatch, composed
 from morphogen.publication import compaction
+from morphogen.publication import log as log_mod
 from morphogen.publication.log import EpochLog, EpochLogError, Published
 from morphogen.snapshot.synthetic import synthetic_pages
 from morphogen.storage import log_objects
@@ -92,19 +97,58 @@ def test_compaction_folds_all_but_the_newest_updates(plog: EpochLog) -> None:
     again = plog.propose(first.pub, first.request, "W", 60, None)
     assert isinstance(again, Published)  # answered from the history, nothing written
     assert (again.epoch_id, again.identity) == (first.epoch_id, first.identity)
-    # the next update builds on the head; the next compaction folds the fold with more
+    # the next update builds on the head; the next compaction folds 3 more updates: into a
+    # fold of their own while the first is larger than they are, else with it
     more = [w.updates(n=2) for _ in range(3)]
     fresh = EpochLog(plog.directory, create=False) if plog.durable else plog
     assert fresh.head() == plog.head() and fresh.head().pub == more[-1][0].pub
     plog.compact()
-    second = next(e for e in plog.entries() if e.kind == "fold")
-    assert (second.base_epoch, second.epoch_id) == (2, sent[8][0].epoch_id)  # fold + 3 more
+    folds = [e for e in plog.entries() if e.kind == "fold"]
+    if fold.count > 3 * 2:
+        assert folds[0] == replace(fold, seq=folds[0].seq)
+        assert [(f.base_epoch, f.epoch_id) for f in folds[1:]] == \
+            [(fold.epoch_id, sent[8][0].epoch_id)]
+    else:
+        assert [(f.base_epoch, f.epoch_id) for f in folds] == [(2, sent[8][0].epoch_id)]
     want = [b for _, b in sent] + [b for _, b in more]
     got = [plog.load_batch(e) for e in plog.live()[1:]]
     assert _model_after(got) == _model_after(want)
 
 
-def test_a_replica_replays_a_folded_log_to_the_same_pages_and_identity(tmp_path: Path) -> None:
+def test_folds_stay_in_levels_each_larger_than_what_follows_it(tmp_path: Path) -> None:
+    """Forty compactions of 12 pages each: the folds behave as a binary counter's digits, so
+    there are few of them, about half the compactions fold only what they add, and replay
+    still gives every page its last value."""
+    rng = np.random.default_rng(21)
+    log = EpochLog(tmp_path / "log")
+    w = Writer(log, rng)
+    w.rotation(1)
+    sent, written = [w.updates(n=3) for _ in range(KEEP)], []
+    for _ in range(40):
+        sent += [w.updates(n=3) for _ in range(4)]
+        before = {e.blob for e in log.live() if e.kind == "fold"}
+        log.compact()
+        folds = [e for e in log.live() if e.kind == "fold"]
+        new = [f for f in folds if f.blob not in before]
+        assert len(new) == 1 and new[0] is folds[-1]  # one fold written, the newest
+        written.append(folds[-1].count)
+        counts = [f.count for f in folds]
+        assert all(a > b for a, b in zip(counts, counts[1:], strict=False)), counts
+        assert len(folds) <= 6
+        got = [log.load_batch(e) for e in log.live()[1:]]
+        assert _model_after(got) == _model_after([b for _, b in sent])
+    assert sum(1 for c in written if c <= 4 * 3) >= len(written) // 3, written
+
+
+@pytest.mark.parametrize("replay", ["slices", "whole", "staged"])
+def test_a_replica_replays_a_folded_log_to_the_same_pages_and_identity(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, replay: str) -> None:
+    """A fold is written into the pages a few changes at a time ("slices"), in one slice
+    ("whole"), or staged as pending updates where the pages take no writes ("staged")."""
+    if replay == "slices":
+        monkeypatch.setattr(epoch_mod, "REPLAY_ROWS", 2)
+    if replay == "staged":
+        monkeypatch.setattr(epoch_mod, "host_writable", lambda version: False)
     root, snaps = make_world(tmp_path)
     party, links = make_party(snaps, root / "log")
     rng = np.random.default_rng(13)
@@ -136,6 +180,12 @@ def test_a_replica_replays_a_folded_log_to_the_same_pages_and_identity(tmp_path:
         now = fresh.state.current
         pages = np.stack([page_with(now, now.pending, p) for p in range(first, stop)])
         assert np.array_equal(pages, model[first:stop])
+        mine = {kind: sum(int(((b.pages >= first) & (b.pages < stop)).sum())
+                          for b in log.load_batches([e for e in log.live()
+                                                     if (e.kind == "fold") == (kind == "fold")]))
+                for kind in ("fold", "updates")}
+        # written into the pages, unless staged: pending are only the updates after the folds
+        assert len(now.pending) == mine["updates"] + (mine["fold"] if replay == "staged" else 0)
     # one left further behind than the records kept is told why it cannot catch up (its
     # health check then fails and Serve restarts it, replaying from the snapshot)
     stale = start_replica(snaps / "base", 0, None).core
@@ -148,10 +198,160 @@ def test_a_replica_replays_a_folded_log_to_the_same_pages_and_identity(tmp_path:
     assert len(links) == 2
 
 
+def test_a_fold_written_in_slices_over_pending_updates_answers_as_staged_whole(
+        tmp_path: Path) -> None:
+    """A shard with updates still pending takes a fold of diffs and whole-page writes (some
+    pages written twice over) two changes at a time: the same pages, the fold's identity,
+    nothing left pending, and every key answered as by a shard that staged it whole."""
+    _, snaps = make_world(tmp_path)
+    rng = np.random.default_rng(19)
+    sliced = start_replica(snaps / "base", 1, None).core
+    whole = start_replica(snaps / "base", 1, None).core
+    before = random_batch(rng, 6, 96)
+    fold = composed([random_batch(rng, 9, 96), random_batch(rng, 9, 96)])
+    assert fold.replace.any() and not fold.replace.all()
+    target = sliced.identity.after_updates(2, before.digest).after_updates(3, "ab" * 32)
+    for shard in (sliced, whole):
+        shard.prepare_updates(2, before, base_epoch=1)
+        shard.commit(2)
+        assert shard.state.current.pending  # not folded yet
+    taken = sliced.state.replay_updates(3, fold, base_epoch=2, identity=target, rows=2)
+    whole.prepare_updates(3, fold, base_epoch=2, identity=target)
+    whole.commit(3)
+    first, stop = whole.first_page, whole.stop_page
+    assert taken == int(((fold.pages >= first) & (fold.pages < stop)).sum())
+    assert sliced.identity == whole.identity == target
+    a, b = sliced.state.current, whole.state.current
+    assert not a.pending
+    assert all(np.array_equal(page_with(a, a.pending, p), page_with(b, b.pending, p))
+               for p in range(first, stop))
+    keys = [dpf.generate_keys(sliced.domain_bits, int(t))[0]
+            for t in rng.integers(first, stop, 5)]
+    assert np.array_equal(sliced.scan(keys)[1], whole.scan(keys)[1])
+    with pytest.raises(EpochError):  # made for another epoch: nothing written
+        sliced.state.replay_updates(4, fold, base_epoch=2,
+                                    identity=target.after_updates(4, "cd" * 32))
+    assert sliced.identity == target
+
+
+def _ready_to_fold(log_dir: Path, seed: int) -> tuple[EpochLog, Writer, list]:
+    """A directory log of a rotation and `KEEP` + 5 updates: a compaction folds 5 of them."""
+    log = EpochLog(log_dir)
+    w = Writer(log, np.random.default_rng(seed))
+    w.rotation(1)
+    return log, w, [w.updates(n=3) for _ in range(KEEP + 5)]
+
+
+def _stalled_compaction(monkeypatch: pytest.MonkeyPatch, log_dir: Path
+                        ) -> tuple[threading.Thread, list[int], threading.Event]:
+    """A compaction of the log at `log_dir`, started in a thread and stalled as it composes
+    its fold (before the writers' lock): (the thread, what its compact() returned, the event
+    that lets it go on). Later compactions compose without stalling."""
+    reached, go = threading.Event(), threading.Event()
+    real = compaction.composed
+
+    def slow(batches):
+        if not reached.is_set():
+            reached.set()
+            assert go.wait(60)
+        return real(batches)
+
+    monkeypatch.setattr(compaction, "composed", slow)
+    dropped: list[int] = []
+    thread = threading.Thread(target=lambda: dropped.append(
+        EpochLog(log_dir, create=False).compact()))
+    thread.start()
+    assert reached.wait(60)
+    return thread, dropped, go
+
+
+def test_publications_go_on_while_a_compaction_composes_its_fold(tmp_path: Path,
+                                                                  monkeypatch) -> None:
+    """The fold is composed before the writers' lock is taken: a publication proposed and
+    committed meanwhile is not held up, and stays in the log the compaction writes."""
+    log, w, sent = _ready_to_fold(tmp_path / "log", seed=16)
+    thread, dropped, go = _stalled_compaction(monkeypatch, tmp_path / "log")
+    sent.append(w.updates(n=3))  # would wait on the lock if the compaction held it
+    go.set()
+    thread.join(60)
+    assert dropped and dropped[0] > 0
+    live = log.live()
+    assert [e.kind for e in live] == ["rotation", "fold"] + ["updates"] * (KEEP + 1)
+    assert live[-1].pub == sent[-1][0].pub
+    assert _model_after([log.load_batch(e) for e in live[1:]]) == \
+        _model_after([b for _, b in sent])
+
+
+def test_a_fold_made_for_entries_folded_meanwhile_is_not_used(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """Compaction A composes its fold; B compacts the same log first. A's fold stands for
+    entries B folded: A writes nothing more, and B's log, with all its batches, stays."""
+    log, w, sent = _ready_to_fold(tmp_path / "log", seed=17)
+    thread, dropped, go = _stalled_compaction(monkeypatch, tmp_path / "log")
+    sent.append(w.updates(n=3))
+    assert EpochLog(tmp_path / "log", create=False).compact() > 0  # B, its run one longer
+    after_b = log.entries()
+    go.set()
+    thread.join(60)
+    assert dropped == [0] and log.entries() == after_b
+    live = log.live()
+    assert _model_after([log.load_batch(e) for e in live[1:]]) == \
+        _model_after([b for _, b in sent])
+
+
+def test_a_compaction_that_composed_a_fold_waits_for_a_proposal_to_be_decided(
+        tmp_path: Path, monkeypatch) -> None:
+    """A proposal undecided when the fold is ready: the compaction looks again once it is
+    decided, and the committed update is kept after the fold."""
+    log, w, sent = _ready_to_fold(tmp_path / "log", seed=20)
+    looked, decided = threading.Event(), threading.Event()
+
+    def nap(seconds: float) -> None:
+        looked.set()  # found the proposal undecided
+        assert decided.wait(60)
+
+    monkeypatch.setattr(log_mod, "_nap", nap)
+    thread, dropped, go = _stalled_compaction(monkeypatch, tmp_path / "log")
+    proposal, batch = w.updates(n=3, outcome=None)
+    go.set()
+    assert looked.wait(60)
+    log.decide(proposal, "commit")
+    decided.set()
+    thread.join(60)
+    assert dropped and dropped[0] > 0
+    live = log.live()
+    assert [e.kind for e in live] == ["rotation", "fold"] + ["updates"] * (KEEP + 1)
+    assert live[-1].pub == proposal.pub
+    assert _model_after([log.load_batch(e) for e in live[1:]]) == \
+        _model_after([b for _, b in sent] + [batch])
+
+
+def test_a_fold_whose_batch_was_swept_before_the_lock_is_not_used(tmp_path: Path) -> None:
+    """A compaction that ran meanwhile may sweep a fold batch written before the lock: the
+    compaction that wrote it then folds nothing, and never names a batch that is gone."""
+    log, w, sent = _ready_to_fold(tmp_path / "log", seed=18)
+    before = log.entries()
+    store = log._store
+    real = store.write_file
+
+    def swept(name: str, parts: tuple[bytes, ...]) -> None:
+        real(name, parts)
+        if name.startswith("fold-"):
+            store.remove_files([name])
+
+    store.write_file = swept  # type: ignore[method-assign]
+    assert log.compact() == 0
+    assert log.entries() == before
+    store.write_file = real  # type: ignore[method-assign]
+    assert log.compact() > 0
+    assert _model_after([log.load_batch(e) for e in log.live()[1:]]) == \
+        _model_after([b for _, b in sent])
+
+
 def test_a_stalled_sweep_never_deletes_a_fold_a_later_compaction_wrote(s3_bucket) -> None:
     """Compaction C2 seals with its fold and stalls before its sweep; C3 compacts meanwhile,
-    folding C2's fold and a few more updates into a fold whose epoch is below C2's head. C2's
-    sweep must leave C3's fold: the live log names it."""
+    folding the next update into a fold whose epoch is below C2's head (a fold of its own:
+    C2's is larger). C2's sweep must leave C3's fold: the live log names it."""
     uri = f"s3://{s3_bucket}/fold-sweep"
     rng = np.random.default_rng(14)
     w = Writer(EpochLog(uri), rng)
@@ -175,10 +375,11 @@ def test_a_stalled_sweep_never_deletes_a_fold_a_later_compaction_wrote(s3_bucket
     assert reached.wait(60)
     w.updates()
     assert EpochLog(uri, create=False).compact() > 0  # C3
-    live_fold = next(e for e in EpochLog(uri, create=False).live() if e.kind == "fold")
+    live_folds = [e for e in EpochLog(uri, create=False).live() if e.kind == "fold"]
+    assert len(live_folds) == 2
     go.set()
     thread.join(60)
-    assert f"blobs/{live_fold.blob}" in _keys(uri)
+    assert {f"blobs/{f.blob}" for f in live_folds} <= set(_keys(uri))
     fresh = EpochLog(uri, create=False)
     assert [fresh.load_batch(e).digest for e in fresh.live()[1:]] == \
         [e.blob_digest for e in fresh.live()[1:]]
