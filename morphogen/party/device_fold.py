@@ -4,8 +4,10 @@ On the CPU engines a fold writes pending updates into the host pages in place, u
 gate (morphogen.party.host_fold). On a GPU shard the scans read the device copy, so the fold
 writes the updates there (GpuShard.write_pages: 4 KiB a changed page crosses the bus, untouched
 pages never again) and keeps the segment: its scanner, its table scanners and its lease stay
-what they were. The host side only needs the changed pages' bytes for later PageWrites and the
-self-test (`Version.written`: one host page per page ever changed, at most the range once).
+what they were. The shard's host copy (`read_verified`'s, its own array) takes the same XORs in
+place (host_fold.plan_in_place: the words an update changes), so it always holds what the device
+holds: later page writes, the self-test and a rotation's comparison read it, and nothing of a
+fold outlives it on the host (no per-page copies that grow with every page ever changed).
 
 A write changes the data the device answers from, so it must fall between scans of whole
 versions: ShardState holds its scan gate (gpu_writes.ScanGate) around every scan, from the
@@ -29,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from morphogen.constants import PAGE_SIZE
+from morphogen.party.host_fold import owner_of, plan_in_place, xor_in_place
 from morphogen.party.pending import Pending
 from morphogen.party.version import Segment, Version
 from morphogen.protocol.identity import EpochIdentity
@@ -41,26 +43,26 @@ _COMPARE_PAGES = 1 << 14  # pages compared at a time (64 MiB)
 
 
 def device_writable(version: Version) -> bool:
-    """Whether every segment of the version scans a device copy that takes writes."""
-    return all(callable(getattr(s.scanner, "write_pages", None)) for s in version.segments)
+    """Whether every segment of the version scans a device copy that takes writes, and its
+    host pages are an array of this process's own that takes the same writes."""
+    return bool(version.segments) and all(
+        callable(getattr(s.scanner, "write_pages", None)) and owner_of(s.pages) is not None
+        for s in version.segments)
 
 
 def fold_on_device(base: Version, swap: Callable[[Version], None]) -> Version:
     """Write `base`'s pending updates into its segments' device copies and `swap` in the
     version that no longer carries them (the caller holds the scan gate's write side).
     A failed write leaves the device copy undefined: the caller must stop serving it."""
+    writes = plan_in_place(base)  # checked whole before anything is written
     pages, diffs = base.pending.merged()
-    written = dict(base.written)
-    if len(pages):
-        now = np.stack([base.stored_page(p) for p in pages.tolist()])
-        np.bitwise_xor(now, diffs, out=now)
-        written.update(zip(pages.tolist(), (row.tobytes() for row in now), strict=True))
     for seg in base.segments:
         lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]
         mine = (pages >= lo) & (pages < hi)
         if mine.any():
             seg.scanner.write_pages(pages[mine], diffs[mine])  # type: ignore[attr-defined]
-    folded = replace(base, pending=Pending(), written=written)
+    xor_in_place(writes)
+    folded = replace(base, pending=Pending())
     swap(folded)
     return folded
 
@@ -78,23 +80,14 @@ def rotation_diff(current: Version, pages: np.ndarray,
     seg = current.segments[0]
     n = pages.shape[0]
     changed: list[np.ndarray] = []
-    for lo in range(0, n, _COMPARE_PAGES):
+    for lo in range(0, n, _COMPARE_PAGES):  # the host copy holds what the device holds
         hi = min(n, lo + _COMPARE_PAGES)
         differs = np.any(np.asarray(seg.pages[lo:hi]) != pages[lo:hi], axis=1)
         changed.append(np.flatnonzero(differs) + lo)
-    idx = np.concatenate(changed) if changed else np.zeros(0, np.int64)
-    on_device = set(int(i) for i in idx)
-    for page, now in current.written.items():  # the device holds these, not seg.pages
-        i = page - first_page
-        if np.array_equal(np.frombuffer(now, np.uint8), pages[i]):
-            on_device.discard(i)
-        else:
-            on_device.add(i)
-    if len(on_device) > ROTATION_DIFF_MAX * n:
+    local = np.concatenate(changed) if changed else np.zeros(0, np.int64)
+    if local.size > ROTATION_DIFF_MAX * n:
         return None
-    local = np.array(sorted(on_device), np.int64)
-    diffs = np.stack([pages[i] ^ current.stored_page(first_page + int(i)) for i in local]) \
-        if local.size else np.zeros((0, PAGE_SIZE), np.uint8)
+    diffs = pages[local] ^ np.asarray(seg.pages)[local]
     return local + first_page, diffs
 
 

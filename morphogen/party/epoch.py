@@ -266,7 +266,6 @@ class ShardState:
                     segments=base.segments,
                     pending=base.pending.then(pages, rows),
                     folded=base.folded,
-                    written=base.written,
                 ),
                 op,
             )

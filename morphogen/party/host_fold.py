@@ -31,13 +31,13 @@ from morphogen.party.version import Segment, Version
 
 def host_writable(version: Version) -> bool:
     """Whether every segment's scanner reads the segment's pages themselves, and those pages
-    are an array of this process's own (`_owner`), so a write into them is what scans read."""
+    are an array of this process's own (`owner_of`), so a write into them is what scans read."""
     return bool(version.segments) and all(
-        getattr(s.scanner, "reads_in_place", False) and _owner(s.pages) is not None
+        getattr(s.scanner, "reads_in_place", False) and owner_of(s.pages) is not None
         for s in version.segments)
 
 
-def _owner(pages: np.ndarray) -> np.ndarray | None:
+def owner_of(pages: np.ndarray) -> np.ndarray | None:
     """The C-contiguous (n, 4096) uint8 array owning the memory of `pages` (a row range of
     it, or itself); None for memory of another kind (a mapping, a foreign buffer)."""
     arr = pages
@@ -69,7 +69,7 @@ def plan_in_place(base: Version) -> Writes:
         rows = pages[mine] - seg.first_page
         if rows.min() < 0 or rows.max() >= seg.pages.shape[0]:
             raise IndexError("a pending update outside every segment of the version")
-        owner = _owner(seg.pages)
+        owner = owner_of(seg.pages)
         if owner is None:
             raise ValueError("a segment's pages are not an array of this process's own")
         rows += (seg.pages.__array_interface__["data"][0]
@@ -110,6 +110,15 @@ def write_in_place(base: Version, writes: Writes, c: int,
     """XOR `plan_in_place(base)` into the pages and `swap` in the version without the pending
     updates (the caller holds the scan gate's write side). Chunks of `c` pages written are
     added to `folded` (what `info()` counts)."""
+    xor_in_place(writes)
+    pages = base.pending.pages
+    folded = replace(base, pending=Pending(), folded=base.folded | frozenset((pages // c).tolist()))
+    swap(folded)
+    return folded
+
+
+def xor_in_place(writes: Writes) -> None:
+    """The diffs of `plan_in_place`'s plan XORed into the arrays it names."""
     for owner, rows, diffs, mine in writes:
         was = owner.flags.writeable
         owner.flags.writeable = True
@@ -123,10 +132,6 @@ def write_in_place(base: Version, writes: Writes, c: int,
                 np.bitwise_xor.at(owner, rows, diffs[mine])
         finally:
             owner.flags.writeable = was
-    pages = base.pending.pages
-    folded = replace(base, pending=Pending(), folded=base.folded | frozenset((pages // c).tolist()))
-    swap(folded)
-    return folded
 
 
 def fold_on_host(base: Version, engine: Engine, c: int) -> Version:

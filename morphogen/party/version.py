@@ -12,7 +12,6 @@ them into private page copies (new segments, no pending updates) changes no answ
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -64,8 +63,6 @@ class Version:
     segments: tuple[Segment, ...]
     pending: Pending = field(default_factory=Pending)
     folded: frozenset[int] = field(default_factory=frozenset)  # chunks a fold has written
-    # pages whose bytes changed in a device copy (morphogen.party.device_fold): their host bytes
-    written: Mapping[int, bytes] = field(default_factory=dict, hash=False, compare=False)
     # a staged rotation's (pages, diffs) against the device copy it shares: written at commit
     device_diffs: tuple[np.ndarray, np.ndarray] | None = field(default=None, hash=False,
                                                                compare=False)
@@ -80,9 +77,6 @@ class Version:
 
     def stored_page(self, page: int) -> np.ndarray:
         """The page's bytes in this version's segments (pending updates not applied)."""
-        now = self.written.get(page)
-        if now is not None:
-            return np.frombuffer(now, np.uint8)
         for seg in self.segments:
             if seg.first_page <= page < seg.first_page + seg.pages.shape[0]:
                 return np.asarray(seg.pages[page - seg.first_page])

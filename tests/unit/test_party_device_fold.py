@@ -72,6 +72,7 @@ def test_commits_write_updates_into_the_device_copy(world):
     state, backend, model = world
     rng = np.random.default_rng(1)
     loads = sum(x.kernel == sliced.SLICE_KERNEL for x in backend.launches)
+    host = state.current.segments[0].pages
     touched = [0, 5, 133, 134, 255, 256, 432, 599]
     epoch = 1
     for step in range(3):
@@ -80,6 +81,11 @@ def test_commits_write_updates_into_the_device_copy(world):
         state.prepare_updates(epoch, changes)
         state.commit(epoch)
         assert len(state.current.pending) == 0  # in device memory: no CPU pass per answer
+        # the host copy took the same writes in place: the same array, the same bytes as the
+        # device, and no other host copy of a changed page is kept
+        (seg,) = state.current.segments
+        assert seg.pages is host and not host.flags.writeable
+        np.testing.assert_array_equal(host, model)
         answers(state, model, touched + [1, 300])
         answers(state, model, [0, 1, 122, 123, 299], TABLE)
         for p in touched:
@@ -130,6 +136,7 @@ def test_a_scan_in_flight_during_a_commit_answers_on_its_epoch(world):
     committer.start()
     committer.join(0.3)
     assert committer.is_alive()  # the device write waits for the scan in flight
+    np.testing.assert_array_equal(state.current.segments[0].pages[7], model[7])  # so the host's
     release.set()
     scan.join(10)
     committer.join(10)
