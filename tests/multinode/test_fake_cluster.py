@@ -34,9 +34,11 @@ def scenario(tmp_path_factory) -> dict:
     # temp dir and Serve flags must not leak into the fake cluster)
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update(PYTHONPATH=str(ROOT), RAY_AUTH_MODE="disabled")
+    # a hang guard, not a time limit: on a 2-core CI machine, beside the suite's other
+    # workers, the scenario has taken 438 s
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "autoscale.py"), "--quick", "--json", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
