@@ -240,6 +240,8 @@ def test_case5_a_staged_orphan_blocks_nothing(world, op):
         started = time.monotonic()
         ident = await _read(r2, model, [3, 60])  # reads: no wait at all
         read_s = time.monotonic() - started
+        # answered while every orphan is still staged: a read waits for nothing that drops them
+        assert all(m.core.state.staged is not None for link in links for m in link.members)
         await asyncio.sleep(LEASE_S)
         for link in links:
             for m in link.members:
@@ -254,7 +256,10 @@ def test_case5_a_staged_orphan_blocks_nothing(world, op):
 
     ident, read_s, orphans, out, pub_s = asyncio.run(run())
     assert ident == links[0].core.identity.digest or out["epoch_id"] == 2
-    assert read_s < 1.0 and pub_s < 5.0
+    # far under the 300 s after which another operation's stage counts as stale, which is
+    # what a read or publication that waited for the orphan would take; far over what a
+    # loaded 2-core machine takes (a read took 1.1 s there beside the suite's other workers)
+    assert read_s < 60 and pub_s < 60
     assert orphans == [None] * 4
     assert out["epoch_id"] == 2 and served(links) == {out["identity"]}
 
