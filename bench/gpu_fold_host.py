@@ -67,14 +67,8 @@ class _EngineStandIn:
         return self.scanners[-1]
 
 
-def _rss_mib() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def run(n: int, checkpoints: list[int], block_pages: int, changed: int) -> dict:
+    from cluster.chain_import import _status_mib
     from morphogen.constants import PAGE_SIZE
     from morphogen.party.epoch import ShardState
     from morphogen.protocol.changes import PageUpdate
@@ -110,7 +104,7 @@ def run(n: int, checkpoints: list[int], block_pages: int, changed: int) -> dict:
             assert not state.current.pending  # written into the "device" at commit
             del updates
             if rss0 is None:
-                rss0 = _rss_mib()
+                rss0 = _status_mib("VmRSS")
             if block in checkpoints:
                 # the first block compiles (or loads) the fold's kernel: not timed
                 since = times[max(1, rows[-1]["blocks"] if rows else 0):]
@@ -120,7 +114,7 @@ def run(n: int, checkpoints: list[int], block_pages: int, changed: int) -> dict:
                     "prepare_s_median": round(statistics.median(t[0] for t in since), 4),
                     "commit_s_median": round(statistics.median(t[1] for t in since), 4),
                     "commit_s_max": round(max(t[1] for t in since), 4),
-                    "rss_above_mib": round(_rss_mib() - rss0, 1),
+                    "rss_above_mib": round(_status_mib("VmRSS") - rss0, 1),
                 })
                 r = rows[-1]
                 print(f"{block:5d} blocks, {r['distinct_pages_changed']:8d} pages changed: "
