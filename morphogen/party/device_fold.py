@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from morphogen.party.host_fold import owner_of, plan_in_place, xor_in_place
+from morphogen.party.host_fold import Writes, owner_of, xor_in_place
 from morphogen.party.pending import Pending
 from morphogen.party.version import Segment, Version
 from morphogen.protocol.identity import EpochIdentity
@@ -50,11 +50,12 @@ def device_writable(version: Version) -> bool:
         for s in version.segments)
 
 
-def fold_on_device(base: Version, swap: Callable[[Version], None]) -> Version:
-    """Write `base`'s pending updates into its segments' device copies and `swap` in the
-    version that no longer carries them (the caller holds the scan gate's write side).
-    A failed write leaves the device copy undefined: the caller must stop serving it."""
-    writes = plan_in_place(base)  # checked whole before anything is written
+def fold_on_device(base: Version, writes: Writes, swap: Callable[[Version], None]) -> Version:
+    """Write `base`'s pending updates into its segments' device copies and, as
+    `plan_in_place(base)` planned (checked whole before anything is written; made before
+    the gate, where its kernel loads), into their host copies, then `swap` in the version
+    that no longer carries them (the caller holds the scan gate's write side). A failed
+    write leaves the copies undefined: the caller must stop serving them."""
     pages, diffs = base.pending.merged()
     for seg in base.segments:
         lo, hi = seg.first_page, seg.first_page + seg.pages.shape[0]

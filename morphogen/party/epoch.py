@@ -308,11 +308,11 @@ class ShardState:
                     if replace.any():
                         data = _as_diffs(version, pages, replace, data)
                     step = dataclasses.replace(version, pending=version.pending.then(pages, data))
+                    writes = plan_in_place(step)
                     if on_device:
-                        version = fold_on_device(step, self._leases.swap)
+                        version = fold_on_device(step, writes, self._leases.swap)
                     else:
-                        version = write_in_place(step, plan_in_place(step), self._chunk,
-                                                 self._leases.swap)
+                        version = write_in_place(step, writes, self._chunk, self._leases.swap)
                     taken += len(pages)
                 self._leases.swap(dataclasses.replace(version, identity=identity))
                 return taken
@@ -445,7 +445,8 @@ class ShardState:
                 raise
 
     def _fold_on_device(self, base: Version) -> None:
-        self._write_under_gate(lambda: fold_on_device(base, self._leases.swap))
+        writes = plan_in_place(base)  # as fold_pending's on the host: before the gate
+        self._write_under_gate(lambda: fold_on_device(base, writes, self._leases.swap))
 
     def _check_next(self, epoch_id: int, op: str | None, force: bool = False) -> Version:
         cur = self.current
