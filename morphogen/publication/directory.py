@@ -20,6 +20,7 @@ import fcntl
 import logging
 import os
 import secrets
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,6 +41,9 @@ log = logging.getLogger(__name__)
 
 LOG_FILE = "epochs.log"
 _TMP_PREFIX = ".tmp-"
+# A temporary file untouched this long was left by a writer that died: no write of a batch
+# pauses between its writes for minutes.
+TMP_STALE_S = 900.0
 
 Scan = Callable[[bytes], tuple[LogState, int]]
 
@@ -159,11 +163,46 @@ class DirectoryLog:
             os.close(fd)  # releases the lock
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
-        """Blobs go first, while the lock still excludes every writer: once the new file is
-        in place, a writer may lock it and write a blob this sweep must not see. Only dropped
-        records name the blobs removed, and replay never reads those."""
+        """Replace the records with `plan`'s, then delete the batches only the old records
+        named. A compaction that dies at any step leaves one of the two logs whole, every
+        batch it names in place: the old log's folded updates are replayed until the new
+        records are in place, so their batches go only after the rename.
+
+        Before it, while the lock excludes every writer, go the files neither log names (a
+        publisher or a compaction that died between writing a batch and naming it, or the
+        batches a compaction that died after its rename left). After it, writers could name
+        a dropped batch's name again (a re-sent aborted proposal has the same epoch and
+        digest), so the new records file is locked before it is in place and stays locked
+        until the sweep is done."""
+        named = {e.blob for e in state.entries if e.blob is not None}
         for p in self.directory.iterdir():
-            stale = p.name.startswith(_TMP_PREFIX)  # left by a writer that died
-            if stale or (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used):
+            if (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used
+                    and p.name not in named) or self._stale_tmp(p):
                 p.unlink(missing_ok=True)
-        self.write_file(LOG_FILE, tuple(plan.frames))
+        tmp = self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{LOG_FILE}"
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows this name yet: at once
+            with os.fdopen(os.dup(fd), "wb") as fh:
+                for frame_bytes in plan.frames:
+                    fh.write(frame_bytes)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, self.path)
+            fsync_dir(self.directory)
+            for name in sorted(named - plan.used - {None}):
+                (self.directory / name).unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+            tmp.unlink(missing_ok=True)
+
+    @staticmethod
+    def _stale_tmp(p: Path) -> bool:
+        """A temporary file no writer is still writing (one that died left it): a write in
+        progress outside the lock (a fold, a staged part) keeps its file's mtime fresh."""
+        if not p.name.startswith(_TMP_PREFIX):
+            return False
+        try:
+            return time.time() - p.stat().st_mtime > TMP_STALE_S
+        except FileNotFoundError:
+            return False

@@ -760,7 +760,11 @@ def test_compact_keeps_committed_from_the_last_rotation(tmp_path: Path, rng) -> 
     r5 = w.rotation(5, "ck-b")  # W-5
     kept, kept_batch = w.updates()  # W-6: epoch 6
     dead.append(w.updates(outcome="abort")[0])  # W-7: epoch 7, aborted
-    (log.directory / ".tmp-123456-updates-x.bin").write_bytes(b"left by a crash")
+    stale = log.directory / ".tmp-123456-updates-x.bin"
+    stale.write_bytes(b"left by a crash")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    # a batch still being written outside the lock (a fold, a staged part) is not swept
+    (log.directory / ".tmp-654321-fold-y.bin").write_bytes(b"being written")
     (log.directory / "notes.txt").write_text("not the log's")
     assert log.live() == [r5, kept] and len(log.entries()) == 14
     assert all((log.directory / e.blob).exists() for e in dead)
@@ -776,7 +780,7 @@ def test_compact_keeps_committed_from_the_last_rotation(tmp_path: Path, rng) -> 
     st = log.state()
     assert sorted(st.pubs) == ["W-1", "W-2", "W-3", "W-5", "W-6"] and st.aborted == 0
     assert sorted(os.listdir(log.directory)) == sorted(
-        ["epochs.log", "log.json", kept.blob, "notes.txt"])
+        ["epochs.log", "log.json", kept.blob, "notes.txt", ".tmp-654321-fold-y.bin"])
     assert log.load_batch(log.head()).data == kept_batch.data
     assert log.compact() == 0  # nothing more to drop
     assert log.entries() == compacted
