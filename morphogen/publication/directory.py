@@ -163,38 +163,19 @@ class DirectoryLog:
             os.close(fd)  # releases the lock
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
-        """Replace the records with `plan`'s, then delete the batches only the old records
-        named. A compaction that dies at any step leaves one of the two logs whole, every
-        batch it names in place: the old log's folded updates are replayed until the new
-        records are in place, so their batches go only after the rename.
-
-        Before it, while the lock excludes every writer, go the files neither log names (a
-        publisher or a compaction that died between writing a batch and naming it, or the
-        batches a compaction that died after its rename left). After it, writers could name
-        a dropped batch's name again (a re-sent aborted proposal has the same epoch and
-        digest), so the new records file is locked before it is in place and stays locked
-        until the sweep is done."""
-        named = {e.blob for e in state.entries if e.blob is not None}
+        """Replace the records with `plan`'s, in one rename. Until that rename the old records
+        are the log, the updates being folded among them, so no batch they name is deleted
+        before it; and a replica that read them just before (one replaying as it starts)
+        still finds their batches after it. So the batches the new records drop go at the
+        next compaction, as files that neither its old records nor its new ones name: those
+        go here, before the rename, while the lock excludes every writer (a writer writes its
+        batch and its record under one lock; a fold written before the lock is checked for
+        under it), with temporaries that no writer has touched for `TMP_STALE_S`."""
+        named = plan.used | {e.blob for e in state.entries}
         for p in self.directory.iterdir():
-            if (BLOB_NAME.fullmatch(p.name) and p.name not in plan.used
-                    and p.name not in named) or self._stale_tmp(p):
+            if (BLOB_NAME.fullmatch(p.name) and p.name not in named) or self._stale_tmp(p):
                 p.unlink(missing_ok=True)
-        tmp = self.directory / f"{_TMP_PREFIX}{secrets.token_hex(6)}-{LOG_FILE}"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # nobody else knows this name yet: at once
-            with os.fdopen(os.dup(fd), "wb") as fh:
-                for frame_bytes in plan.frames:
-                    fh.write(frame_bytes)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
-            fsync_dir(self.directory)
-            for name in sorted(named - plan.used - {None}):
-                (self.directory / name).unlink(missing_ok=True)
-        finally:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)
+        self.write_file(LOG_FILE, tuple(plan.frames))
 
     @staticmethod
     def _stale_tmp(p: Path) -> bool:

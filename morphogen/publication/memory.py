@@ -67,5 +67,8 @@ class MemoryLog:
             yield frames.append, scan(b"".join(frames))[0]
 
     def rewrite(self, state: LogState, plan: Compaction) -> None:
-        self._blobs = {k: v for k, v in self._blobs.items() if k in plan.used}
+        # as the durable backends do: the batches the old records name stay until the next
+        # compaction, for a reader that read them just before
+        named = plan.used | {e.blob for e in state.entries}
+        self._blobs = {k: v for k, v in self._blobs.items() if k in named}
         self._frames[:] = list(plan.frames)

@@ -139,11 +139,15 @@ class ObjectLog:
         #   dropped records, and those no record names (a publisher died or stalled between
         #   upload and record).
         # - A fold batch only at or below the plan's floor (see Compaction.fold_floor).
+        # - Never one the sealed records name: a replica that read them just before the seal
+        #   (one replaying as it starts) still finds their batches. They go at the next
+        #   compaction, as the generation that names them does.
         head = state.head.epoch_id if state.head is not None else -1
+        named = plan.used | {e.blob for e in state.entries}
         dropped = set()
         for name in self.objects.names_under(BLOBS):
             blob = name.rpartition("/")[2]
-            if not BLOB_NAME.fullmatch(blob) or blob in plan.used:
+            if not BLOB_NAME.fullmatch(blob) or blob in named:
                 continue
             kind, epoch = blob.split("-")[0], int(blob.split("-")[1])
             if epoch <= (plan.fold_floor if kind == "fold" else head):
