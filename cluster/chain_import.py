@@ -33,6 +33,7 @@ import numpy as np
 from morphogen.chain import bulk, dumps
 from morphogen.keyword.descriptor import Anchor
 from morphogen.keyword.records import RecordError
+from morphogen.storage.durable import fsync_dir
 
 log = logging.getLogger("morphogen.chain.import")
 MANIFEST = "manifest.json"
@@ -57,16 +58,22 @@ class Progress:
 
 
 def _encode_to(path: str, a: int, b: int, plans: dict, out: str) -> tuple[int, float]:
-    """One range as a directory of arrays (`.npy`), written whole (a temporary renamed) so
-    that a resumed import trusts it; returns its records and the CPU seconds it took."""
+    """One range as a directory of arrays (`.npy`), written whole and durably (synced, a
+    temporary renamed, the directory synced) so that a resumed import trusts it, after a
+    power loss too; returns its records and the CPU seconds it took."""
     cpu = time.process_time()
     arrays = bulk.encode_range(path, a, b, plans)
     tmp = Path(out + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # a killed task's
     tmp.mkdir()
     for name, array in arrays.items():
-        np.save(tmp / f"{name}.npy", array)
+        with open(tmp / f"{name}.npy", "wb") as f:
+            np.save(f, array)
+            f.flush()
+            os.fsync(f.fileno())
+    fsync_dir(tmp)
     os.replace(tmp, out)
+    fsync_dir(Path(out).parent)
     return (len(arrays["acc_keys"]) + len(arrays["sto_keys"]) + len(arrays["code_keys"]),
             time.process_time() - cpu)
 

@@ -216,11 +216,13 @@ class OwnerTable:
         def run() -> None:
             try:
                 self.store.checkpoint(version)
-            except Exception:  # noqa: BLE001 - the diffs still read; the next one retries
+            except Exception:  # noqa: BLE001 - the diffs still read; the next apply retries
                 log.exception("full copy of version %d not written", version)
 
         if not self._background:
-            self.store.checkpoint(version)
+            if self.store.checkpoint(version):
+                self.state[DIFF_BYTES] = self.store.bytes_since_full(self.current)
+                self.save()
             return
         self._checkpointer = threading.Thread(target=run, name=f"checkpoint-v{version}",
                                               daemon=True)
@@ -384,10 +386,15 @@ class OwnerTable:
         self.store.write(version, pages, full=full, keys=keys, key_puts=key_puts,
                          key_dels=key_dels, batch=batch)
         since = int(self.state.get(DIFF_BYTES, 0)) + self.store.batch_bytes(version)
+        if not full and since >= pages.nbytes and self._checkpoint_free():
+            # where the count says a copy is due, it is taken again from the store: a copy
+            # started earlier may have landed since (in the background), or died with its
+            # process, or failed; the count is reset only where a copy has landed
+            since = self.store.bytes_since_full(version)
         # the batches since the last full copy add up to the table: this version becomes one,
         # after the fact (`_checkpoint`), so the version itself is written as a diff
         due = not full and since >= pages.nbytes and self._checkpoint_free()
-        self.state[DIFF_BYTES] = 0 if full or due else since
+        self.state[DIFF_BYTES] = 0 if full else since
         self.state["current"] = version
         self.state["last_changes"] = changes_id  # moves with the pointer, in one write
         if note is not None:

@@ -7,11 +7,14 @@ of the hash tree that proves every page (`morphogen.keyword.tree`).
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from morphogen.storage.durable import fsync_dir, write_atomic
 
 DESCRIPTOR_DOMAIN = b"morphogen-keyword-descriptor-v2\0"
 DATASET_SIZE = 16
@@ -49,17 +52,37 @@ def _is_hex_key(text: str) -> bool:
 
 def generate_key_files(private_path: str | os.PathLike[str]) -> tuple[Path, Path]:
     """A new signing key at `private_path` (hex, mode 0600, never overwritten) and its public
-    key beside it (`.pub`). Returns both paths."""
+    key beside it (`.pub`). Returns both paths.
+
+    Each file is whole and durable before this returns: the key is written under a temporary
+    name, synced, and linked to its name, which fails where a key is already (an existing key
+    is the owner's identity; replacing it would orphan every table). A crash between the two
+    files leaves the key without its `.pub`: a second call writes that key's `.pub`, then
+    refuses as for any existing key."""
     private_path = Path(private_path)
     public_path = private_path.with_suffix(".pub")
+    if private_path.exists():
+        if not public_path.exists():
+            _write_public(public_path, load_signing_key(private_path))
+        raise FileExistsError(private_path)
     key = Ed25519PrivateKey.generate()
-    seed = key.private_bytes_raw().hex()
-    # O_EXCL: an existing key is the owner's identity; replacing it would orphan every table
-    fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(seed + "\n")
-    public_path.write_text(public_bytes(key.public_key()).hex() + "\n")
+    tmp = private_path.with_name(f".{private_path.name}.tmp-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(key.private_bytes_raw().hex() + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, private_path)  # FileExistsError where another call won meanwhile
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(private_path.parent)
+    _write_public(public_path, key)
     return private_path, public_path
+
+
+def _write_public(path: Path, key: Ed25519PrivateKey) -> None:
+    write_atomic(path, (public_bytes(key.public_key()).hex() + "\n").encode())
 
 
 def load_signing_key(path: str | os.PathLike[str]) -> Ed25519PrivateKey:

@@ -171,6 +171,11 @@ class VersionStore:
         return sum(p.stat().st_size for p in (folder / BATCH, folder / OLD_BATCH)
                    if p.is_file())
 
+    def bytes_since_full(self, version: int) -> int:
+        """What the batches of the versions after the last full one, up to `version`, take
+        on disk."""
+        return sum(self.batch_bytes(v) for v in range(self._base(version) + 1, version + 1))
+
     def _base(self, version: int) -> int:
         """The last full version at or before `version`, every version between it and
         `version` present."""

@@ -333,7 +333,10 @@ class ChunkCache:
         marker = root_dir / ".in-use"
         while True:
             root_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(marker, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fd = os.open(marker, os.O_CREAT | os.O_RDWR, 0o644)
+            except FileNotFoundError:
+                continue  # an eviction removed the directory between mkdir and open: again
             fcntl.flock(fd, fcntl.LOCK_SH)
             try:
                 same = os.fstat(fd).st_ino == os.stat(marker).st_ino

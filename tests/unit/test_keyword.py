@@ -400,3 +400,29 @@ def test_records_sample_writes_accounts_that_build_reads(tmp_path, capsys, name)
     assert main(["build", "--records", str(out), "--value-size", "32", "--signing-key",
                  str(tmp_path / "o.key"), "--out", str(tmp_path / "kw")]) == 0
     assert f"0x{first.hex()}" in out.read_text()
+
+
+def test_a_signing_key_is_never_overwritten_and_a_crash_never_loses_its_public_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cluster.cli import main
+    from morphogen.keyword import signing
+
+    path = tmp_path / "o.key"
+    real = signing._write_public
+
+    def dies(*args) -> None:
+        raise SystemExit("killed between the key and its .pub")
+
+    monkeypatch.setattr(signing, "_write_public", dies)
+    with pytest.raises(SystemExit):
+        signing.generate_key_files(path)
+    key = signing.load_signing_key(path)  # whole, though the .pub never came
+    assert (path.stat().st_mode & 0o777) == 0o600 and not path.with_suffix(".pub").exists()
+    monkeypatch.setattr(signing, "_write_public", real)
+    with pytest.raises(FileExistsError):
+        signing.generate_key_files(path)  # refuses, and writes the .pub of the key there
+    assert signing.load_public_key(path.with_suffix(".pub")).public_bytes_raw() == \
+        key.public_key().public_bytes_raw()
+    assert path.read_text() == key.private_bytes_raw().hex() + "\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.key", "o.pub"]
+    assert main(["records", "keygen", "--out", str(path)]) == 2

@@ -227,6 +227,54 @@ def test_a_full_copy_comes_once_the_diffs_since_the_last_add_up_to_the_table(
         assert np.array_equal(OwnerTable(root).pages(v), copies[v]), v
 
 
+def test_a_full_copy_that_never_lands_is_written_again_by_a_later_version(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A follower's full copy that fails, or dies with its process, is made again: the count
+    of diff bytes since the last full copy is reset only where one has landed, so the diffs
+    to replay and keep stay under two tables' worth whatever becomes of a copy."""
+    recs = _records(3000, seed=41)
+    table, root = _owner_dir(tmp_path, recs)
+    total = table.pages.nbytes
+    owner = OwnerTable(root)
+    owner.checkpoints_in_background()
+    failed: list[int] = []
+
+    def fails(version: int) -> bool:
+        failed.append(version)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(owner.store, "checkpoint", fails)
+    rng = random.Random(42)
+    copies = {}
+    while len(failed) < 2:  # a copy fails, and the next version tries again
+        changes = _changes(rng, recs, 3) + _rewrites(rng, recs, 300)
+        version, _ = owner.apply(changes, KEY, rng=rng.randrange)
+        _follow(recs, changes)
+        copies[version] = owner.pages().copy()
+        owner.wait_checkpoints()
+        assert version < 40
+    assert failed[1] == failed[0] + 1
+    assert [v for v in copies if owner.store.is_full(v)] == []
+    saved = json.loads((root / "owner.json").read_text())["diff_bytes"]
+    assert saved == owner.store.bytes_since_full(version) >= total
+    # the process ends with no copy landed (as one killed amid it would); the next one, on
+    # the saved state, writes the copy at its first version
+    again = OwnerTable(root)
+    again.checkpoints_in_background()
+    changes = _changes(rng, recs, 3)
+    version, _ = again.apply(changes, KEY, rng=rng.randrange)
+    _follow(recs, changes)
+    copies[version] = again.pages().copy()
+    again.wait_checkpoints()
+    assert [v for v in copies if again.store.is_full(v)] == [version]
+    changes = _changes(rng, recs, 3)
+    version, _ = again.apply(changes, KEY, rng=rng.randrange)
+    copies[version] = again.pages().copy()
+    assert again.state["diff_bytes"] == again.store.batch_bytes(version) < total
+    for v in copies:
+        assert np.array_equal(OwnerTable(root).pages(v), copies[v]), v
+
+
 def test_a_full_copy_in_the_background_leaves_every_version_reading_as_before(
         tmp_path: Path) -> None:
     """A follower's full copies: written in a thread while later versions are applied, never

@@ -151,6 +151,32 @@ def test_snapshots_no_process_holds_are_evicted(remote, tmp_path: Path, s3_bucke
         assert not (cache / local.manifest.root).exists()
 
 
+def test_a_snapshot_evicted_while_another_process_opens_it_is_held_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process on the node evicts what nobody holds between this one's creating the
+    snapshot's cache directory and its marking it in use: the open goes on, and holds it."""
+    import os
+    import types
+
+    from morphogen.snapshot import chunk_cache
+
+    opener, evicter = ChunkCache(tmp_path / "c"), ChunkCache(tmp_path / "c")
+    manifest = types.SimpleNamespace(root="ab" * 32)
+    real_open, evicted, once = os.open, [], []
+
+    def open_after_an_eviction(path, *args, **kwargs):
+        if str(path).endswith(".in-use") and not once:
+            once.append(path)  # the eviction opens the marker too
+            evicted.append(evicter.evict_unused())
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(chunk_cache.os, "open", open_after_an_eviction)
+    with opener.holding(manifest):
+        assert evicted == [["ab" * 32]]  # the directory went, and came back
+        assert evicter.evict_unused() == []  # held now
+        assert (tmp_path / "c" / ("ab" * 32)).is_dir()
+
+
 def test_rotation_uris_must_lie_under_the_allowed_prefix(remote) -> None:
     uri, _ = remote
     base = uri.rsplit("/", 1)[0]
