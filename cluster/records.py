@@ -90,11 +90,15 @@ def cmd_lookup(args: argparse.Namespace) -> int:
 
     url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
     keys = [_key_arg(k) for k in args.keys]
+    if args.dataset is not None:
+        text = args.dataset.removeprefix("0x")
+        if len(text) != 32 or any(c not in "0123456789abcdefABCDEF" for c in text):
+            raise UsageError("--dataset is a table's dataset id: 32 hex digits")
     try:
         with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
             values = KeywordClient(pir, args.public_key, min_version=args.min_version,
                                    min_block=args.min_block, max_age=args.max_age,
-                                   table=args.table).get_many(keys)
+                                   table=args.table, dataset=args.dataset).get_many(keys)
     except StaleTableError as exc:
         raise CommandFailed(f"stale table: {exc}") from None
     except TableChangingError as exc:
@@ -311,6 +315,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
     lk.add_argument("--table", default="", metavar="NAME",
                     help="the keyword table to read where the parties serve several (a "
                          "chain's accounts, storage, code)")
+    lk.add_argument("--dataset", default=None, metavar="HEX",
+                    help="the table's dataset id (owner.json's \"dataset\"): refuse a table "
+                         "built apart and signed with the same key")
     lk.add_argument("keys", nargs="+", metavar="KEY", help="0x-hex or text")
     lk.set_defaults(func=cmd_lookup)
 

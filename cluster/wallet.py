@@ -34,6 +34,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
         raise UsageError("--max-age is a number of seconds above 0")
     if args.max_batch < 1:
         raise UsageError("--max-batch is at least 1")
+    if args.chain_id is not None and args.chain_id < 1:
+        raise UsageError("--chain-id is a chain's id, 1 or more")
     if args.call_processes < 0:
         raise UsageError("--call-processes is 0 (no eth_call here) or more")
     if not args.call_time > 0:
@@ -47,7 +49,8 @@ def cmd_rpc(args: argparse.Namespace) -> int:
     with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
         try:
             state = PrivateState(pir, args.public_key, max_age=args.max_age,
-                                 min_block=args.min_block, watch_s=args.watch or None)
+                                 min_block=args.min_block, watch_s=args.watch or None,
+                                 chain_id=args.chain_id)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--public-key {exc}") from None
         try:
@@ -175,6 +178,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
                      help="refuse state the owner made more than S seconds ago")
     rpc.add_argument("--min-block", type=int, default=0, metavar="N",
                      help="refuse state older than block N")
+    rpc.add_argument("--chain-id", type=int, default=None, metavar="ID",
+                     help="refuse tables of another chain (signed with the same key); "
+                          "without it, the chain of the first version read is kept")
     rpc.add_argument("--max-batch", type=int, default=MAX_BATCH, metavar="N",
                      help=f"requests a batch may hold (default {MAX_BATCH})")
     rpc.add_argument("--call-processes", type=int, default=2, metavar="N",

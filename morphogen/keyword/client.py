@@ -39,7 +39,10 @@ class KeywordClient(KeywordLookup):
     made more than that many seconds ago. `whole_level_pages`: tree levels of at most that
     many pages are read whole once per version, larger ones a page per candidate. `table`
     names one keyword table of a matrix that holds several (`join_tables`): its lookups read
-    its own data, levels and descriptor, whose signed name must be `table`.
+    its own data, levels and descriptor, whose signed name must be `table`. `dataset`: the
+    table's 16-byte dataset id (bytes or hex) where the caller knows it; without it, the first
+    version read fixes it. A version of another dataset (a table built apart and signed with
+    the same key: another chain, another set of records) raises `KeywordIntegrityError`.
     """
 
     def _run(self, machine: Machine) -> Any:

@@ -159,6 +159,19 @@ class Editor:
     def apply(self, change: Change) -> None:
         where = change.where or f"key 0x{change.key.hex()[:64]}"
         tag = tag_of(self.desc.dataset, change.key)
+        held = self.keys.get(tag)
+        if held is not None and bytes(held) != change.key:
+            # Slots are found by tag: taken, the other key's record would be answered for
+            # this one, or overwritten, or deleted. Keys with a chosen tag cost some 2^64
+            # hashes (a birthday search over the public dataset id), but anyone can choose
+            # their own contract's storage slots; the builder refuses such a table as well.
+            if change.op == "delete_absent":
+                return
+            raise RecordError(
+                f"{where}: its 128-bit tag collides with that of key 0x{bytes(held).hex()[:64]}, "
+                "which the table holds: two keys with one tag cannot both be served, refused")
+        if tag == EMPTY_TAG and change.op == "put":
+            raise RecordError(f"{where}: the key's tag is all zeros (the empty-slot marker)")
         at = self._find(change.key, tag)
         if change.op in ("delete", "delete_absent"):
             if at is None:

@@ -40,7 +40,7 @@ from morphogen.keyword.descriptor import Descriptor, KeywordIntegrityError, Stal
 from morphogen.keyword.freshness import Bounds, stale
 from morphogen.keyword.layout import DATA_TABLE, DESCRIPTOR_TABLE, level_table, part_table
 from morphogen.keyword.placement import View, route, same_view, table_span, views_of
-from morphogen.keyword.signing import load_public_key
+from morphogen.keyword.signing import DATASET_SIZE, load_public_key
 from morphogen.keyword.verify import (
     WHOLE_LEVEL_PAGES,
     Proof,
@@ -81,6 +81,21 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
+def _dataset(value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value[2:] if value[:2].lower() == "0x" else value
+        try:
+            value = bytes.fromhex(text)
+        except ValueError:
+            value = b""
+    if not isinstance(value, bytes) or len(value) != DATASET_SIZE:
+        raise ValueError(f"dataset is a table's {DATASET_SIZE}-byte dataset id "
+                         f"({2 * DATASET_SIZE} hex digits), or None")
+    return value
+
+
 class SharedVersion:
     """The version clients of one table plan with (its proof and the view it came from),
     shared: clients made for concurrent readers of the same page client and table read a new
@@ -89,6 +104,9 @@ class SharedVersion:
 
     def __init__(self) -> None:
         self.state: tuple[Proof, View] | None = None
+        # the dataset of the first descriptor accepted: a table signed with the same key but
+        # built apart (another chain, another set of records) is never taken for this one
+        self.dataset: bytes | None = None
 
 
 class KeywordLookup:
@@ -101,9 +119,11 @@ class KeywordLookup:
                  trusted_block: Callable[[], Any] | None = None,
                  max_age: float | None = None,
                  whole_level_pages: int = WHOLE_LEVEL_PAGES, table: str = "",
-                 shared: SharedVersion | None = None) -> None:
+                 shared: SharedVersion | None = None, dataset: Any = None) -> None:
         self.pir = pir
         self.table = table
+        # the table's dataset id where the caller knows it; else the first one read is kept
+        self.dataset = _dataset(dataset)
         self.trusted = (load_public_key(public_key)
                         if isinstance(public_key, (str, bytes)) or hasattr(public_key, "__fspath__")
                         else public_key)
@@ -238,6 +258,7 @@ class KeywordLookup:
             proof, view = state
             desc = proof.descriptor
             if (stale(desc, bounds, self.seen_version, self.seen_block) is None
+                    and self._other_dataset(desc) is None
                     and table_span(info, self.table)[1] == desc.geometry.num_pages
                     and any(same_view(v, view) for v in views_of(info))):
                 return state
@@ -294,7 +315,21 @@ class KeywordLookup:
         self._signed = (page, desc)
         return desc
 
+    def _other_dataset(self, desc: Descriptor) -> str | None:
+        """Why `desc` is not of the table this client reads, or None when it is."""
+        want = self.dataset or self._shared.dataset
+        if want is None or desc.dataset == want:
+            return None
+        how = "was given" if self.dataset is not None else "has read"
+        return (f"the servers serve keyword table {desc.name!r} of dataset "
+                f"{desc.dataset.hex()}; this client {how} dataset {want.hex()}: another "
+                "table signed with the same key, refused")
+
     def _admit(self, desc: Descriptor, bounds: Bounds) -> None:
+        other = self._other_dataset(desc)
+        if other is not None:
+            self._state = None
+            raise KeywordIntegrityError(other)
         why = stale(desc, bounds, self.seen_version, self.seen_block)
         if why is not None:
             self._state = None
@@ -308,6 +343,8 @@ class KeywordLookup:
             self.seen_block = (desc.anchor.number if desc.version > self.seen_version
                                else max(self.seen_block, desc.anchor.number))
         self.seen_version = max(self.seen_version, desc.version)
+        if self._shared.dataset is None:
+            self._shared.dataset = desc.dataset
 
     def _descriptor(self, refresh: bool) -> Machine:
         bounds = yield from self._bounds()

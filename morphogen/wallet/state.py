@@ -87,12 +87,13 @@ class PrivateState(ServedVersions):
     to a shorter branch the owner's newer version names a lower block, and that is the chain."""
 
     def __init__(self, pir: Any, public_key: Any, *, max_age: float | None = None,
-                 min_block: int = 0, watch_s: float | None = None) -> None:
+                 min_block: int = 0, watch_s: float | None = None,
+                 chain_id: int | None = None) -> None:
         """`watch_s`: every so many seconds, ask the parties (GET /epoch, no lookup) whether
         they serve a new version, and read its descriptors then, before a request needs them
         (a request's first lookup at a new version otherwise pays three round trips, not
         one). None: no watching; `close()` stops it."""
-        super().__init__(pir, max_age=max_age, min_block=min_block)
+        super().__init__(pir, max_age=max_age, min_block=min_block, chain_id=chain_id)
         self.public_key = public_key
         self._free: list[dict[str, KeywordClient]] = []
         # a new version's descriptors read once for every set of clients, not once a set

@@ -64,8 +64,15 @@ class ServedVersions:
     told of new ones. `refresh` (the descriptors read again) is the reader's: the watcher
     calls it."""
 
-    def __init__(self, pir: Any, *, max_age: float | None = None, min_block: int = 0) -> None:
+    def __init__(self, pir: Any, *, max_age: float | None = None, min_block: int = 0,
+                 chain_id: int | None = None) -> None:
         self.pir, self.max_age = pir, max_age
+        if chain_id is not None and (isinstance(chain_id, bool) or not isinstance(chain_id, int)
+                                     or chain_id < 1):
+            raise ValueError("chain_id is a chain's id (an int, 1 or more), or None")
+        # the chain the caller named, or else the first one read: a version of another chain
+        # (its tables signed with the same key) is never answered for this one
+        self.chain_id, self._chain_read = chain_id, chain_id is not None
         # Versions only grow; blocks may not: the owner's version after a reorg to a shorter
         # branch names a lower block, and it is the one to serve. So the clients are bound
         # below by the newest version seen and by the caller's `min_block` only, never by
@@ -195,6 +202,14 @@ class ServedVersions:
         """`desc`'s version accepted; `view`: the parties' data it was proven under."""
         served = served_of(desc)
         with self._lock:
+            if self.chain_id is None:
+                self.chain_id = served.chain_id
+            elif served.chain_id != self.chain_id:
+                how = "was given" if self._chain_read else "has read"
+                raise KeywordIntegrityError(
+                    f"the servers serve chain {served.chain_id} (keyword table {desc.name!r}, "
+                    f"version {served.version}); this client {how} chain {self.chain_id}: "
+                    "tables of another chain signed with the same key, refused")
             self.seen_version = max(self.seen_version, served.version)
             self.seen_block = max(self.seen_block, served.number)
             if self.latest is None or served.version >= self.latest.version:

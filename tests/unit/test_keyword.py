@@ -362,6 +362,36 @@ def test_a_full_table_refuses_the_insert_and_changes_nothing(tmp_path: Path) -> 
     assert not [p for p in (tmp_path / "owner").iterdir() if p.name.startswith("v0000002")]
 
 
+@pytest.mark.parametrize("mapped", [False, True])
+def test_a_key_whose_tag_collides_with_a_held_one_is_refused_and_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mapped: bool) -> None:
+    """Two keys with one 128-bit tag (a collision stood in for by the tag function): the
+    builder refuses them, and so does an owner's change; taken, a lookup of either would be
+    answered with the other's value, proven, after a delete or an update."""
+    from morphogen.keyword import editor
+
+    recs = records(300, seed=9)
+    held, other = sorted(recs)[0], b"\x01" * 20
+    real = editor.tag_of
+    monkeypatch.setattr(editor, "tag_of", lambda ds, key: real(ds, held if key == other
+                                                               else key))
+    create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY), tmp_path / "o")
+    owner = OwnerTable(tmp_path / "o")
+    if mapped:
+        owner.map_working_pages()
+    before = owner.pages().copy()
+    for change in (Change("put", other, bytes(32)), Change("delete", other)):
+        with pytest.raises(RecordError, match=(
+                f"collides with that of key 0x{held.hex()}, which the table holds")):
+            owner.apply([Change("put", sorted(recs)[1], bytes(32)), change], KEY)
+        assert owner.current == 1 and np.array_equal(owner.pages(), before)
+    version, _ = owner.apply([Change("delete_absent", other)], KEY)  # not held: nothing
+    assert version == 1
+    reread = OwnerTable(tmp_path / "o")
+    assert reread.current == 1 and np.array_equal(reread.pages(), before)
+    assert lookup(reread.pages(), reread.descriptor(), [held]) == [recs[held]]
+
+
 def test_bad_changes_are_refused_naming_the_line(tmp_path: Path) -> None:
     recs = records(50)
     create_owner_dir(build_table(recs.items(), value_size=32, signing_key=KEY), tmp_path / "o")

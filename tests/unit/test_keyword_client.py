@@ -33,10 +33,13 @@ def records(n: int, seed: int) -> dict[bytes, bytes]:
     return {rng.randbytes(20): rng.randbytes(32) for _ in range(n)}
 
 
-def table(recs: dict[bytes, bytes]) -> Any:
+DATASET = bytes(range(16))  # one table's, whatever it holds and however it is rebuilt
+
+
+def table(recs: dict[bytes, bytes], dataset: bytes = DATASET) -> Any:
     # one-row buckets: a few hundred records already span tens of pages
     return build_table(recs.items(), value_size=32, signing_key=KEY, layout="row",
-                       row_size=128, load=0.8)
+                       row_size=128, load=0.8, dataset=dataset)
 
 
 def bumped(t: Any, versions: int = 1) -> np.ndarray:
@@ -196,8 +199,10 @@ class Harness:
 @pytest.fixture(scope="module")
 def tables() -> dict[str, Any]:
     big, small = records(2000, seed=5), records(300, seed=6)
+    # "rebuilt": the same records, new seeds (the owner's rebuild keeps the dataset id);
+    # "elsewhere": the same records built apart (another dataset), signed with the same key
     return {"big": (big, table(big)), "small": (small, table(small)),
-            "rebuilt": (big, table(big))}  # the same records, new seeds and dataset id
+            "rebuilt": (big, table(big)), "elsewhere": (big, table(big, bytes(16)))}
 
 
 def _world(t: Any, seed: int, epoch: int, identity: bool = True) -> World:
@@ -264,6 +269,44 @@ def test_both_parties_rolled_back_are_refused_for_every_key(tables, kind: str) -
         finally:
             h.close()
     assert len(traffic) == 1
+
+
+@pytest.mark.parametrize("kind", ["msgpack", "ahandle"])
+def test_a_table_built_apart_and_signed_with_the_same_key_is_refused(tables, kind) -> None:
+    """Two builds signed with one key (two chains, two sets of records): the parties serving
+    the other one's pages, at the same version, get no value accepted, for any key."""
+    recs, t = tables["big"]
+    _, other = tables["elsewhere"]
+    keys = sorted(recs)[:3] + [b"absent"]
+    h = Harness(kind, _world(t, 1, 1))
+    try:
+        assert h.call("get_many", keys) == [recs.get(k) for k in keys]
+        h.rotate(_world(other, 2, 2))
+        for key in keys:
+            with pytest.raises(KeywordIntegrityError, match=(
+                    f"keyword table '' of dataset {bytes(16).hex()}; this client has read "
+                    f"dataset {DATASET.hex()}: another table signed with the same key")):
+                h.call("get", key)
+        h.rotate(_world(t, 3, 3))  # its own table again
+        assert h.call("get_many", keys) == [recs.get(k) for k in keys]
+    finally:
+        h.close()
+    # told the dataset: the other build is refused from its first read, before any lookup
+    h = Harness(kind, _world(other, 1, 1), dataset="0x" + DATASET.hex())
+    try:
+        with pytest.raises(KeywordIntegrityError, match="this client was given dataset"):
+            h.call("get", keys[0])
+        assert [len(q) for q in h.a.sent] == [1]  # the descriptor only
+    finally:
+        h.close()
+    h = Harness(kind, _world(t, 1, 1), dataset=DATASET)
+    try:
+        assert h.call("get", keys[0]) == recs[keys[0]]
+    finally:
+        h.close()
+    for bad in ("00" * 15, "zz" * 16, b"x" * 17, 5):
+        with pytest.raises(ValueError, match="16-byte dataset id"):
+            KeywordClient(PagePir(t.pages), PUB, dataset=bad)
 
 
 def test_a_client_with_a_minimum_version_refuses_an_older_table(tables) -> None:

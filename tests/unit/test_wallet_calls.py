@@ -191,6 +191,7 @@ class FakeDesc:
     version: int
     anchor: Anchor
     time: int = 0
+    name: str = "accounts"
 
 
 class FakeTable:
@@ -221,6 +222,7 @@ def _state(tables: dict[str, FakeTable]) -> PrivateState:
     state._views, state._left = OrderedDict(), OrderedDict()
     state._new_version, state._recent, state._announced = [], OrderedDict(), 0
     state.last_asked, state.max_age = float("-inf"), None
+    state.chain_id, state._chain_read = None, False
     state.epoch_reads = 0
 
     class Parties:
@@ -346,6 +348,35 @@ def _publish(tables, new) -> None:
     """The parties now serve `new`'s records and version in place of `tables`'."""
     for t, table in new.items():
         tables[t].records, tables[t].desc = table.records, table.desc
+
+
+def test_tables_of_another_chain_signed_with_the_same_key_are_refused():
+    """An owner's one key signing two chains' tables: the parties serving the other chain's
+    at a newer version get no answer from it, nor does a reader told another chain."""
+    from morphogen.keyword import KeywordIntegrityError
+    from morphogen.wallet.versions import ServedVersions
+
+    tables = _tables(1, 10, 5)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    assert state.head().chain_id == 1 and state.accounts([TOKEN])[1].chain_id == 1
+    other = _tables(2, 11, 1000)
+    for t in other.values():
+        t.desc = FakeDesc(2, Anchor(11155111, 11, "0x" + "0b" * 32))
+    _publish(tables, other)
+    for read in (state.head, lambda: state.accounts([TOKEN]),
+                 lambda: state.storage([(TOKEN, 5)])):
+        with pytest.raises(KeywordIntegrityError, match=(
+                "the servers serve chain 11155111 .keyword table 'accounts', version 2.; "
+                "this client has read chain 1: tables of another chain")):
+            read()
+    assert state.latest.chain_id == 1 and state.seen_version == 1
+    told = ServedVersions(None, chain_id=5)
+    with pytest.raises(KeywordIntegrityError, match="serve chain 1 .* was given chain 5"):
+        told._accepted(FakeDesc(1, Anchor(1, 10, "0x" + "0a" * 32)))
+    for bad in (0, -1, True, "1"):
+        with pytest.raises(ValueError, match="chain_id is a chain's id"):
+            ServedVersions(None, chain_id=bad)
 
 
 def test_a_call_answers_at_the_version_served_never_the_one_it_started_at():
