@@ -35,10 +35,12 @@ from typing import Any
 
 import numpy as np
 
+from morphogen.chain.state import address_bytes
 from morphogen.client import PirError
 from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
 from morphogen.wallet.call_errors import CallFailed, CallLimit
 from morphogen.wallet.methods import METHODS, InvalidParams, NotServed
+from morphogen.wallet.sent import SentNonces, learn
 from morphogen.wallet.state import PrivateState
 from morphogen.wallet.workers import (
     Cancelled,
@@ -87,6 +89,9 @@ class Endpoint:
             raise ValueError("max_batch is at least 1")
         self.state, self.forward, self.max_batch = state, forward, max_batch
         self.methods = dict(METHODS)
+        # `pending` counts the transactions sent through here (wallet/sent.py)
+        self.sent = SentNonces()
+        self.methods["eth_getTransactionCount"] = self._transaction_count
         self.calls = calls
         if calls is not None:
             self.methods["eth_call"] = lambda state, params: calls.eth_call(params)
@@ -192,7 +197,15 @@ class Endpoint:
         if not isinstance(answer, dict):
             return error(rid, UNAVAILABLE, f"{method}: the upstream node's answer is not a "
                          "JSON-RPC response")
+        if method == "eth_sendRawTransaction" and "result" in answer:
+            learn(self.sent, self.forward, answer["result"])
         return answer
+
+    def _transaction_count(self, state: PrivateState, params: list) -> str:
+        signed = METHODS["eth_getTransactionCount"](state, params)
+        if len(params) < 2 or params[1] != "pending":
+            return signed
+        return hex(self.sent.pending(address_bytes(params[0]), int(signed, 16)))
 
 
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')

@@ -4,7 +4,9 @@ Each method takes the request's positional params and a `PrivateState`, and retu
 value of the result or raises one of the errors below (jsonrpc.py turns them into JSON-RPC
 errors). A block parameter may be `latest` or `pending` (the block the parties serve, whatever
 it is), or that block's number or hash (EIP-1898 objects too); any other block is `NotServed`,
-which the endpoint hands to the upstream node when there is one.
+which the endpoint hands to the upstream node when there is one. (The endpoint answers
+eth_getTransactionCount's `pending` with the transactions sent through it counted too:
+sent.py.)
 """
 
 from __future__ import annotations

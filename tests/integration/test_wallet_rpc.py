@@ -388,6 +388,36 @@ def test_a_new_block_is_read_before_a_request_needs_it(wallet) -> None:
         PrivateState(wallet["pir"], wallet["root"] / "o.pub", watch_s=0)
 
 
+def test_transactions_sent_back_to_back_get_the_nonces_the_node_counts(wallet) -> None:
+    """A wallet library takes each transaction's nonce from `pending`: two sent through the
+    endpoint one after the other, before any block, get consecutive nonces, as the node's
+    pool counts them; once their block is signed, `latest` says the same."""
+    from eth_account import Account as Signer
+
+    rpc, w3 = wallet["rpc"], wallet["w3"]
+    signer = Signer.from_key("0x59c6995e998f97a5a0044966f0945389dc9e86dae88c7a8412f4603b6b78690d")
+    assert signer.address.lower() == DEV_ACCOUNTS[1]
+    sent = []
+    for _ in range(2):
+        nonce = w3.eth.get_transaction_count(signer.address, "pending")
+        assert nonce == int(rpc.call("eth_getTransactionCount", signer.address, "pending"), 16)
+        tx = signer.sign_transaction({
+            "to": web3.Web3.to_checksum_address("0x" + "5b" * 20), "value": 1, "gas": 21_000,
+            "nonce": nonce, "type": 2, "maxFeePerGas": 10**11, "maxPriorityFeePerGas": 1,
+            "chainId": w3.eth.chain_id})
+        sent.append(w3.eth.send_raw_transaction(tx.raw_transaction))
+    assert w3.eth.get_transaction_count(signer.address, "pending") == \
+        int(rpc.call("eth_getTransactionCount", signer.address, "pending"), 16) == nonce + 1
+    block = _mine(rpc)
+    assert all(rpc.call("eth_getTransactionReceipt", "0x" + h.hex())["status"] == "0x1"
+               for h in sent)
+    _catch_up(wallet["follower"])
+    wallet["state"].refresh()
+    assert w3.eth.block_number == int(block["number"], 16)
+    assert w3.eth.get_transaction_count(signer.address) == nonce + 1
+    assert w3.eth.get_transaction_count(signer.address, "pending") == nonce + 1
+
+
 def test_a_dead_call_worker_is_replaced_and_the_call_answered(wallet) -> None:
     rpc = wallet["rpc"]
     tx = rpc.call("eth_sendTransaction", {

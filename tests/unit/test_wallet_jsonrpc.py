@@ -174,9 +174,11 @@ def test_unserved_methods_are_named_or_forwarded(state):
     assert call(up, "eth_sendRawTransaction", "0x00", rid=9) == {
         "jsonrpc": "2.0", "id": 9, "result": "0xfeed"}
     assert call(up, "eth_getBalance", ALICE, "0x3")["result"] == "0xfeed"  # another block
-    assert [r["method"] for r in seen] == ["eth_sendRawTransaction", "eth_getBalance"]
+    # a send is followed by the node's view of that transaction (`pending`: wallet/sent.py)
+    assert [r["method"] for r in seen] == ["eth_sendRawTransaction", "eth_getTransactionByHash",
+                                           "eth_getBalance"]
     assert call(up, "eth_getBalance", ALICE, "latest")["result"] == hex(10**18 + 1)  # private
-    assert len(seen) == 2
+    assert len(seen) == 3
 
     def down(request):
         raise httpx.ConnectError("refused")
@@ -389,3 +391,60 @@ def test_idle_and_slow_connections_are_closed(state):
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_pending_counts_the_transactions_sent_through_the_endpoint(state):
+    """ethers and viem take the next nonce from `pending`: after a send through here it is
+    the one after the sent transaction's, as the node's pool counts it, until the signed
+    block's nonce reaches it. The node is asked about the transaction it just took, and
+    about nothing else."""
+    asked, node = [], {"accepts": True, "knows": True}
+
+    def forward(request):
+        asked.append(request["method"])
+        if request["method"] == "eth_sendRawTransaction":
+            if not node["accepts"]:
+                return {"jsonrpc": "2.0", "id": request["id"],
+                        "error": {"code": -32000, "message": "nonce too low"}}
+            return {"jsonrpc": "2.0", "id": request["id"], "result": "0x" + "cd" * 32}
+        assert request == {"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionByHash",
+                           "params": ["0x" + "cd" * 32]}
+        tx = {"from": ALICE.upper().replace("0X", "0x"), "nonce": "0x5"}
+        return {"jsonrpc": "2.0", "id": 1, "result": tx if node["knows"] else None}
+
+    endpoint = Endpoint(state, forward=forward)
+    assert call(endpoint, "eth_getTransactionCount", ALICE, "pending")["result"] == "0x5"
+    assert call(endpoint, "eth_sendRawTransaction", "0x02")["result"] == "0x" + "cd" * 32
+    assert asked == ["eth_sendRawTransaction", "eth_getTransactionByHash"]
+    assert call(endpoint, "eth_getTransactionCount", ALICE, "pending")["result"] == "0x6"
+    assert call(endpoint, "eth_getTransactionCount", ALICE, "latest")["result"] == "0x5"
+    assert call(endpoint, "eth_getTransactionCount", ALICE)["result"] == "0x5"
+    other = "0x" + "22" * 20
+    assert call(endpoint, "eth_getTransactionCount", other, "pending")["result"] == "0x0"
+    # a refused send, or one the node does not show, changes nothing
+    node["accepts"] = False
+    assert "error" in call(endpoint, "eth_sendRawTransaction", "0x02")
+    node["accepts"], node["knows"] = True, False
+    call(endpoint, "eth_sendRawTransaction", "0x02")
+    assert call(endpoint, "eth_getTransactionCount", ALICE, "pending")["result"] == "0x6"
+    # the block with it signed: the signed nonce again, and the entry gone
+    alice = bytes.fromhex(ALICE[2:])
+    state.accounts_[alice] = Account(6, 1, keccak256(CODE))
+    assert call(endpoint, "eth_getTransactionCount", ALICE, "pending")["result"] == "0x6"
+    assert endpoint.sent.pending(alice, 0) == 0
+
+
+def test_sent_nonces_expire_and_stay_bounded():
+    from morphogen.wallet.sent import SentNonces
+
+    now = [0.0]
+    sent = SentNonces(keep_s=10, max_senders=2, clock=lambda: now[0])
+    a, b, c = b"\x0a" * 20, b"\x0b" * 20, b"\x0c" * 20
+    sent.sent(a, 3)
+    sent.sent(a, 1)  # an older one resent: the next nonce stays
+    assert sent.pending(a, 2) == 4
+    now[0] = 11.0  # dropped from the pool, as far as anyone can tell
+    assert sent.pending(a, 2) == 2
+    for who in (a, b, c):
+        sent.sent(who, 9)
+    assert [sent.pending(w, 0) for w in (a, b, c)] == [0, 10, 10]  # the oldest went
