@@ -25,6 +25,7 @@ export {
 } from "./wire.js";
 export type { Answer, Encoding, TableInfo } from "./wire.js";
 export {
+  DatasetPin,
   KeywordClient,
   TableChangingError,
   UnknownKeywordTable,

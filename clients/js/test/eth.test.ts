@@ -1,7 +1,10 @@
 import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
-import { fromHex, toHex } from "../src/bytes.js";
+import { ed25519 } from "@noble/curves/ed25519.js";
+import { sha256 } from "@noble/hashes/sha2.js";
+
+import { concatBytes, fromHex, toHex } from "../src/bytes.js";
 import { PAGE_SIZE } from "../src/constants.js";
 import {
   CODE_CHUNK_SIZE,
@@ -18,6 +21,7 @@ import {
   keccak256,
   storageKey,
   wordBytes,
+  type EthStateOptions,
   type RequestArguments,
 } from "../src/index.js";
 import { PrivateCalls } from "../src/eth/call.js";
@@ -45,8 +49,29 @@ function pagesOf(t: Chain): Uint8Array[] {
   return pages;
 }
 
+// the vector owner's key (tests/vectors/chain_tables.py), to sign other builds with it
+const OWNER = sha256(new TextEncoder().encode("morphogen chain vector owner"));
+const DESCRIPTOR_DOMAIN = new TextEncoder().encode("morphogen-keyword-descriptor-v2\0");
+
+/** The vector's pages with each table's descriptor text edited and signed again by the
+ * owner: another build of the chain's tables under the same key. */
+function resigned(edit: (text: string) => string): Uint8Array[] {
+  const pages = pagesOf(CHAIN);
+  for (const t of CHAIN.tables.filter((t) => t.name.endsWith(".descriptor"))) {
+    const page = pages[t.first_page]!;
+    const view = new DataView(page.buffer, page.byteOffset);
+    const text = new TextDecoder().decode(page.subarray(12, 12 + view.getUint32(8, true)));
+    const raw = new TextEncoder().encode(edit(text));
+    page.fill(0, 8);
+    view.setUint32(8, raw.length, true);
+    page.set(raw, 12);
+    page.set(ed25519.sign(concatBytes(DESCRIPTOR_DOMAIN, page.subarray(0, PAGE_SIZE - 64)), OWNER), PAGE_SIZE - 64);
+  }
+  return pages;
+}
+
 /** Two in-process parties serving the vector's joined tables as a snapshot of them does. */
-function served(pages = pagesOf(CHAIN)) {
+function served(pages = pagesOf(CHAIN), options: EthStateOptions = {}) {
   const parties = [new FakeParty(pages, domainBitsFor(pages.length)), new FakeParty(pages, domainBitsFor(pages.length))] as const;
   for (const p of parties) {
     p.keyFormats = ["v1", "packed"]; // a packed key's scan is the cheaper one to fake
@@ -54,7 +79,7 @@ function served(pages = pagesOf(CHAIN)) {
       { first_page: t.first_page, num_pages: t.num_pages, domain_bits: domainBitsFor(t.num_pages) }]));
   }
   const pir = new PirClient("http://a", "http://b", { fetch: fakeFetch(...parties), sleep: async () => {}, encoding: "msgpack" });
-  const state = new EthState(pir, CHAIN.public_key);
+  const state = new EthState(pir, CHAIN.public_key, options);
   return { a: parties[0], b: parties[1], pir, state, provider: new PrivateProvider(state) };
 }
 
@@ -186,6 +211,65 @@ describe("Ethereum state reads: tests/vectors/chain_tables.json", () => {
     assert.equal("0x" + toHex(keccak256(code)), long.code_hash);
     b.lie = true;
     await assert.rejects(state.getCode(CHAIN.accounts[5]!.address), KeywordIntegrityError);
+  });
+});
+
+describe("one owner key, several builds", () => {
+  const who = CHAIN.accounts[0]!.address;
+  const chainRefused = (how: string, want: number) => (e: Error) => e instanceof KeywordIntegrityError
+    && e.message === `the servers serve chain 1 (keyword table "accounts", version 2); this client ${how} chain ${want}: `
+    + "tables of another chain signed with the same key, refused";
+  const otherChain = () => resigned((t) => t.replace('"chain_id":31337,', '"chain_id":1,').replace(/"version":1}$/, '"version":2}'));
+
+  it("refuses a version anchored on another chain once one was read, and any answer from it", async () => {
+    const { a, b, state, provider } = served();
+    const other = otherChain();
+    assert.ok(ed25519.getPublicKey(OWNER).every((x, i) => x === fromHex(CHAIN.public_key)[i]));
+    assert.equal(await ask(provider, "eth_chainId"), "0x7a69");
+    assert.equal(await state.getBalance(who), BigInt(CHAIN.accounts[0]!.balance));
+    for (const p of [a, b]) {
+      p.pages = other;
+      p.epochId += 1;
+    }
+    await assert.rejects(state.getBalance(who), chainRefused("has read", 31337));
+    await assert.rejects(state.head(), chainRefused("has read", 31337));
+    await rejectsWith(ask(provider, "eth_chainId"), -32002, /no verified answer/);
+    assert.equal(state.latest?.chainId, 31337);
+  });
+
+  it("holds to the chain id it is given, and refuses one that is not a chain id", async () => {
+    await assert.rejects(served(otherChain(), { chainId: 31337 }).state.getBalance(who), chainRefused("was given", 31337));
+    await assert.rejects(served(pagesOf(CHAIN), { chainId: 1 }).state.getBalance(who),
+      /the servers serve chain 31337 \(keyword table "accounts", version 1\); this client was given chain 1: tables of another chain signed with the same key, refused$/);
+    const { state, provider } = served(pagesOf(CHAIN), { chainId: 31337 });
+    assert.equal(await state.getBalance(who), BigInt(CHAIN.accounts[0]!.balance));
+    assert.equal(await ask(provider, "eth_chainId"), "0x7a69");
+    for (const chainId of [0, -1, 1.5, Number.NaN]) {
+      assert.throws(() => served(pagesOf(CHAIN), { chainId }), (e: Error) => e instanceof RangeError && /chainId/.test(e.message));
+    }
+  });
+
+  it("refuses another build of the same chain (other dataset ids) in every reader, never a balance", async () => {
+    const { a, b, state } = served();
+    const ids = new Map<string, string>();
+    const other = resigned((t) => t.replace(/"dataset":"([0-9a-f]{32})"/, (_, id: string) => {
+      const next = [...id].reverse().join("");
+      ids.set(next, id);
+      return `"dataset":"${next}"`;
+    }));
+    await state.getBalance(who);
+    for (const p of [a, b]) {
+      p.pages = other;
+      p.epochId += 1;
+    }
+    // two reads at once: the second makes clients of its own, held to the same dataset ids
+    const got = await Promise.allSettled([state.getBalance(who), state.getBalance(who)]);
+    for (const r of got) {
+      assert.equal(r.status, "rejected");
+      const m = /of dataset ([0-9a-f]{32}); this client has read dataset ([0-9a-f]{32}): another table signed with the same key, refused$/
+        .exec((r as PromiseRejectedResult).reason.message);
+      assert.ok((r as PromiseRejectedResult).reason instanceof KeywordIntegrityError && m !== null && ids.get(m[1]!) === m[2]);
+    }
   });
 });
 

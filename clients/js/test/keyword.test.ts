@@ -143,6 +143,16 @@ describe("request sizes", () => {
   });
 });
 
+/** The party tables of a keyword table's parts, as a snapshot of it names them. */
+function partTables(d: Descriptor): FakeParty["tables"] {
+  const g: Geometry = d.geometry;
+  const parts: [string, number, number][] = [["data", 0, g.dataPages]];
+  g.levels.forEach((n, i) => parts.push([`tree${i + 1}`, g.levelFirst(i + 1), n]));
+  parts.push([DESCRIPTOR_TABLE, g.numPages - 1, 1]);
+  return Object.fromEntries(parts.map(([part, first, n]) => [partTable(d.name, part),
+    { first_page: first, num_pages: n, domain_bits: domainBitsFor(n) }]));
+}
+
 /** Two in-process parties serving a vector table, with its parts as party tables or not. */
 function served(name: string, tables: boolean) {
   const t = TABLES[name]!;
@@ -150,16 +160,7 @@ function served(name: string, tables: boolean) {
   const d = descOf(t, pages);
   const a = new FakeParty(pages, domainBitsFor(pages.length));
   const b = new FakeParty(pages, domainBitsFor(pages.length));
-  if (tables) {
-    const g: Geometry = d.geometry;
-    const parts: [string, number, number][] = [["data", 0, g.dataPages]];
-    g.levels.forEach((n, i) => parts.push([`tree${i + 1}`, g.levelFirst(i + 1), n]));
-    parts.push([DESCRIPTOR_TABLE, g.numPages - 1, 1]);
-    for (const p of [a, b]) {
-      p.tables = Object.fromEntries(parts.map(([part, first, n]) => [partTable(d.name, part),
-        { first_page: first, num_pages: n, domain_bits: domainBitsFor(n) }]));
-    }
-  }
+  if (tables) for (const p of [a, b]) p.tables = partTables(d);
   const pir = new PirClient("http://a", "http://b", { fetch: fakeFetch(a, b), sleep: async () => {} });
   return { t, a, b, pir, desc: d };
 }
@@ -232,5 +233,46 @@ describe("keyword client through the page client and two in-process parties", ()
     const got = await kw.get(fromHex(t.lookups[1]!.key));
     assert.equal(toHex(got!), t.lookups[1]!.value);
     assert.deepEqual(kw.lastView, [2, "0x" + "77".repeat(16)]);
+  });
+
+  // "small" and "deep" are two builds the one vector key signed, each with its own dataset id
+  const refused = (got: Uint8Array, how: string, want: Uint8Array) => (e: Error) =>
+    e instanceof KeywordIntegrityError && e.message === `the servers serve keyword table "" of dataset `
+      + `${toHex(got)}; this client ${how} dataset ${toHex(want)}: another table signed with the same key, refused`;
+
+  it("refuses another table signed with the same key once it has read one, never its values", async () => {
+    const { t, a, b, pir, desc } = served("small", true);
+    const other = TABLES.deep!, otherDesc = descOf(other);
+    assert.equal(other.public_key, t.public_key);
+    const kw = new KeywordClient(pir, t.public_key);
+    assert.equal(toHex((await kw.get(fromHex(t.lookups[0]!.key)))!), t.lookups[0]!.value);
+    for (const p of [a, b]) {
+      p.pages = pagesOf(other);
+      p.domainBits = domainBitsFor(other.num_pages);
+      p.tables = partTables(otherDesc);
+      p.epochId += 1;
+    }
+    const key = fromHex(other.lookups[0]!.key); // a key "deep" holds
+    for (let i = 0; i < 2; i++) {
+      await assert.rejects(kw.get(key), refused(otherDesc.dataset, "has read", desc.dataset));
+    }
+    assert.equal(kw.seenVersion, 1);
+    // a client of its own reads it: the refusal is of a change of table, not of the table
+    assert.equal(toHex((await new KeywordClient(pir, t.public_key).get(key))!), other.lookups[0]!.value);
+  });
+
+  it("holds to the dataset id it is given (bytes or hex), and refuses a malformed one", async () => {
+    const { t, pir, desc } = served("small", true);
+    const key = fromHex(t.lookups[0]!.key);
+    const deep = descOf(TABLES.deep!).dataset;
+    for (const dataset of [deep, "0x" + toHex(deep)]) {
+      await assert.rejects(new KeywordClient(pir, t.public_key, { dataset }).get(key), refused(desc.dataset, "was given", deep));
+    }
+    for (const dataset of [desc.dataset, toHex(desc.dataset), "0X" + toHex(desc.dataset).toUpperCase()]) {
+      assert.equal(toHex((await new KeywordClient(pir, t.public_key, { dataset }).get(key))!), t.lookups[0]!.value);
+    }
+    for (const dataset of [desc.dataset.subarray(1), toHex(desc.dataset) + "00", "zz".repeat(16), "", 7 as unknown as string]) {
+      assert.throws(() => new KeywordClient(pir, t.public_key, { dataset }), (e: Error) => e instanceof RangeError && /16 bytes/.test(e.message));
+    }
   });
 });

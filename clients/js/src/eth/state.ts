@@ -21,7 +21,7 @@
 import { equalBytes, toHex } from "../bytes.js";
 import type { PirClient } from "../client.js";
 import type { ServerInfo } from "../wire.js";
-import { KeywordClient, TableChangingError } from "../keyword/client.js";
+import { DatasetPin, KeywordClient, TableChangingError } from "../keyword/client.js";
 import { type Descriptor, KeywordIntegrityError, publicKeyOf } from "../keyword/descriptor.js";
 import {
   ADDRESS_SIZE,
@@ -88,6 +88,9 @@ export interface EthStateOptions {
   minBlock?: number;
   /** Tree levels of at most this many pages are read whole once per version. */
   wholeLevelPages?: number;
+  /** The chain trusted: every version must be anchored on it. Without it, the first version
+   * accepted pins its chain id. */
+  chainId?: number;
 }
 
 /** Private, verified reads of a chain's state at the block two parties serve, checked
@@ -108,10 +111,19 @@ export class EthState {
   // accounts read at one version, answered again without a lookup while it is still served
   private known: { key: string; accounts: Map<string, Account | null> } | null = null;
   private epochs: Promise<ServerInfo> | null = null;
+  // every client of a table, whichever read made it, holds to the one build of it first read
+  private readonly datasets: Record<ChainTable, DatasetPin> = {
+    accounts: new DatasetPin(), storage: new DatasetPin(), code: new DatasetPin(),
+  };
+  private chainId: number | null;
 
   constructor(readonly pir: PirClient, publicKey: Uint8Array | string, readonly options: EthStateOptions = {}) {
     this.trusted = publicKeyOf(publicKey);
     if (options.maxAge !== undefined && !(options.maxAge > 0)) throw new RangeError("maxAge is a number of seconds above 0");
+    if (options.chainId !== undefined && !(Number.isSafeInteger(options.chainId) && options.chainId >= 1)) {
+      throw new RangeError("chainId is a chain id (an integer, 1 or more)");
+    }
+    this.chainId = options.chainId ?? null;
     this.free.push(this.newClients()); // a bad option fails here, not at the first read
   }
 
@@ -271,7 +283,7 @@ export class EthState {
     const o = this.options;
     const make = (table: ChainTable) => new KeywordClient(this.pir, this.trusted, {
       table, trustedVersion: () => this.seenVersion, minBlock: o.minBlock,
-      maxAge: o.maxAge, wholeLevelPages: o.wholeLevelPages,
+      maxAge: o.maxAge, wholeLevelPages: o.wholeLevelPages, pin: this.datasets[table],
     });
     return { accounts: make("accounts"), storage: make("storage"), code: make("code") };
   }
@@ -322,6 +334,15 @@ export class EthState {
 
   private accepted(desc: Descriptor, view: ViewPair | null = null): Served {
     const served = servedOf(desc);
+    // one key may sign several chains' tables: a version of another chain is no answer here,
+    // whatever its version number
+    if (this.chainId !== null && served.chainId !== this.chainId) {
+      throw new KeywordIntegrityError(`the servers serve chain ${served.chainId} (keyword table `
+        + `"${desc.name}", version ${desc.version}); this client `
+        + `${this.options.chainId !== undefined ? "was given" : "has read"} chain ${this.chainId}: `
+        + "tables of another chain signed with the same key, refused");
+    }
+    this.chainId = served.chainId;
     this.seenVersion = Math.max(this.seenVersion, served.version);
     if (this.latest === null || served.version >= this.latest.version) this.latest = served;
     if (view !== null) {

@@ -13,8 +13,11 @@
 //   again. The page client is told not to follow a move itself (`getPinned`).
 // - Freshness: never a version older than one accepted, nor a block older than one seen;
 //   callers bound both and the version's age (StaleTableError).
+// - Datasets: an owner may sign several builds with one key (two chains, two record sets);
+//   each build has its own random dataset id. A client holds to one: the one it is given, else
+//   the first it accepts, so that the parties cannot answer from another build's table.
 
-import { randomBytes } from "../bytes.js";
+import { equalBytes, fromHex, randomBytes, toHex } from "../bytes.js";
 import type { PirClient } from "../client.js";
 import { type Answer, DataMoved, PageOutOfRange, type ServerInfo, UnknownTable } from "../wire.js";
 import {
@@ -104,6 +107,28 @@ function moved(exc: unknown): boolean {
 
 type Told = number | null | undefined;
 
+const DATASET_SIZE = 16;
+
+/** The dataset id the clients of one table are held to: the first one accepted, pinned for
+ * all of them. Clients made for concurrent readers of one table (EthState's) share one, or
+ * each would trust whatever build it happened to read first. */
+export class DatasetPin {
+  dataset: Uint8Array | null = null;
+}
+
+function datasetOf(source: Uint8Array | string): Uint8Array {
+  let raw: Uint8Array | null = null;
+  try {
+    raw = typeof source === "string" ? fromHex(source.trim()) : source instanceof Uint8Array ? source : null;
+  } catch {
+    raw = null;
+  }
+  if (raw === null || raw.length !== DATASET_SIZE) {
+    throw new RangeError("dataset is a table's dataset id: 16 bytes, or 32 hex digits with or without 0x");
+  }
+  return Uint8Array.from(raw);
+}
+
 export interface KeywordClientOptions {
   /** Refuse versions below this one, even at the first read. */
   minVersion?: number;
@@ -118,6 +143,11 @@ export interface KeywordClientOptions {
   wholeLevelPages?: number;
   /** One keyword table of a matrix that holds several (its signed name). */
   table?: string;
+  /** The dataset id of the build trusted (16 bytes, or hex): every version must name it.
+   * Without it, the first version accepted pins its dataset id. */
+  dataset?: Uint8Array | string;
+  /** Shared by the clients of one table, which then pin one dataset id between them. */
+  pin?: DatasetPin;
 }
 
 function count(name: string, value: number | undefined): number {
@@ -142,6 +172,8 @@ export class KeywordClient {
   private readonly minBlock: number;
   private readonly maxAge: number | null;
   private readonly wholeLevelPages: number;
+  private readonly dataset: Uint8Array | null;
+  private readonly pin: DatasetPin;
 
   constructor(readonly pir: PirClient, publicKey: Uint8Array | string,
     private readonly options: KeywordClientOptions = {}) {
@@ -155,6 +187,8 @@ export class KeywordClient {
     if (!Number.isSafeInteger(this.wholeLevelPages) || this.wholeLevelPages < 1) {
       throw new RangeError("wholeLevelPages is at least 1 (the top level is read whole)");
     }
+    this.dataset = options.dataset === undefined ? null : datasetOf(options.dataset);
+    this.pin = options.pin ?? new DatasetPin();
   }
 
   /** The value stored under `key`, or null when the table has no such key. */
@@ -372,6 +406,14 @@ export class KeywordClient {
   }
 
   private admit(desc: Descriptor, bounds: Bounds): void {
+    // before freshness: another build's version numbers say nothing about this one's
+    const want = this.dataset ?? this.pin.dataset;
+    if (want !== null && !equalBytes(desc.dataset, want)) {
+      this.state = null;
+      throw new KeywordIntegrityError(`the servers serve keyword table "${desc.name}" of dataset `
+        + `${toHex(desc.dataset)}; this client ${this.dataset !== null ? "was given" : "has read"} `
+        + `dataset ${toHex(want)}: another table signed with the same key, refused`);
+    }
     const why = stale(desc, bounds, this.seenVersion, this.seenBlock);
     if (why !== null) {
       this.state = null;
@@ -385,6 +427,7 @@ export class KeywordClient {
         : Math.max(this.seenBlock, desc.anchor.number);
     }
     this.seenVersion = Math.max(this.seenVersion, desc.version);
+    this.pin.dataset ??= desc.dataset;
   }
 
   private limit(info: ServerInfo): number {
