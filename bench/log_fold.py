@@ -117,6 +117,9 @@ def run(rule: str, args: argparse.Namespace) -> dict:
                 "folds": [int(f.count) for f in folds],
                 "fold_files_mib": round(sum((work / "log" / f.blob).stat().st_size
                                             for f in folds) / 2**20, 2),
+                # every batch file, and those no record names any more: what a compaction
+                # dropped stays until the next one, for a reader of the records it replaced
+                **batch_files(work / "log", log),
                 "compact_s": round(took, 3),
                 "held_s": round(held[-1], 4) if held else None,
                 "rss_before_mib": None if before is None else round(before, 1),
@@ -139,6 +142,17 @@ def run(rule: str, args: argparse.Namespace) -> dict:
         "pages_published": args.pages * args.blocks,
         "compactions": rows,
     }
+
+
+def batch_files(directory: Path, log) -> dict[str, float]:
+    from morphogen.publication.records import BLOB_NAME
+
+    named = {e.blob for e in log.entries()}
+    sizes = {p.name: p.stat().st_size for p in directory.iterdir()
+             if BLOB_NAME.fullmatch(p.name)}
+    return {"batch_files_mib": round(sum(sizes.values()) / 2**20, 2),
+            "unnamed_files_mib": round(sum(v for k, v in sizes.items() if k not in named)
+                                       / 2**20, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ Transactions sent to the node some other way are not counted, as they are not he
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -25,6 +26,7 @@ from collections.abc import Callable
 
 KEEP_S = 600.0
 MAX_SENDERS = 4096
+_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
 
 
 class SentNonces:
@@ -57,8 +59,9 @@ class SentNonces:
 
 def learn(sent: SentNonces, forward: Callable[[dict], dict], tx_hash: object) -> None:
     """Note the sender and nonce of the transaction the node took as `tx_hash`, as the node
-    gives them; nothing where it does not (an answer of another shape is left alone)."""
-    if not isinstance(tx_hash, str):
+    gives them; nothing where it does not (an answer of another shape, the send's or the
+    node's, is left alone)."""
+    if not (isinstance(tx_hash, str) and _HASH.fullmatch(tx_hash)):
         return
     try:
         answer = forward({"jsonrpc": "2.0", "id": 1, "method": "eth_getTransactionByHash",

@@ -65,5 +65,7 @@ export { CHAIN_TABLES, CODE_READ_CHUNKS, EthState, servedOf } from "./eth/state.
 export type { EthStateOptions, Served } from "./eth/state.js";
 export { CLIENT_VERSION, METHODS, PrivateProvider, ProviderRpcError } from "./eth/provider.js";
 export type { BlockWanted, Calls, Eip1193Provider, PrivateProviderOptions, RequestArguments } from "./eth/provider.js";
+export { KEEP_S, MAX_SENDERS, SentNonces } from "./eth/sent.js";
+export type { SentNoncesOptions } from "./eth/sent.js";
 export { CallFailed, CallLimitError, CallNotServed, CallParamsError } from "./eth/call_errors.js";
 export type { RoundRead } from "./eth/state.js";

@@ -11,9 +11,11 @@ import {
   EMPTY_CODE_HASH,
   EthState,
   KeywordIntegrityError,
+  MAX_SENDERS,
   PirClient,
   PrivateProvider,
   ProviderRpcError,
+  SentNonces,
   addressBytes,
   codeKey,
   decodeAccount,
@@ -322,5 +324,150 @@ describe("EIP-1193 provider", () => {
     assert.deepEqual(seen.map((r) => r.method), ["eth_sendRawTransaction", "eth_call", "eth_getBalance"]);
     assert.deepEqual(seen[2]!.params, [who, "0x1"]);
     await rejectsWith(ask(new PrivateProvider(state), "eth_sendRawTransaction", "0x12"), 4200, /no fallback/);
+  });
+});
+
+/** A fallback as a node answers it: a send taken (its hash) or refused, the transaction's
+ * sender and nonce for its hash (or null, or a failure), and every request noted. */
+function fakeNode(from: string, nonce: string) {
+  const node = {
+    seen: [] as RequestArguments[],
+    accepts: true, // the send is taken
+    shows: "tx" as "tx" | "null" | "throws" | "odd", // the answer to eth_getTransactionByHash
+    hash: "0x" + "cd".repeat(32),
+    request: async (r: RequestArguments): Promise<unknown> => {
+      node.seen.push(r);
+      if (r.method === "eth_sendRawTransaction") {
+        if (!node.accepts) throw new ProviderRpcError(-32000, "nonce too low");
+        return node.hash;
+      }
+      assert.equal(r.method, "eth_getTransactionByHash");
+      assert.deepEqual(r.params, [node.hash]);
+      if (node.shows === "throws") throw new ProviderRpcError(-32002, "the node is gone");
+      if (node.shows === "null") return null;
+      if (node.shows === "odd") return { from, nonce: 7 };
+      return { hash: node.hash, from, nonce, to: null, value: "0x0" };
+    },
+  };
+  return node;
+}
+
+describe("pending: the transactions sent through the provider (morphogen/wallet/sent.py)", () => {
+  const who = CHAIN.accounts[0]!.address; // nonce 7 at the signed block
+  const other = CHAIN.accounts[3]!.address; // nonce 1
+
+  it("counts a send the fallback took at `pending`, and `latest` stays the signed nonce", async () => {
+    const node = fakeNode(who.toUpperCase().replace("0X", "0x"), "0x7");
+    const { state } = served();
+    const provider = new PrivateProvider(state, { fallback: node });
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x7");
+    assert.equal(await ask(provider, "eth_sendRawTransaction", "0x02"), node.hash);
+    assert.deepEqual(node.seen.map((r) => r.method), ["eth_sendRawTransaction", "eth_getTransactionByHash"]);
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x8");
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "latest"), "0x7");
+    assert.equal(await ask(provider, "eth_getTransactionCount", who), "0x7");
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "0x4d2"), "0x7");
+    // the next one sent: consecutive nonces, as a node's pool has them
+    const next = fakeNode(who, "0x8");
+    const provider2 = new PrivateProvider(state, { fallback: next, sent: provider.sent });
+    await ask(provider2, "eth_sendRawTransaction", "0x03");
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x9");
+    // an address that only reads: its signed nonce, and the fallback asked nothing for it
+    const before = node.seen.length + next.seen.length;
+    assert.equal(await ask(provider, "eth_getTransactionCount", other, "pending"), "0x1");
+    assert.equal(await ask(provider, "eth_getBalance", who, "pending"), "0x" + BigInt(CHAIN.accounts[0]!.balance).toString(16));
+    assert.equal(node.seen.length + next.seen.length, before);
+  });
+
+  it("asks the fallback nothing for reads, and only the sent hash after a send", async () => {
+    const node = fakeNode(who, "0x7");
+    const { state } = served();
+    const provider = new PrivateProvider(state, { fallback: node });
+    for (const block of ["pending", "latest", undefined]) {
+      await ask(provider, "eth_getTransactionCount", who, ...(block === undefined ? [] : [block]));
+      await ask(provider, "eth_getTransactionCount", other, ...(block === undefined ? [] : [block]));
+    }
+    assert.deepEqual(node.seen, []);
+    await ask(provider, "eth_sendRawTransaction", "0x02");
+    assert.deepEqual(node.seen, [
+      { method: "eth_sendRawTransaction", params: ["0x02"] },
+      { method: "eth_getTransactionByHash", params: [node.hash] },
+    ]);
+  });
+
+  it("a refused send, or one whose transaction the fallback does not show, changes nothing", async () => {
+    const node = fakeNode(who, "0x7");
+    const { state } = served();
+    const provider = new PrivateProvider(state, { fallback: node });
+    node.accepts = false;
+    await rejectsWith(ask(provider, "eth_sendRawTransaction", "0x02"), -32000, /nonce too low/);
+    assert.deepEqual(node.seen.map((r) => r.method), ["eth_sendRawTransaction"]);
+    node.accepts = true;
+    for (const shows of ["null", "throws", "odd"] as const) {
+      node.shows = shows;
+      assert.equal(await ask(provider, "eth_sendRawTransaction", "0x02"), node.hash, shows);
+      assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x7", shows);
+    }
+    assert.equal(provider.sent.size, 0);
+    // an answer that is not a transaction hash: nothing asked about it
+    node.seen.length = 0;
+    node.hash = "not a hash";
+    assert.equal(await ask(provider, "eth_sendRawTransaction", "0x02"), "not a hash");
+    assert.deepEqual(node.seen.map((r) => r.method), ["eth_sendRawTransaction"]);
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x7");
+  });
+
+  it("an entry goes after KEEP_S, or once the signed nonce reaches it", async () => {
+    const now = [0];
+    const sent = new SentNonces({ clock: () => now[0]! });
+    assert.equal(sent.keepS, 600);
+    assert.equal(sent.maxSenders, 4096);
+    const node = fakeNode(who, "0x7");
+    const { state } = served();
+    const provider = new PrivateProvider(state, { fallback: node, sent });
+    await ask(provider, "eth_sendRawTransaction", "0x02");
+    now[0] = 600;
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x8");
+    now[0] = 600.5; // dropped from the pool, as far as anyone can tell
+    assert.equal(await ask(provider, "eth_getTransactionCount", who, "pending"), "0x7");
+    assert.equal(sent.size, 0);
+    // the block with it signed: the signed nonce, and the entry gone
+    sent.sent(who, 7n);
+    assert.equal(sent.pending(who, 8n), 8n);
+    assert.equal(sent.size, 0);
+    assert.equal(sent.pending(who, 0n), 0n);
+  });
+
+  it("keeps at most maxSenders, the oldest sent going first; an older nonce resent keeps the next", () => {
+    const now = [0];
+    const sent = new SentNonces({ keepS: 10, maxSenders: 2, clock: () => now[0]! });
+    const [a, b, c] = ["0a", "0b", "0c"].map((x) => "0x" + x.repeat(20)) as [string, string, string];
+    sent.sent(a, 3n);
+    sent.sent(a, 1n); // an older one resent: the next nonce stays
+    assert.equal(sent.pending(a, 2n), 4n);
+    now[0] = 11; // past keepS
+    assert.equal(sent.pending(a, 2n), 2n);
+    for (const w of [a, b, c]) sent.sent(w, 9n);
+    assert.deepEqual([a, b, c].map((w) => sent.pending(w, 0n)), [0n, 10n, 10n]); // the oldest went
+    // sending again makes a sender the newest
+    sent.sent(b, 10n);
+    sent.sent(a, 1n);
+    assert.deepEqual([a, b, c].map((w) => sent.pending(w, 0n)), [2n, 11n, 0n]);
+    assert.equal(sent.pending(a.toUpperCase().replace("0X", "0x"), 0n), 2n); // any case
+  });
+
+  it("a provider's own SentNonces caps at MAX_SENDERS senders", async () => {
+    const { state } = served();
+    let i = 0;
+    const fallback = {
+      request: async (r: RequestArguments) => r.method === "eth_sendRawTransaction"
+        ? "0x" + "ab".repeat(32)
+        : { from: "0x" + (i++).toString(16).padStart(40, "0"), nonce: "0x0" },
+    };
+    const provider = new PrivateProvider(state, { fallback });
+    for (let k = 0; k < MAX_SENDERS + 3; k++) await ask(provider, "eth_sendRawTransaction", "0x02");
+    assert.equal(provider.sent.size, MAX_SENDERS);
+    assert.equal(provider.sent.pending("0x" + "0".repeat(40), 0n), 0n); // the first went
+    assert.equal(provider.sent.pending("0x" + (MAX_SENDERS + 2).toString(16).padStart(40, "0"), 0n), 1n);
   });
 });

@@ -11,6 +11,8 @@
 // eth_estimateGas are answered privately where the application gives the provider `calls`
 // (`PrivateCalls`, from "@morphogen/client/call": an EVM in JavaScript, its every state read a
 // private lookup; kept out of the main bundle), and go to the fallback otherwise.
+// eth_getTransactionCount at `pending` counts, as a node's pool does, the transactions sent
+// through this provider that the fallback took and the signed block does not hold yet (sent.ts).
 
 import { to0xHex } from "../bytes.js";
 import { PirError } from "../wire.js";
@@ -18,6 +20,7 @@ import { KeywordIntegrityError, StaleTableError } from "../keyword/descriptor.js
 import { TableChangingError } from "../keyword/client.js";
 import type { CallFailed } from "./call_errors.js";
 import { addressBytes, bigintBytes, wordBytes } from "./records.js";
+import { SentNonces, learn } from "./sent.js";
 import type { EthState, Served } from "./state.js";
 
 export const INVALID_PARAMS = -32602;
@@ -205,6 +208,9 @@ export interface PrivateProviderOptions {
   /** Where requests not answered privately go (other methods, other blocks), as they came:
    * e.g. a wallet's own provider or a node's. None: they are refused. */
   fallback?: Eip1193Provider;
+  /** The nonces of the transactions sent through this provider, for `pending` (sent.ts):
+   * a fresh `SentNonces` unless given. */
+  sent?: SentNonces;
 }
 
 type Listener = (...args: unknown[]) => void;
@@ -218,11 +224,14 @@ type Listener = (...args: unknown[]) => void;
 export class PrivateProvider implements Eip1193Provider {
   readonly fallback: Eip1193Provider | undefined;
   readonly calls: Calls | undefined;
+  /** eth_getTransactionCount at `pending`: the transactions sent through here counted. */
+  readonly sent: SentNonces;
   private readonly listeners = new Map<string, Set<Listener>>();
 
   constructor(readonly state: EthState, options: PrivateProviderOptions = {}) {
     this.fallback = options.fallback;
     this.calls = options.calls;
+    this.sent = options.sent ?? new SentNonces();
   }
 
   async request(request: RequestArguments): Promise<unknown> {
@@ -231,20 +240,35 @@ export class PrivateProvider implements Eip1193Provider {
     }
     const { method } = request;
     const params = request.params ?? [];
-    const handler = Object.hasOwn(METHODS, method) ? METHODS[method] : this.callMethod(method);
+    const handler = method === "eth_getTransactionCount" ? this.transactionCount
+      : Object.hasOwn(METHODS, method) ? METHODS[method] : this.callMethod(method);
     try {
       if (handler === undefined) throw new NotServed(`${method.slice(0, 64)} is not answered privately`);
       if (!Array.isArray(params)) throw new InvalidParams(`${method} takes positional params (an array)`);
       return await handler(this.state, params);
     } catch (exc) {
       if (exc instanceof NotServed || named(exc, "CallNotServed")) {
-        if (this.fallback !== undefined) return this.fallback.request(request);
+        if (this.fallback !== undefined) return this.forwarded(this.fallback, request);
         const code = handler === undefined ? UNSUPPORTED_METHOD : NOT_SERVED;
         throw new ProviderRpcError(code, `${exc.message}, and no fallback provider is set to send it to`);
       }
       throw rpcError(method, exc);
     }
   }
+
+  /** As the fallback answers; after a send it took, its sender's next nonce is noted. */
+  private async forwarded(fallback: Eip1193Provider, request: RequestArguments): Promise<unknown> {
+    const answer = await fallback.request(request);
+    if (request.method === "eth_sendRawTransaction") await learn(this.sent, fallback, answer);
+    return answer;
+  }
+
+  /** The signed block's nonce; at `pending`, the transactions sent through here counted. */
+  private readonly transactionCount: Method = async (state, params) => {
+    const signed = await METHODS.eth_getTransactionCount!(state, params);
+    if (params.length < 2 || params[1] !== "pending") return signed;
+    return hex(this.sent.pending(address(params[0]), BigInt(signed as string)));
+  };
 
   private callMethod(method: string): Method | undefined {
     const calls = this.calls;
