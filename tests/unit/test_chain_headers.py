@@ -36,3 +36,33 @@ def test_a_header_that_does_not_hash_to_the_signed_hash_is_refused(field):
         environment(short, HEADER["hash"])
     with pytest.raises(HeaderMismatch):
         environment(None, HEADER["hash"])
+
+
+def test_a_header_not_had_is_asked_again_later_and_one_had_is_kept():
+    """A call's block environment: a header the node could not give (down, behind, or one
+    that does not check) is asked again a little later, not given up for the block; one
+    that checks is asked once."""
+    from morphogen.wallet import blocks
+    from morphogen.wallet.versions import Served
+
+    now, asked, answers = [0.0], [], [OSError("refused"), dict(HEADER, miner="0x" + "11" * 20),
+                                       HEADER]
+
+    def headers(block_hash):
+        asked.append(block_hash)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    envs = blocks.BlockEnvironments(headers, clock=lambda: now[0])
+    served = Served(31337, int(HEADER["number"], 16), HEADER["hash"], 3, 1_700_000_000)
+    assert envs.block(served)["gas_limit"] == blocks.CALL_GAS  # the fallback
+    assert envs.block(served)["timestamp"] == served.time and len(asked) == 1  # not yet again
+    now[0] += blocks.RETRY_S + 0.1
+    assert envs.environment(served) is None and len(asked) == 2  # a header that does not check
+    now[0] += blocks.RETRY_S + 0.1
+    assert envs.block(served)["timestamp"] == int(HEADER["timestamp"], 16)
+    now[0] += 3600
+    assert envs.environment(served).gas_limit == int(HEADER["gasLimit"], 16)
+    assert len(asked) == 3
