@@ -156,10 +156,11 @@ class ShardState:
         shard's pages inside that table only, the keys in the table's domain."""
         batch = keys if isinstance(keys, PackedKeyBatch) else as_batch(keys)
         check_format(self._engine, batch)  # an engine without packed kernels refuses them
-        if self._broken is not None:
-            raise RuntimeError("the pages are undefined after a failed write; this shard "
-                               "must be replaced") from self._broken
+        self._refuse_if_broken()
         with self._gate.scan(), self.lease() as version:
+            # again under the gate: a scan that waited there while a write failed must not
+            # answer from the pages it left (a fold half written, a replay's slices)
+            self._refuse_if_broken()
             if table is not None:
                 table.check(version.snapshot.manifest, version.first_page, version.stop_page)
                 want = table.table.domain_bits
@@ -432,6 +433,11 @@ class ShardState:
             return len(base.pending)
 
     # -- internals
+    def _refuse_if_broken(self) -> None:
+        if self._broken is not None:
+            raise RuntimeError("the pages are undefined after a failed write; this shard "
+                               "must be replaced") from self._broken
+
     def _write_under_gate(self, action: Callable[[], T]) -> T:
         """`action` (a write into the pages scans read and its version swap: device_fold,
         host_fold) under the scan gate, with the lock held: no scan runs while the pages

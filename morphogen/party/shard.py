@@ -20,7 +20,7 @@ from morphogen.party.epoch import DEFAULT_CHUNK_PAGES, DEFAULT_STALE_STAGE_S, Sh
 from morphogen.party.tables import TableSlice
 from morphogen.protocol.changes import Change, ChangeBatch
 from morphogen.protocol.dpf import KeyBatch, eval_points, generate_keys
-from morphogen.protocol.identity import EpochIdentity
+from morphogen.protocol.identity import EMPTY_CHAIN, EpochIdentity
 from morphogen.protocol.packed import (
     AnyBatch,
     PackedKeyBatch,
@@ -250,6 +250,13 @@ class ShardCore:
             assert batch is not None and entry.base_epoch is not None
             identity = entry.epoch_identity()
             assert identity is not None
+            mine = self.identity
+            if (mine.epoch_id, mine.snapshot_checksum) != (entry.base_epoch,
+                                                           identity.snapshot_checksum):
+                raise EpochLogError(
+                    f"entry {entry.seq} folds updates made on snapshot "
+                    f"{identity.snapshot_checksum} at epoch {entry.base_epoch}; this shard "
+                    f"holds {mine.snapshot_checksum} at epoch {mine.epoch_id}")
             if self.state.replay_updates(entry.epoch_id, batch, base_epoch=entry.base_epoch,
                                          identity=identity) is not None:
                 return
@@ -279,7 +286,18 @@ class ShardCore:
         if not entries or entries[0].kind == "rotation":
             return 0
         if entries[0].base_epoch == mine.epoch_id:
-            return 0  # the log continues this snapshot; the identity checks catch other data
+            first = entries[0]
+            # An updates entry's identity is derived from this shard's, so other data fails
+            # its check; a fold's is the log's, so what it was made on is checked here: the
+            # snapshot the party started from, as it was, not another build under the path.
+            if first.kind == "fold" and (mine.chain != EMPTY_CHAIN
+                                         or mine.snapshot_checksum != first.snapshot_checksum):
+                raise EpochLogError(
+                    f"{epoch_log.directory}: the epoch log's first entry folds the updates made "
+                    f"on snapshot {first.snapshot_checksum} (epoch {first.base_epoch}); this "
+                    f"shard holds {mine}, of snapshot {mine.snapshot_checksum}: a snapshot "
+                    "other than the one the log was written for, or another party's log")
+            return 0  # the log continues this snapshot
         raise EpochLogError(
             f"{epoch_log.directory}: the epoch log does not continue from this shard's "
             f"{mine} (its first entry updates epoch {entries[0].base_epoch}): a snapshot "

@@ -198,6 +198,45 @@ def test_a_replica_replays_a_folded_log_to_the_same_pages_and_identity(
     assert len(links) == 2
 
 
+def test_a_replica_of_another_snapshot_is_refused_by_a_log_that_starts_with_a_fold(
+        tmp_path: Path) -> None:
+    """A fold's identity is the log's, not one derived from the replica's pages: a replica
+    whose configured path holds another build at the same epoch id (a re-export, a stale
+    copy on its node) must not take the fold over its own pages under the party's identity,
+    as an updates entry's derived identity refuses it."""
+    root, snaps = make_world(tmp_path)
+    party, _ = make_party(snaps, root / "log")
+    rng = np.random.default_rng(21)
+
+    async def publish(n: int) -> None:
+        for _ in range(n):
+            await party.admin.updates(random_batch(rng, 3, 96))
+        if party.admin._compacting is not None:
+            await party.admin._compacting
+
+    from morphogen.snapshot.synthetic import build_synthetic
+
+    build_synthetic(snaps / "other", 96, seed=99, epoch_id=1, progress=False)
+    asyncio.run(publish(3))  # not folded yet: the first updates entry refuses the other build
+    log = EpochLog(root / "log", create=False)
+    with pytest.raises(EpochLogError, match="this shard derived"):
+        start_replica(snaps / "other", 0, log)
+    asyncio.run(publish(17))
+    assert log.live()[0].kind == "fold"
+    for i in range(2):
+        with pytest.raises(EpochLogError, match="first entry folds the updates made on snapshot"):
+            start_replica(snaps / "other", i, log)
+        assert start_replica(snaps / "base", i, log).core.identity.digest == log.head().identity
+    # a shard at the fold's base epoch with updates of its own (not the log's) is refused too
+    stray = start_replica(snaps / "base", 0, None).core
+    stray.prepare_updates(2, random_batch(rng, 2, 96), base_epoch=1)
+    stray.commit(2)
+    first = log.live()[0]
+    assert first.base_epoch == 1
+    with pytest.raises(EpochLogError, match="folded into one batch|first entry folds"):
+        stray.catch_up(log)
+
+
 def test_a_fold_written_in_slices_over_pending_updates_answers_as_staged_whole(
         tmp_path: Path) -> None:
     """A shard with updates still pending takes a fold of diffs and whole-page writes (some

@@ -124,3 +124,63 @@ def test_retired_segment_closes_when_its_last_scan_ends(snaps):
     assert state.scan(keys)[0].epoch_id == 2
     state.close()
     assert state.current.segments[0].lease.closed
+
+
+@pytest.mark.parametrize("name", ["gpu-fake", "cpu"])
+def test_a_scan_waiting_at_the_gate_while_a_write_fails_is_refused(snaps, name, monkeypatch):
+    """A write into the pages that fails partway (the GPU shard's device fold as it commits,
+    the CPU shard's fold of pending updates) leaves them undefined: the shard stops serving,
+    and a scan that was already waiting at the gate when it failed is refused too, never
+    answered from what the write left under the version's label."""
+    import contextlib
+
+    snap_a, _ = snaps
+    state = ShardState(_engine(name), snap_a, 0, NUM_PAGES, chunk_pages=16)
+    d = domain_bits_for(NUM_PAGES)
+    rng = np.random.default_rng(5)
+    state.prepare_updates(2, [PageUpdate(17, rng.integers(0, 256, 4096, np.uint8).tobytes())])
+    if name == "cpu":
+        state.commit(2)  # pending until the fold: the write is the fold
+    waiting, held, outcome = threading.Event(), threading.Event(), {}
+    gate_scan, gate_write = state._gate.scan, state._gate.write
+
+    @contextlib.contextmanager
+    def arriving():
+        waiting.set()  # past the first check, at the gate
+        with gate_scan():
+            yield
+
+    @contextlib.contextmanager
+    def writing():
+        with gate_write():
+            held.set()  # the scan is let go once the write holds the gate
+            yield
+
+    real_write = state._write_under_gate
+
+    def failing_write(action):
+        def fails():
+            action()  # the pages changed
+            assert waiting.wait(30)
+            raise MemoryError("a write that failed partway")
+        return real_write(fails)
+
+    monkeypatch.setattr(state._gate, "scan", arriving)
+    monkeypatch.setattr(state._gate, "write", writing)
+    monkeypatch.setattr(state, "_write_under_gate", failing_write)
+
+    def scanner():
+        assert held.wait(30)
+        try:
+            outcome["answer"] = state.scan([dpf.generate_keys(d, 17)[0]])
+        except RuntimeError as exc:
+            outcome["refused"] = exc
+
+    thread = threading.Thread(target=scanner)
+    thread.start()
+    with pytest.raises(MemoryError):
+        state.fold_pending() if name == "cpu" else state.commit(2)
+    thread.join(30)
+    assert "answer" not in outcome and "undefined" in str(outcome["refused"])
+    with pytest.raises(RuntimeError, match="undefined after a failed write"):
+        state.scan([dpf.generate_keys(d, 17)[0]])
