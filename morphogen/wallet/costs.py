@@ -38,6 +38,9 @@ class Tally:
         self.seconds = 0.0
         self.served: Served | None = None  # where its padding rounds go
         self.cache: CallCache | None = None
+        # a round that failed (a party's error, most often): nothing more is sent for the
+        # call, no padding either (wallet/evm.py, `_pad`)
+        self.failed = False
 
     def lookups(self) -> int:
         return len(self.reads.accounts) + len(self.reads.words) + len(self.reads.code)

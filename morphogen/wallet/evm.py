@@ -173,7 +173,12 @@ class PrivateCalls:
                 self._pad(tally)
 
     def _pad(self, tally: Tally) -> None:
-        if tally.served is None or tally.cache is None:
+        # A round that failed ends the call's rounds, its own and the padding's alike. A party
+        # can make any round fail; were the call padded after its own round k failed, but not
+        # after a padding round k, the rounds that follow would tell which round k was, and
+        # so how many the contract's path took. Ended at the failure, a call sends k rounds
+        # either way.
+        if tally.served is None or tally.cache is None or tally.failed:
             return
         for _ in range(round_bucket(tally.rounds) - tally.rounds):
             try:
@@ -194,7 +199,11 @@ class PrivateCalls:
         if tally.lookups() > MAX_CALL_LOOKUPS:
             raise CallLimit(f"the call reads more than {MAX_CALL_LOOKUPS} accounts, storage "
                             "words and codes")
-        at, read = self.rounds.fetch(served, cache, reading, coming, held=held)
+        try:
+            at, read = self.rounds.fetch(served, cache, reading, coming, held=held)
+        except BaseException:
+            tally.failed = True
+            raise
         if read:
             tally.rounds += 1
             tally.served, tally.cache = served, cache

@@ -586,8 +586,8 @@ class ChainedWorkers:
     known only once the one before is read: a round each), then ends as `tx["data"]` says:
     0 returns, 1 asks a block hash (refused: not read privately), 2 runs past its time."""
 
-    def __init__(self, routes: CallRoutes, during=None) -> None:
-        self.routes, self.runs, self.during = routes, 0, during
+    def __init__(self, routes: CallRoutes, during=None, words: int = 3) -> None:
+        self.routes, self.runs, self.during, self.words = routes, 0, during, words
 
     def run(self, url, block, tx, estimate, limit_s, accounts=()):
         from morphogen.wallet.workers import RunTimedOut
@@ -600,7 +600,7 @@ class ChainedWorkers:
         t = tx["to"]
         if t not in [a[0] for a in accounts]:
             _ask(reads, "eth_getBalance", t, at)
-        for slot in (1, 2, 3):
+        for slot in range(1, self.words + 1):
             if int(_ask(reads, "eth_getStorageAt", t, hex(slot), at)["result"], 16) == 0:
                 return {"ok": True, "out": b"", "reason": "", "gas": 0}  # thrown away
         end = tx["data"][:1]
@@ -611,9 +611,9 @@ class ChainedWorkers:
         return {"ok": True, "out": b"\x2a", "reason": "", "gas": 0, "seconds": 0.0}
 
 
-def _chained(version: int, number: int):
+def _chained(version: int, number: int, words: int = 3):
     tables = _tables(version, number, 7)
-    for slot in (1, 2, 3):
+    for slot in range(1, words + 1):
         tables["storage"].records[storage_key(TOKEN, slot.to_bytes(32, "big"))] = \
             (slot + 1).to_bytes(32, "big")
     return tables
@@ -650,6 +650,42 @@ def test_a_calls_rounds_reach_a_bucket_whatever_path_it_ends_on(end):
             calls.eth_call(call)
     assert calls.rounds.rounds in ROUND_BUCKETS
     assert calls.rounds.rounds == (8 if end == "version change" else 4)
+
+
+@pytest.mark.parametrize("words, fail_at", [(3, k) for k in (1, 2, 3, 4)]
+                         + [(4, 4), (5, 5), (5, 6), (6, 6), (6, 8)])
+def test_a_round_a_party_fails_ends_the_calls_rounds_whichever_round_it_was(words, fail_at):
+    """A party can make any round fail. A call that reads `words` chained words reads that
+    many rounds of its own, padded to a bucket: failed at round k, the parties see k rounds,
+    whether k was the call's own (the call then fails) or padding (the call answers).
+    Padded after its own round failed, but not after a padding round, the count told the two
+    apart, and so the length of the contract's path: 4 rounds of its own failed at the 4th
+    showed 5 rounds, 3 failed at the 4th (padding) showed 4."""
+    from morphogen.client import PirUnavailable
+    from morphogen.wallet.evm import PrivateCalls
+
+    tables = _chained(4, 9, words)
+    state = _state(tables)
+    state.head = _head(state, tables)
+    routes = CallRoutes()
+    calls = PrivateCalls(state, ChainedWorkers(routes, words=words), routes,
+                         lambda: "http://loopback")
+    real, sent = state.read_round, []
+
+    def read_round(*args, **kwargs):
+        sent.append(len(sent) + 1)
+        if len(sent) == fail_at:
+            raise PirUnavailable("party B: a round refused")
+        return real(*args, **kwargs)
+
+    state.read_round = read_round
+    call = [{"to": "0x" + TOKEN.hex(), "data": "0x00"}, "latest"]
+    if fail_at <= words:
+        with pytest.raises(PirUnavailable):
+            calls.eth_call(call)
+    else:
+        assert calls.eth_call(call) == "0x2a"
+    assert len(sent) == fail_at
 
 
 def test_a_call_whose_request_is_given_up_runs_and_reads_no_more():
