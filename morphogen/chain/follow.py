@@ -160,7 +160,12 @@ class Follower:
     def publish_pending(self) -> int:
         """Wait for the publication in flight, then publish what the parties still lack."""
         self.wait_published()
-        done = publish(self._publishing, self.parties, snapshot_dir=self.snapshot_dir)
+        try:
+            done = publish(self._publishing, self.parties, snapshot_dir=self.snapshot_dir)
+        finally:
+            # the heads the overlapped legs left are stale now: the next block's leg to A
+            # named a parent A no longer serves (409), and the follower stopped
+            self._overlap.forget()
         self._blocks.clear()  # what a failure left is on both now, without its line
         self.progress.served = self.tip()[0]
         return len(done)
@@ -421,14 +426,20 @@ class Follower:
                 ancestor = i
                 break
         orphaned = journal[ancestor + 1:] if ancestor is not None else journal
+        if ancestor is not None and not orphaned:
+            # the node holds the last applied block again (a backend behind a balancer, a
+            # height that dipped): no reorg, the next step reads on
+            raise ChainMoved("the node's chain holds the last applied block again")
         kept_keys = [self._touched_of(b) for b in orphaned]
         if ancestor is None or any(keys is None for keys in kept_keys):
             deepest = int(journal[0]["number"])
             raise FollowError(
                 f"the chain reorganised below block {deepest}, the oldest of the {self.keep} "
-                "blocks kept: the tables cannot be reverted that far. Export the state again "
-                "and rebuild (morphogen chain export, chain build --after), or keep more "
-                "blocks (--keep)")
+                "blocks kept: the tables cannot be reverted that far. Export the state again, "
+                "build it into a new owner directory (morphogen chain export, then chain build "
+                "or chain import) and rotate both parties to it; a new build starts again at "
+                "version 1 with new dataset ids, so clients that read the old tables must be "
+                "restarted. Or keep more blocks (--keep)")
         base = journal[ancestor]
         number = int(base["number"])
         if number + 1 <= target:

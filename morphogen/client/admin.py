@@ -303,13 +303,17 @@ def parents_for(clients: Sequence[AdminClient], publication: str,
     """The parent each party must have for `publication`: the one head both serve; or, when
     a publisher stopped between them, the heads as they are, provided the parties ahead
     already hold `publication` (re-sending it completes it: they answer it as done). Any
-    other difference is refused: the parties hold different data."""
+    other difference is refused: the parties hold different data.
+
+    Every party may hold it, at different heads: an overlapped publisher (one party taking
+    the next version while the other takes this one) stopped before it noted this one done.
+    Re-sent, it is answered as done by each, and the next version brings the one behind up."""
     idents = [h[0] for h in heads]
     if len(set(idents)) <= 1:
         return idents
     ahead = [publication in recent for _, recent in heads]
-    if any(ahead) and not all(ahead):
-        return idents  # each party behind gets it on its own head
+    if any(ahead):
+        return idents  # each party behind gets it on its own head; one that has it, nothing
     raise PartiesApart(
         "the parties serve different data before publication " + publication + ": "
         + "; ".join(f"{c.url} at {i}" for c, i in zip(clients, idents, strict=True))

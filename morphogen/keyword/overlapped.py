@@ -111,6 +111,12 @@ class OverlappedPublisher:
             self._reset()
             raise
 
+    def forget(self) -> None:
+        """The parties were published to another way (`publishing.publish`): what the last
+        legs left is no longer their heads, so the next push reads them again."""
+        self.wait()
+        self._reset()
+
     def _reset(self) -> None:
         # after a failure nothing is assumed: the next push reads both heads and starts from
         # what the owner marked published (a party that has a version answers it as done)

@@ -162,6 +162,29 @@ def test_two_publishers_at_once_leave_both_parties_on_one_sequence(two_parties) 
     assert [c.head()[1][-2:] for c in clients] == [["pub-one", "pub-two"]] * 2
 
 
+def test_a_publisher_stopped_with_a_two_ahead_and_b_one_ahead_completes_on_a_re_run(
+        two_parties) -> None:
+    """An overlapped publisher sends the next publication to A while B takes this one, and
+    stops before it notes this one done: A holds both, B the first. Its re-run re-sends the
+    first (each party answers it as done, at different heads) and then the second, which
+    brings B up. Refused as parties apart, every re-run failed, and a follower never
+    restarted."""
+    servers, clients = two_parties
+    one, two = _changes(11), _changes(12)
+    heads = [c.head()[0] for c in clients]
+    clients[0].updates(one, "pub-a1", heads[0])
+    clients[0].updates(two, "pub-a2", clients[0].head()[0])  # A: the next one, overlapped
+    clients[1].updates(one, "pub-a1", heads[1])  # B: this one; then the publisher stops
+    done = publish_to_parties(clients, _send(one, "pub-a1"), sleep=lambda s: None,
+                              publication="pub-a1")
+    assert all(d.get("duplicate") for d in done)
+    assert done[0]["identity"] == done[1]["identity"]
+    out = publish_to_parties(clients, _send(two, "pub-a2"), sleep=lambda s: None,
+                             publication="pub-a2")
+    assert out[0].get("duplicate") and out[0]["identity"] == out[1]["identity"]
+    assert clients[0].head()[0] == clients[1].head()[0]
+
+
 def test_a_publisher_overtaken_at_party_a_never_reaches_party_b(two_parties) -> None:
     """Both publishers read the same heads; the second to reach A is refused there (409), so
     B never gets it and the two parties apply one sequence."""

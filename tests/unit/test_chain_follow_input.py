@@ -202,3 +202,25 @@ def test_a_block_gone_from_under_a_step_is_the_chain_moving_not_an_error() -> No
     # mined meanwhile: the new block 11 (whose parent the step then checks)
     got = Follower._header(SimpleNamespace(rpc=node([None, _block(11, TIP)], 12)), 11)
     assert got.number == 11
+
+
+def test_a_reorg_that_finds_the_last_applied_block_again_is_the_chain_moving() -> None:
+    """A step saw the last applied block gone (a node behind a balancer, a height that
+    dipped); by the time the reorg looks for the common ancestor the node holds that block
+    again: nothing is orphaned, so there is no reorg to apply, and the step is tried again
+    (it raised IndexError out of the follower, counted a reorg and logged one)."""
+    from types import SimpleNamespace
+
+    from morphogen.chain.blocks import ChainMoved
+    from morphogen.chain.follow import Follower, _passing
+
+    journal = [{"number": 9, "hash": "0x" + "9" * 64, "touched": None},
+               {"number": 10, "hash": "0x" + "a" * 64, "touched": "x.json"}]
+    applied, progress = [], Progress()
+    stub = SimpleNamespace(
+        _journal=lambda: journal, _hash_at=lambda n: journal[n - 9]["hash"],
+        _touched_of=lambda b: None, keep=64, progress=progress, report=lambda line: None,
+        _apply=lambda *a, **k: applied.append(a))
+    with pytest.raises(ChainMoved) as raised:
+        Follower._reorg(stub, 0.0, target=10)
+    assert _passing(raised.value) and not applied and progress.reorgs == 0
