@@ -38,15 +38,16 @@ def test_a_header_that_does_not_hash_to_the_signed_hash_is_refused(field):
         environment(None, HEADER["hash"])
 
 
-def test_a_header_not_had_is_asked_again_later_and_one_had_is_kept():
-    """A call's block environment: a header the node could not give (down, behind, or one
-    that does not check) is asked again a little later, not given up for the block; one
-    that checks is asked once."""
+def test_a_header_not_had_is_asked_again_on_a_timer_never_on_a_calls_path():
+    """A call's block environment: the header is asked for when the block is first seen,
+    and one the node could not give (down, behind, or one that does not check) is asked
+    again on a timer of its own, a few times, never when a call runs (the node would learn
+    when calls run); once had, it is kept."""
     from morphogen.wallet import blocks
     from morphogen.wallet.versions import Served
 
-    now, asked, answers = [0.0], [], [OSError("refused"), dict(HEADER, miner="0x" + "11" * 20),
-                                       HEADER]
+    asked, timers = [], []
+    answers = [OSError("refused"), dict(HEADER, miner="0x" + "11" * 20), HEADER]
 
     def headers(block_hash):
         asked.append(block_hash)
@@ -55,14 +56,24 @@ def test_a_header_not_had_is_asked_again_later_and_one_had_is_kept():
             raise answer
         return answer
 
-    envs = blocks.BlockEnvironments(headers, clock=lambda: now[0])
+    envs = blocks.BlockEnvironments(headers, later=lambda s, action: timers.append(action))
     served = Served(31337, int(HEADER["number"], 16), HEADER["hash"], 3, 1_700_000_000)
-    assert envs.block(served)["gas_limit"] == blocks.CALL_GAS  # the fallback
-    assert envs.block(served)["timestamp"] == served.time and len(asked) == 1  # not yet again
-    now[0] += blocks.RETRY_S + 0.1
-    assert envs.environment(served) is None and len(asked) == 2  # a header that does not check
-    now[0] += blocks.RETRY_S + 0.1
+    assert envs.environment(served) is None and len(asked) == 1  # the version's hook
+    for _ in range(3):  # calls at that block: the fallback, and nothing asked
+        assert envs.block(served)["gas_limit"] == blocks.CALL_GAS
+    assert len(asked) == 1 and len(timers) == 1
+    timers.pop()()  # a header that does not check: asked again later
+    assert len(asked) == 2 and envs.block(served)["timestamp"] == served.time
+    timers.pop()()
     assert envs.block(served)["timestamp"] == int(HEADER["timestamp"], 16)
-    now[0] += 3600
-    assert envs.environment(served).gas_limit == int(HEADER["gasLimit"], 16)
-    assert len(asked) == 3
+    assert len(asked) == 3 and not timers
+    assert envs.block(served)["gas_limit"] == int(HEADER["gasLimit"], 16) and len(asked) == 3
+    # a node that never gives it is asked TRIES times in all, then left alone
+    never = blocks.BlockEnvironments(lambda h: (asked.append(h), None)[1],
+                                     later=lambda s, action: timers.append(action))
+    other = Served(31337, 5, "0x" + "cd" * 32, 4, 1_700_000_000)
+    asked.clear()
+    never.environment(other)
+    while timers:
+        timers.pop()()
+    assert len(asked) == blocks.TRIES and never.block(other)["gas_limit"] == blocks.CALL_GAS

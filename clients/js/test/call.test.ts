@@ -7,13 +7,53 @@ import assert from "node:assert/strict";
 import { describe, it } from "node:test";
 
 import { fromHex, toHex } from "../src/bytes.js";
-import { PrivateProvider, type ProviderRpcError, keccak256 } from "../src/index.js";
-import { intrinsicGas, roundBucket } from "../src/eth/call.js";
+import { type EthState, PirUnavailable, PrivateProvider, type ProviderRpcError, keccak256 } from "../src/index.js";
+import { PrivateCalls, intrinsicGas, roundBucket } from "../src/eth/call.js";
+import type { Served } from "../src/eth/state.js";
 import { CHAIN, chainProvider } from "./chain.js";
 
 const TOKEN = CHAIN.accounts[CHAIN.accounts.length - 2]!.address;
 const HOLDER = CHAIN.accounts[0]!.address;
 const BALANCE_OF = "0x70a08231" + "00".repeat(12) + HOLDER.slice(2);
+
+/** A contract that reads storage words 1..`words` in a chain (each read only once the one
+ * before is known, and nonzero: a round each), then returns 0x2a. */
+function chainedCode(words: number): Uint8Array {
+  const end = 7 * words + 10;
+  const checks = Array.from({ length: words }, (_, i) => [0x60, i + 1, 0x54, 0x15, 0x60, end, 0x57]).flat();
+  // PUSH1 0x2a PUSH1 0 MSTORE8 PUSH1 1 PUSH1 0 RETURN; JUMPDEST STOP
+  return Uint8Array.from([...checks, 0x60, 0x2a, 0x60, 0, 0x53, 0x60, 1, 0x60, 0, 0xf3, 0x5b, 0x00]);
+}
+
+/** The state `PrivateCalls` reads, in memory: CHAINED's code at CHAINED (its words 1..n are
+ * n + 1), every other account none; `round` as `EthState.round` answers, counted in `sent`,
+ * the round `failAt` failing as a party's error would make it. */
+const CHAINED = "0x" + "c0".repeat(20);
+function chainedState(words: number, failAt: number): { state: EthState; sent: number[] } {
+  const served: Served = { chainId: 31337, number: 9, hash: "0x" + "99".repeat(32), version: 4, time: 1_700_000_000 };
+  const code = chainedCode(words);
+  const codeHash = keccak256(code);
+  const sent: number[] = [];
+  const state = {
+    latest: null,
+    head: async () => served,
+    stillServed: async () => false,
+    round: async (accounts: readonly Uint8Array[], wordsAsked: readonly (readonly [Uint8Array, Uint8Array])[], codeHashes: readonly Uint8Array[]) => {
+      sent.push(sent.length + 1);
+      if (sent.length === failAt) throw new PirUnavailable("party B: a round refused");
+      return {
+        served,
+        accounts: accounts.map((a) => ("0x" + toHex(a) === CHAINED ? { nonce: 1n, balance: 0n, codeHash } : null)),
+        words: wordsAsked.map(([a, s]) => {
+          const slot = BigInt("0x" + toHex(s));
+          return "0x" + toHex(a) === CHAINED && slot >= 1n && slot <= BigInt(words) ? slot + 1n : 0n;
+        }),
+        codes: codeHashes.map((h) => (toHex(h) === toHex(codeHash) ? code : new Uint8Array())),
+      };
+    },
+  };
+  return { state: state as unknown as EthState, sent };
+}
 
 function lookups(...parties: { posts: { path: string }[] }[]): number {
   return parties.reduce((n, p) => n + p.posts.filter((q) => q.path !== "/epoch").length, 0);
@@ -88,5 +128,32 @@ describe("eth_call in the JavaScript EVM", () => {
     assert.equal(intrinsicGas(call([], [[new Uint8Array(20), [new Uint8Array(32), new Uint8Array(32)]]])).gas, 21_000n + 2_400n + 3_800n);
     assert.deepEqual([0, 1, 2, 3, 5, 33, 64].map(roundBucket), [0, 1, 2, 4, 8, 64, 64]);
     assert.throws(() => roundBucket(65), /more than 64 rounds/);
+  });
+
+  // a call reading n chained words reads 2 + n rounds of its own (the accounts, the code, a
+  // round a word), padded to its bucket; failed at any round k, its own or padding
+  const failing = [3, 4, 5, 6].flatMap((own) => Array.from({ length: roundBucket(own) }, (_, i) => [own, i + 1] as const));
+  for (const [own, failAt] of failing) {
+    it(`a round a party fails ends the call's rounds whichever round it was: ${own} rounds of its own, round ${failAt} failed`, async () => {
+      // Padded after its own round failed, but not after a padding round, the count told
+      // the two apart, and so the length of the contract's path: 4 rounds of its own failed
+      // at the 4th showed 5 rounds, 3 failed at the 4th (padding) showed 4.
+      const { state, sent } = chainedState(own - 2, failAt);
+      const calls = new PrivateCalls(state);
+      const call = calls.call([{ to: CHAINED, data: "0x00" }], { any: true, check: () => {} });
+      if (failAt <= own) await assert.rejects(call, PirUnavailable);
+      else assert.equal(await call, "0x2a");
+      assert.equal(sent.length, failAt, `${sent.length} rounds sent`);
+      assert.equal(calls.rounds, failAt);
+    });
+  }
+
+  it("a call that reads n chained words reads 2 + n rounds of its own, padded to its bucket", async () => {
+    for (const own of [3, 4, 5, 6]) {
+      const { state, sent } = chainedState(own - 2, 0);
+      const calls = new PrivateCalls(state);
+      assert.equal(await calls.call([{ to: CHAINED, data: "0x00" }], { any: true, check: () => {} }), "0x2a");
+      assert.equal(sent.length, roundBucket(own), `${own} rounds of its own`);
+    }
   });
 });

@@ -19,9 +19,10 @@
 // lookups padded to the next of CALL_BUCKETS, and code where it needs code not read yet (kept
 // across blocks: it is checked against its hash). A call's count of rounds is raised to the
 // next of ROUND_BUCKETS with rounds of random keys, whatever it ended on (an answer, a revert,
-// a limit, an error of the parties). The parties learn those buckets (and how many calls share
-// a round), not which contract was called nor what it read. The timing of the rounds is not
-// padded.
+// a limit, an error of the parties), except a round that failed: that ends the call's rounds,
+// its own and the padding's alike, so a call failed at round k has sent k rounds whichever
+// kind round k was. The parties learn those buckets (and how many calls share a round), not
+// which contract was called nor what it read. The timing of the rounds is not padded.
 //
 // Not run here, and handed to the fallback provider as they came (`NotServed`): contract
 // creation, calls that pay for gas, EIP-7702 authorizations, state overrides, and a run that
@@ -134,6 +135,14 @@ export interface PrivateCallsOptions {
   hardfork?: string;
 }
 
+/** One call's rounds and reads so far. */
+interface Tally {
+  rounds: number; // its rounds read (a failed one not counted)
+  lookups: number;
+  served: Served | null; // where its padding rounds go
+  failed: boolean; // a round failed: nothing more is sent for the call, no padding either
+}
+
 /** A round taking what the calls in flight ask, until it goes out. */
 interface OpenRound {
   want: Want;
@@ -181,14 +190,15 @@ export class PrivateCalls implements Calls {
     if (params.length > 2 && params[2] !== null && !(typeof params[2] === "object" && Object.keys(params[2] as object).length === 0)) {
       throw new CallNotServed("state overrides are not run privately");
     }
-    const tally = { rounds: 0, lookups: 0, served: null as Served | null };
+    const tally: Tally = { rounds: 0, lookups: 0, served: null, failed: false };
     this.running++;
     try {
       const result = await this.executeAt(call, block, estimate, tally);
       if (!result.ok) throw new CallFailed(result.error, result.reverted, result.out);
       return result;
     } finally {
-      // whatever the call ended on, its rounds are raised to the same buckets
+      // whatever the call ended on, its rounds are raised to the same buckets (but for a
+      // round that failed: `pad`)
       await this.pad(tally);
       this.running--;
       this.release();
@@ -196,7 +206,7 @@ export class PrivateCalls implements Calls {
   }
 
   private async executeAt(call: Call, block: BlockWanted, estimate: boolean,
-    tally: { rounds: number; lookups: number; served: Served | null }): Promise<RunResult> {
+    tally: Tally): Promise<RunResult> {
     const memoKey = callKey(call, estimate);
     // A call starts at the newest version read here, unconfirmed: its first round is read at
     // the version the parties serve now and names it where it is newer; a run that needed no
@@ -254,13 +264,19 @@ export class PrivateCalls implements Calls {
 
   /** One of the call's rounds, within its limits; the version it was read at (null: the
    * tables answered from two). */
-  private async read(want: Want, served: Served, tally: { rounds: number; lookups: number; served: Served | null }): Promise<Served | null> {
+  private async read(want: Want, served: Served, tally: Tally): Promise<Served | null> {
     if (tally.rounds >= MAX_ROUNDS) throw new CallLimitError(`the call reads state over more than ${MAX_ROUNDS} rounds`);
     tally.lookups += want.size;
     if (tally.lookups > MAX_CALL_LOOKUPS) {
       throw new CallLimitError(`the call reads more than ${MAX_CALL_LOOKUPS} accounts, storage words and codes`);
     }
-    const read = await this.round(want);
+    let read: RoundRead | null;
+    try {
+      read = await this.round(want);
+    } catch (exc) {
+      tally.failed = true; // nothing more is sent for the call, no padding either (`pad`)
+      throw exc;
+    }
     tally.rounds++;
     tally.served = served;
     return read === null ? null : read.served;
@@ -322,8 +338,12 @@ export class PrivateCalls implements Calls {
     return read;
   }
 
-  private async pad(tally: { rounds: number; served: Served | null }): Promise<void> {
-    if (tally.served === null) return;
+  private async pad(tally: Tally): Promise<void> {
+    // A round that failed ends the call's rounds, its own and the padding's alike. A party can
+    // make any round fail: padded after its own round k failed but not after a padding round
+    // k, the call's count of rounds would tell which round k was, and so how long the
+    // contract's path was; ended at the failure, a call sends k rounds either way.
+    if (tally.served === null || tally.failed) return;
     let extra: number;
     try {
       extra = roundBucket(tally.rounds) - tally.rounds;
