@@ -196,6 +196,9 @@ class PartyConfig(BaseModel):
     admin_max_sparse_updates: int = Field(
         16384, ge=1, le=1 << 20, description="pages one updates body of changed bytes "
         "({\"batch\": ..}) may carry: its batch is whole pages in memory, 4 KiB a page")
+    admin_max_publication_pages: int = Field(
+        65536, ge=1, le=1 << 24, description="pages a publication in parts may carry in all: "
+        "its parts are whole pages in memory once the last arrives, 4 KiB a page")
     admin_timeout_s: float = Field(300.0, gt=0, description="one shard's prepare or commit")
     admin_stale_stage_s: float = Field(
         600.0, gt=0, description="a staged epoch nobody committed may be replaced after this"

@@ -153,7 +153,12 @@ def resolve_snapshot_path(requested: str, allowed_dir: str | None) -> Path | str
         raise WireError(
             403, ErrorCode.FORBIDDEN, "the snapshot path is outside the allowed snapshot directory"
         )
-    if not real.exists():
+    try:
+        found = real.exists()
+    except OSError as exc:  # a name too long for the file system, a path it cannot read
+        raise WireError(422, ErrorCode.BAD_SNAPSHOT,
+                        f"no snapshot at {requested[:200]} ({exc.strerror})") from None
+    if not found:
         raise WireError(422, ErrorCode.BAD_SNAPSHOT, f"no snapshot at {requested}")
     return real
 

@@ -56,6 +56,7 @@ from morphogen.publication.log import (
     EpochLogError,
     LogEntry,
     Published,
+    TooManyChanges,
     new_publisher_id,
     rotation_entry,
     updates_entry,
@@ -293,7 +294,15 @@ class Publisher:
         if part < parts:
             await self.in_log(self.log.stage_part, digest, part, parts, changes)
             return {"publication": pub, "part": part, "parts": parts, "staged": len(changes)}
-        staged, missing = await self.in_log(self.log.staged_parts, digest, parts)
+        cap = self.party.cfg.admin_max_publication_pages
+        try:
+            staged, missing = await self.in_log(self.log.staged_parts, digest, parts,
+                                                cap - len(changes))
+        except TooManyChanges as exc:
+            raise WireError(413, ErrorCode.PAYLOAD_TOO_LARGE,
+                            f"publication {pub}: {exc} (admin_max_publication_pages, with "
+                            "this last part's); publish it as a rotation to a snapshot, or "
+                            "raise the cap") from None
         if missing:
             shown = ", ".join(map(str, missing[:8])) + (" .." if len(missing) > 8 else "")
             raise WireError(409, ErrorCode.MISSING_PARTS,

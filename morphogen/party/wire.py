@@ -130,7 +130,8 @@ def decode_body(body: bytes, encoding: str) -> Any:
             return json.loads(body)
         return msgpack.unpackb(body, raw=False, strict_map_key=True)
     except (ValueError, UnicodeDecodeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError, TypeError):
+            msgpack.StackError, TypeError, RecursionError):
+        # RecursionError: JSON nested past the parser's depth (msgpack's is StackError)
         # json.JSONDecodeError and msgpack's UnpackValueError are ValueErrors.
         what = "JSON" if encoding == JSON else "msgpack"
         raise WireError(400, ErrorCode.BAD_REQUEST, f"request body is not valid {what}") from None

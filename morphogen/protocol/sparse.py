@@ -181,11 +181,16 @@ def _parsed(raw: bytes | bytearray | memoryview, size: int
         raise SparseError(f"the sparse buffer is of {total} bytes, {size} expected")
     if runs > total or _HEAD.size + 12 * runs > len(raw):
         raise SparseError(f"{runs} runs do not fit in {len(raw)} bytes")
-    starts = np.frombuffer(raw, "<u8", runs, _HEAD.size).astype(np.int64)
+    starts = np.frombuffer(raw, "<u8", runs, _HEAD.size)
+    # each start checked as the unsigned number it is before any sum: a start near 2^63
+    # wrapped `start + length` negative, and a run past the buffer passed as in order
+    if runs and int(starts.max()) > total:
+        raise SparseError("the runs overlap, are empty or leave the buffer")
+    starts = starts.astype(np.int64)
     lengths = np.frombuffer(raw, "<u4", runs, _HEAD.size + 8 * runs).astype(np.int64)
     body = _HEAD.size + 12 * runs
-    ends = starts + lengths
-    if runs and (int(lengths.min()) < 1 or int(starts[0]) < 0 or int(ends[-1]) > total
+    ends = starts + lengths  # at most total + 2^32: no overflow
+    if runs and (int(lengths.min()) < 1 or int(ends.max()) > total
                  or bool((starts[1:] < ends[:-1]).any())):
         raise SparseError("the runs overlap, are empty or leave the buffer")
     if len(raw) - body != int(lengths.sum()):

@@ -80,7 +80,8 @@ from morphogen.storage.log_objects import LogObjects, RaceLost
 # What importers take from here (the records' names among them).
 __all__ = [
     "EpochLog", "EpochLogBusy", "EpochLogConflict", "EpochLogError", "LogEntry", "LogState",
-    "Published", "new_publisher_id", "now_ms", "rotation_entry", "updates_entry",
+    "Published", "TooManyChanges", "new_publisher_id", "now_ms", "rotation_entry",
+    "updates_entry",
 ]
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,10 @@ RACE_RETRIES = 50
 BATCH_READS = 16
 
 Append = Callable[[bytes], None]
+
+
+class TooManyChanges(ValueError):
+    """A publication's staged parts carry more changes than the caller allows."""
 
 
 class LogStore(Protocol):
@@ -304,9 +309,12 @@ class EpochLog:
         Written whole or not at all; a re-sent part writes the same name again."""
         self._store.write_file(part_name(digest, part, parts), encode_batch(batch))
 
-    def staged_parts(self, digest: str, parts: int) -> tuple[list[ChangeBatch], list[int]]:
-        """The staged parts 1 .. parts - 1 of a batch, and the numbers of those missing."""
-        found, missing = [], []
+    def staged_parts(self, digest: str, parts: int, max_changes: int | None = None
+                     ) -> tuple[list[ChangeBatch], list[int]]:
+        """The staged parts 1 .. parts - 1 of a batch, and the numbers of those missing.
+        TooManyChanges as soon as they carry more than `max_changes` changes: each is read
+        as whole pages, so parts without a bound could take the process's memory."""
+        found, missing, changes = [], [], 0
         for part in range(1, parts):
             name = part_name(digest, part, parts)
             try:
@@ -315,6 +323,10 @@ class EpochLog:
                 missing.append(part)
                 continue
             found.append(decode_part(raw, self._store.blob_path(name)))
+            changes += len(found[-1])
+            if max_changes is not None and changes > max_changes:
+                raise TooManyChanges(f"the parts read so far carry {changes} changes, over "
+                                     f"the {max_changes} a publication may carry")
         return found, missing
 
     def drop_parts(self, digest: str, parts: int) -> None:

@@ -129,9 +129,10 @@ def test_snapshot_paths_stay_inside_the_allowed_directory(tmp_path) -> None:
         with pytest.raises(WireError) as exc:
             admin.resolve_snapshot_path(bad, str(allowed))
         assert (exc.value.status, exc.value.code) == (403, ErrorCode.FORBIDDEN)
-    with pytest.raises(WireError) as exc:
-        admin.resolve_snapshot_path("missing", str(allowed))
-    assert exc.value.status == 422
+    for missing in ("missing", "a" * 300):  # a name too long for the file system: no 500
+        with pytest.raises(WireError) as exc:
+            admin.resolve_snapshot_path(missing, str(allowed))
+        assert (exc.value.status, exc.value.code) == (422, ErrorCode.BAD_SNAPSHOT)
     with pytest.raises(WireError) as exc:
         admin.resolve_snapshot_path("snap", None)
     assert exc.value.status == 403 and "disabled" in exc.value.message

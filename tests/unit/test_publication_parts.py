@@ -86,6 +86,28 @@ def test_a_last_part_before_the_others_is_refused_and_nothing_is_applied(world):
     assert _send(party, parts[2], 3, 3, batch.digest)["epoch_id"] == 2
 
 
+def test_parts_over_the_publications_cap_are_refused_and_nothing_is_applied(world):
+    """Each staged part is read as whole pages once the last arrives: without a cap on
+    them all, a few hundred small requests of changed bytes took the router's memory. Past
+    `admin_max_publication_pages` the last part is a 413, nothing is applied, and a
+    publication within the cap goes on."""
+    root, snaps = world
+    party, _ = make_party(snaps, root / "log", admin_max_publication_pages=30)
+    batch = random_batch(np.random.default_rng(3), 40, NUM_PAGES)
+    parts = _split(batch, 4)
+    for i in (1, 2, 3):
+        _send(party, parts[i - 1], i, 4, batch.digest)
+    with pytest.raises(WireError) as err:
+        _send(party, parts[3], 4, 4, batch.digest)
+    assert err.value.status == 413 and err.value.code == ErrorCode.PAYLOAD_TOO_LARGE
+    assert "admin_max_publication_pages" in err.value.message
+    assert EpochLog(root / "log").entries() == []
+    small = random_batch(np.random.default_rng(4), 20, NUM_PAGES)
+    halves = _split(small, 2)
+    _send(party, halves[0], 1, 2, small.digest, "pub-2")
+    assert _send(party, halves[1], 2, 2, small.digest, "pub-2")["epoch_id"] == 2
+
+
 def test_parts_of_another_batch_under_the_named_digest_are_refused(world):
     root, snaps = world
     party, _ = make_party(snaps, root / "log")

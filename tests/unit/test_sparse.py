@@ -117,11 +117,18 @@ def _damaged(packed: bytes, how: str) -> bytes:
         return bytes(raw)
     if how == "extra":
         return packed + b"\x01"
+    if how in ("wrap", "wrap-earlier"):
+        # the last run (or one before it too) starts near 2^63: start + length wrapped
+        # negative in 64 bits, and a run past the buffer passed as in order and inside
+        struct.pack_into("<Q", raw, 16 + 8 * (runs - 1), (1 << 63) - 1)
+        if how == "wrap-earlier":
+            struct.pack_into("<Q", raw, 16 + 8 * (runs - 2), 1 << 62)
+        return bytes(raw)
     raise AssertionError(how)
 
 
 @pytest.mark.parametrize("how", ["short", "size", "runs", "overlap", "outside", "empty",
-                                 "extra"])
+                                 "extra", "wrap", "wrap-earlier"])
 def test_a_malformed_buffer_is_refused(how: str) -> None:
     dense = _diffs(np.random.default_rng(3), 3)
     bad = _damaged(sparse.pack(dense), how)
@@ -131,6 +138,8 @@ def test_a_malformed_buffer_is_refused(how: str) -> None:
         next(sparse.dense_chunks(bad, len(dense)))  # before any chunk
     with pytest.raises(sparse.SparseError):
         ChangeBatch.from_packed(np.arange(3, dtype=np.int64), np.zeros(3, bool), bad)
+    with pytest.raises(sparse.SparseError):
+        sparse.canonical(bad, len(dense))
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 4096, 6000, 1 << 20])
@@ -182,6 +191,7 @@ def _sparse_body(pages: bytes, replace: bytes, data: bytes, **extra) -> bytes:
     ("flags", 400, "batch.replace holds 0 (diff) or 1 (data)"),
     ("size", 400, "batch.data: the sparse buffer is of"),
     ("corrupt", 400, "batch.data:"),
+    ("wrap", 400, "batch.data: the runs overlap, are empty or leave the buffer"),
     ("field", 422, ""),
 ])
 def test_a_bad_sparse_body_is_refused(case: str, status: int, message: str) -> None:
@@ -205,6 +215,8 @@ def test_a_bad_sparse_body_is_refused(case: str, status: int, message: str) -> N
         data = sparse.pack(dense[:PAGE_SIZE])
     elif case == "corrupt":
         data = _damaged(data, "overlap")
+    elif case == "wrap":
+        data = _damaged(data, "wrap-earlier")
     body = _sparse_body(pages, flags, data, **({"extra": 1} if case == "field" else {}))
     with pytest.raises(WireError) as err:
         admin_wire.parse_updates(body, MSGPACK_TYPE, num_pages=1000, max_updates=max_updates)

@@ -332,17 +332,20 @@ def test_a_deep_body_is_refused_where_the_recursion_limit_was_raised() -> None:
     """A library in the process may raise the recursion limit; the parser, which recurses in C
     once a level, would then overflow the stack on a deep body (the process dies). The depth
     is judged before parsing. In a process of its own: a failure here is a crash."""
-    code = (
-        "import json, sys\n"
-        "sys.setrecursionlimit(10**7)\n"
-        "from morphogen.wallet import Endpoint\n"
-        "body = b'[' * 2_000_000 + b']' * 2_000_000\n"
-        "print(json.loads(Endpoint(None).handle(body))['error']['message'])\n"
-    )
+    error = _answered_in_a_process("import sys\nsys.setrecursionlimit(10**7)\n",
+                                   "b'[' * 2_000_000 + b']' * 2_000_000")
+    assert "nests deeper than" in error["message"]
+
+
+def _answered_in_a_process(setup: str, body: str) -> dict:
+    """The error the endpoint answers `body` (a Python expression) with, in a process of
+    its own after `setup`: a crash or a hang there fails the test, not the suite."""
+    code = (setup + "import json\nfrom morphogen.wallet import Endpoint\n"
+            f"print(json.dumps(json.loads(Endpoint(None).handle({body}))['error']))\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "nests deeper than" in run.stdout
+    return json.loads(run.stdout)
 
 
 def test_idle_and_slow_connections_are_closed(state):
@@ -447,3 +450,12 @@ def test_sent_nonces_expire_and_stay_bounded():
     for who in (a, b, c):
         sent.sent(who, 9)
     assert [sent.pending(w, 0) for w in (a, b, c)] == [0, 10, 10]  # the oldest went
+
+
+def test_a_body_of_escaped_quotes_is_judged_in_one_pass() -> None:
+    """One quote, then escaped quotes to the endpoint's body limit: the nesting scan searched
+    for a closing quote again from each of them (quadratic: 30 s at 80 KB, hours at 1 MiB,
+    every other request of the process stalled). In a process of its own, bounded far above
+    the milliseconds one pass takes."""
+    error = _answered_in_a_process("", "b'\"' + b'\\\\\"' * 500_000")
+    assert error["code"] == PARSE_ERROR

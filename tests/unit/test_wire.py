@@ -72,6 +72,7 @@ def test_batch_msgpack_parses() -> None:
     "body,status,code",
     [
         (b"{not json", 400, ErrorCode.BAD_REQUEST),
+        (b"[" * 100_000, 400, ErrorCode.BAD_REQUEST),  # past the parser's depth (was a 500)
         (_json({"keys": "0x00"}), 422, ErrorCode.INVALID_FIELD),
         (_json({"keys": [1, 2, 3]}), 422, ErrorCode.INVALID_FIELD),
         (_json({"nokeys": []}), 422, ErrorCode.INVALID_FIELD),
