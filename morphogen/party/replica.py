@@ -286,7 +286,16 @@ class ShardReplica:
         staged = self.core.state.staged
         mine = staged is not None and staged[0].epoch_id == epoch_id and staged[1] == op and (
             target is None or staged[0].identity.digest == target)
-        if mine or self.log is None:
+        if mine:
+            self.core.commit(epoch_id, op=op)
+        elif self.log is None:
+            if (target is not None and staged is not None and staged[0].epoch_id == epoch_id
+                    and staged[0].identity.digest != target):
+                # the snapshot changed between its verification and this shard's load (the
+                # same pages, other tables): never served under the identity the router named
+                self.core.abort(epoch_id, op=op)
+                raise EpochError(f"epoch {epoch_id} staged here is {staged[0].identity}, not "
+                                 f"{target}: the snapshot changed since it was verified")
             self.core.commit(epoch_id, op=op)
         else:
             # decided in the log before this call was sent: reach it from there

@@ -162,3 +162,35 @@ def test_verify_refuses_truncated_corrupt_and_unchecksummed(tmp_path) -> None:
             admin.verify_snapshot(path)
         assert (exc.value.status, exc.value.code) == (422, ErrorCode.BAD_SNAPSHOT)
         assert words in exc.value.message
+
+
+def test_a_rotation_whose_snapshot_changed_after_its_check_is_never_committed(tmp_path) -> None:
+    """Without an epoch log a replica commits what it staged when told to. The router named
+    the identity of the snapshot it verified; rewritten meanwhile with the same pages and
+    other tables, the shard staged another identity: it is aborted, never served under the
+    name the router gave (the admin's answer named one identity, the shard served another)."""
+    from morphogen.party.replica import ShardReplica
+    from morphogen.party.shard import ShardCore
+    from morphogen.protocol.identity import EpochIdentity
+    from morphogen.snapshot.reader import Snapshot
+
+    pages = 64
+    build_synthetic(tmp_path / "cur", pages, seed=0, epoch_id=1, chunk_pages=16, progress=False)
+    build_synthetic(tmp_path / "new", pages, seed=5, epoch_id=2, chunk_pages=16, progress=False)
+    core = ShardCore.open(Snapshot.open(tmp_path / "cur"), 0, 1, "cpu")
+    replica = ShardReplica(core, None)
+    checked = admin.verify_snapshot(tmp_path / "new")
+    target = EpochIdentity.of_snapshot(2, checked.fingerprint).digest
+    build_synthetic(tmp_path / "new", pages, seed=5, epoch_id=2, chunk_pages=16, progress=False,
+                    overwrite=True, tables=[{"name": "t", "first_page": 0, "num_pages": 10}])
+    before = core.identity
+    replica._prepare_snapshot_now(2, str(tmp_path / "new"), checked.checksum, "op1", target)
+    with pytest.raises(EpochError, match="changed since it was verified"):
+        replica._commit_now(2, "op1", target)
+    assert core.identity == before and core.state.staged is None
+    # the snapshot as it is now, verified and named again, is taken
+    again = admin.verify_snapshot(tmp_path / "new")
+    target = EpochIdentity.of_snapshot(2, again.fingerprint).digest
+    replica._prepare_snapshot_now(2, str(tmp_path / "new"), again.checksum, "op2", target)
+    replica._commit_now(2, "op2", target)
+    assert core.identity.digest == target
