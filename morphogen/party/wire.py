@@ -40,6 +40,7 @@ from morphogen.protocol.codec import (
     media_type,
 )
 from morphogen.protocol.dpf import KeyFormatError
+from morphogen.protocol.nesting import json_nesting
 from morphogen.protocol.packed import AnyBatch, batch_from_rows
 
 JSON = "json"
@@ -124,7 +125,16 @@ def validation_message(exc: ValidationError) -> str:
     return "; ".join(parts) or "invalid request body"
 
 
+# No route's JSON body nests deeper than a few levels ({"queries": [{"keys": [..]}]}).
+MAX_JSON_DEPTH = 16
+
+
 def decode_body(body: bytes, encoding: str) -> Any:
+    if encoding == JSON and json_nesting(body) > MAX_JSON_DEPTH:
+        # judged before parsing: the parser recurses in C once a level, and where the
+        # process's recursion limit was raised a deep body overflows the stack
+        raise WireError(400, ErrorCode.BAD_REQUEST,
+                        f"request body nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         if encoding == JSON:
             return json.loads(body)

@@ -27,17 +27,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from typing import Any
 
-import numpy as np
-
 from morphogen.chain.state import address_bytes
 from morphogen.client import PirError
 from morphogen.keyword import KeywordIntegrityError, StaleTableError, TableChangingError
+from morphogen.protocol.nesting import json_nesting
 from morphogen.wallet.call_errors import CallFailed, CallLimit
 from morphogen.wallet.methods import METHODS, InvalidParams, NotServed
 from morphogen.wallet.sent import SentNonces, learn
@@ -100,7 +98,7 @@ class Endpoint:
     def handle(self, body: bytes) -> bytes | None:
         # Before parsing: the parser recurses in C once a level, and where the process's
         # recursion limit has been raised a deep enough body overflows the stack.
-        if _nesting(body) > MAX_DEPTH:
+        if json_nesting(body) > MAX_DEPTH:
             return _dump(error(None, INVALID_REQUEST, f"the body nests deeper than {MAX_DEPTH}"))
         try:
             request = json.loads(body)
@@ -206,24 +204,6 @@ class Endpoint:
         if len(params) < 2 or params[1] != "pending":
             return signed
         return hex(self.sent.pending(address_bytes(params[0]), int(signed, 16)))
-
-
-# A string runs to its closing quote, or to the end of the body where there is none: from
-# every quote a match then succeeds, so the scan reads each byte once. Without the end as a
-# close, a body of one quote and escaped quotes after it was searched again from each of
-# them, in time quadratic in the body (a minute at 80 KB) with the interpreter held.
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*(?:"|\Z)', re.DOTALL)
-_STEP = np.zeros(256, np.int8)
-_STEP[[ord("["), ord("{")]] = 1
-_STEP[[ord("]"), ord("}")]] = -1
-
-
-def _nesting(body: bytes) -> int:
-    """How deep a JSON text's arrays and objects nest, brackets inside strings not counted
-    (an unclosed string's neither: such a body is not JSON anyway). Linear in the body, in
-    C."""
-    steps = _STEP[np.frombuffer(_STRING.sub(b'""', body), np.uint8)]
-    return int(np.cumsum(steps, dtype=np.int64).max(initial=0))
 
 
 def _dump(value: Any) -> bytes:

@@ -245,3 +245,27 @@ def test_wire_error_pickles_and_renders() -> None:
         "error": {"code": "unavailable", "message": "later"}
     }
     assert back.headers() == {"Retry-After": "2"}
+
+
+def test_a_deep_json_body_is_refused_where_the_recursion_limit_was_raised() -> None:
+    """A library in the process may raise the recursion limit; the JSON parser, which
+    recurses in C once a level, then overflows the stack on a deep body and the router's
+    process dies (this suite's own worker did). The depth is judged before parsing. In a
+    process of its own: a failure here is a crash."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "sys.setrecursionlimit(10**7)\n"
+        "from morphogen.party import wire\n"
+        "from morphogen.protocol.codec import WireError\n"
+        "try:\n"
+        "    wire.decode_body(b'[' * 2_000_000 + b']' * 2_000_000, wire.JSON)\n"
+        "except WireError as exc:\n"
+        "    print(exc.status, exc.message)\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.startswith("400 request body nests deeper than")
