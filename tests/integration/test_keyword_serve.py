@@ -276,10 +276,12 @@ def test_a_rotation_to_a_smaller_table_meets_every_key_alike(serve_instance, tmp
     key_path, pub = generate_key_files(tmp_path / "owner.key")
     signing_key = load_signing_key(key_path)
     big, small = dict(synthetic_accounts(2500, seed=11)), dict(synthetic_accounts(400, seed=12))
+    # one table rebuilt smaller: its dataset id stays (a client refuses another dataset's)
+    dataset = bytes(range(16))
     for name, recs in (("big", big), ("small", small)):
         create_owner_dir(build_table(recs.items(), value_size=ACCOUNT_VALUE_SIZE,
                                      signing_key=signing_key, layout="row", row_size=128,
-                                     load=0.8), tmp_path / name)
+                                     load=0.8, dataset=dataset), tmp_path / name)
     (tmp_path / "token").write_text(TOKEN)
     urls = []
     for name in ("kwra", "kwrb"):
