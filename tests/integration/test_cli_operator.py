@@ -61,8 +61,16 @@ def _one_error_line(err: str) -> str:
     return lines[0]
 
 
+# The stop's watchdog forces at STOP_BOUND_S after the stop began; killing the tree and the
+# interpreter's exit come after it, and the signal is seen up to WAKE_S late. A stop that
+# ran to the watchdog (a loaded machine: "[serve] stopped in 15.1 s") exited 16.1 s after
+# the signal and failed a bound that left the force no time at all.
+EXIT_AFTER_BOUND_S = 3.0
+
+
 def _stopped_cleanly(proc: CliProcess, port: int) -> None:
-    assert proc.exit_s is not None and proc.exit_s <= STOP_BOUND_S, (proc.exit_s, proc.output)
+    assert proc.exit_s is not None and proc.exit_s <= STOP_BOUND_S + EXIT_AFTER_BOUND_S, (
+        proc.exit_s, proc.output)
     assert not port_in_use("127.0.0.1", port), "the HTTP port is still held"
     assert proc.leftovers() == [], f"processes left behind:\n{proc.output[-3000:]}"
 
@@ -118,7 +126,8 @@ def test_two_parties_on_one_machine_and_a_third_joining(tmp_path: Path) -> None:
         assert _status(f"{base}/c/health") == 200
         sent = joined.signal(signal.SIGINT)
         assert joined.wait_exit(sent, STOP_BOUND_S + 30) == 0, joined.output
-        assert joined.exit_s is not None and joined.exit_s <= STOP_BOUND_S, joined.output
+        assert joined.exit_s is not None and joined.exit_s <= STOP_BOUND_S + EXIT_AFTER_BOUND_S, \
+            joined.output
         assert _status(f"{base}/c/health") == 404
         assert _status(f"{url_a}/health") == 200 and _status(f"{url_b}/health") == 200
 
