@@ -87,13 +87,14 @@ def cmd_lookup(args: argparse.Namespace) -> int:
         StaleTableError,
         TableChangingError,
     )
+    from morphogen.keyword.lookup import dataset_id
 
     url_a, url_b = inputs.two_parties(args.server_a, args.server_b)
     keys = [_key_arg(k) for k in args.keys]
-    if args.dataset is not None:
-        text = args.dataset.removeprefix("0x")
-        if len(text) != 32 or any(c not in "0123456789abcdefABCDEF" for c in text):
-            raise UsageError("--dataset is a table's dataset id: 32 hex digits")
+    try:
+        dataset_id(args.dataset)  # the client's own parse, refused here as a usage error
+    except ValueError as exc:
+        raise UsageError(f"--dataset: {exc}") from None
     try:
         with PirClient(url_a, url_b, encoding=args.encoding, timeout_s=args.timeout) as pir:
             values = KeywordClient(pir, args.public_key, min_version=args.min_version,

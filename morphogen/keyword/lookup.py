@@ -81,7 +81,8 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
-def _dataset(value: Any) -> bytes | None:
+def dataset_id(value: Any) -> bytes | None:
+    """A table's dataset id from 16 bytes or 32 hex digits (0x or not); None stays None."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -123,7 +124,7 @@ class KeywordLookup:
         self.pir = pir
         self.table = table
         # the table's dataset id where the caller knows it; else the first one read is kept
-        self.dataset = _dataset(dataset)
+        self.dataset = dataset_id(dataset)
         self.trusted = (load_public_key(public_key)
                         if isinstance(public_key, (str, bytes)) or hasattr(public_key, "__fspath__")
                         else public_key)
